@@ -1,0 +1,23 @@
+"""Datasets: load records from disk, render and tokenize prompts, batch them."""
+
+from proxima.data.prompts import (
+    PromptDataset,
+    PromptItem,
+    PromptLoader,
+    collate_prompts,
+    render_prompt,
+)
+from proxima.data.records import load_records
+from proxima.data.sft import SFTDataset, SFTItem, collate_sft
+
+__all__ = [
+    "PromptDataset",
+    "PromptItem",
+    "PromptLoader",
+    "SFTDataset",
+    "SFTItem",
+    "collate_prompts",
+    "collate_sft",
+    "load_records",
+    "render_prompt",
+]

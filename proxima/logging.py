@@ -1,0 +1,215 @@
+"""Run outputs: metrics (jsonl + TensorBoard), samples, console lines, plots, progress bars.
+
+Only the main process writes: other ranks build ``RunLogger(..., enabled=False)``.
+``metrics.jsonl`` holds one ``{"step": ..., **metrics}`` object per line; non-finite values
+are written as ``NaN``/``Infinity`` (Python's json reads them back) so a diverging run
+stays visible in the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+EVAL_PREFIX = "eval/"  # eval/<key> is overlaid on the panel of <key> in plot_metrics
+
+
+def _to_float(value: Any) -> float:
+    """Python float from a float, int, 0-d tensor or numpy scalar."""
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+class RunLogger:
+    """Append metrics and samples to ``run_dir``; mirror scalars to TensorBoard."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, enabled: bool = True):
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self._writer: Any = None
+        self._files: dict[str, Any] = {}
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            self._writer = _open_tensorboard(self.run_dir / "tb")
+
+    def _append(self, name: str, record: Mapping[str, Any]) -> None:
+        if name not in self._files:
+            # Append mode: a resumed run continues the same files.
+            self._files[name] = (self.run_dir / name).open("a", encoding="utf-8")
+        f = self._files[name]
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()  # a crash must not lose the last lines
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record scalar ``metrics`` for ``step`` (tensors and numpy scalars are accepted)."""
+        if not self.enabled:
+            return
+        values = {k: _to_float(v) for k, v in metrics.items()}
+        self._append("metrics.jsonl", {"step": int(step), **values})
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(key, value, int(step))
+            self._writer.flush()
+
+    def log_samples(
+        self,
+        step: int,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        scores: Sequence[float] | Any,
+        extra: Mapping[str, Sequence[Any]] | None = None,
+    ) -> None:
+        """Append one line per sample: step, prompt, response, score and ``extra`` columns."""
+        if not self.enabled:
+            return
+        scores = scores.tolist() if hasattr(scores, "tolist") else list(scores)
+        extra = dict(extra or {})
+        lengths = {"prompts": len(prompts), "responses": len(responses), "scores": len(scores)}
+        lengths.update({k: len(v) for k, v in extra.items()})
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"log_samples needs equal lengths, got {lengths}.")
+        for i in range(len(prompts)):
+            record = {"step": int(step), "prompt": prompts[i], "response": responses[i]}
+            record["score"] = float(scores[i])
+            record.update({k: _jsonable(v[i]) for k, v in extra.items()})
+            self._append("samples.jsonl", record)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+_TB_WARNED = False
+
+
+def _open_tensorboard(folder: Path) -> Any:
+    global _TB_WARNED
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception as exc:  # tensorboard missing or broken: metrics.jsonl still works
+        if not _TB_WARNED:
+            warnings.warn(
+                f"TensorBoard unavailable ({exc}); metrics go to metrics.jsonl only. "
+                "`pip install tensorboard` to enable it.",
+                stacklevel=3,
+            )
+            _TB_WARNED = True
+        return None
+    return SummaryWriter(log_dir=str(folder))
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or (isinstance(value, int)):
+        return str(int(value))
+    value = _to_float(value)
+    if math.isfinite(value) and value == int(value) and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.4g}"  # 3-4 significant digits: 0.4123 -> 0.4123, 0.01234 -> 0.01234
+
+
+def format_line(
+    step: int,
+    total: int | None,
+    metrics: Mapping[str, Any],
+    keys: Sequence[str] | Mapping[str, str],
+) -> str:
+    """One console line, e.g. ``it 12/200 | score 0.41 | kl 0.012``.
+
+    ``keys`` lists the metrics to show, in order; a mapping ``{metric: label}`` shows a
+    shorter label (``{"response_length": "len"}``). Missing metrics are skipped.
+    """
+    labels = dict(keys) if isinstance(keys, Mapping) else {k: k for k in keys}
+    parts = [f"it {step}/{total}" if total is not None else f"it {step}"]
+    parts += [f"{label} {_fmt(metrics[k])}" for k, label in labels.items() if k in metrics]
+    return " | ".join(parts)
+
+
+def read_metrics(metrics_jsonl: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl; for a step logged twice (a resumed run) the last row wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    with Path(metrics_jsonl).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                by_step.setdefault(row["step"], {}).update(row)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows that have ``key``: sparse keys keep their own steps."""
+    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pairs], [float(p[1]) for p in pairs]
+
+
+def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[str]) -> Path:
+    """Draw one small panel per key found in ``metrics_jsonl`` (x = step) into ``out_png``.
+
+    ``eval/<key>`` rows, logged on some steps only, are overlaid as markers on ``<key>``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed (servers, CI)
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_jsonl)
+    present = [k for k in keys if any(k in r for r in rows)]
+    if not present:
+        found = sorted({k for r in rows for k in r} - {"step"})
+        raise ValueError(f"none of {list(keys)} is in {metrics_jsonl}; keys found: {found}.")
+    ncols = min(3, len(present))
+    nrows = math.ceil(len(present) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, present, strict=False):
+        steps, values = _series(rows, key)
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, ms=3, label="train")
+        eval_steps, eval_values = _series(rows, EVAL_PREFIX + key)
+        if eval_steps:
+            ax.plot(eval_steps, eval_values, "s--", ms=4, color="tab:orange", label="eval")
+            ax.legend(fontsize=7)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(present) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def progress(
+    iterable: Iterable[Any] | None = None,
+    total: int | None = None,
+    desc: str = "",
+    disable: bool | None = None,
+) -> Any:
+    """A tqdm bar; hidden when stderr is not a terminal (logs, CI) unless ``disable=False``."""
+    from tqdm import tqdm
+
+    if disable is None:
+        disable = not sys.stderr.isatty()
+    return tqdm(iterable, total=total, desc=desc, disable=disable, dynamic_ncols=True)

@@ -1,0 +1,116 @@
+"""Reward-model reward source, with or without the policy's tokenizer.
+
+When the reward model shares the policy's vocabulary, the policy's token ids are scored
+as they are (no decode/encode round trip). Otherwise the prompt + response text is
+re-tokenized with the reward model's own tokenizer (USERS.md #7: TRL required a shared
+tokenizer; here it is optional).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from proxima.rewards.function import RewardError
+
+ScoreFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def same_vocabulary(a: Any, b: Any) -> bool:
+    """True when two tokenizers map every token to the same id (ids can be shared)."""
+    if a is None or b is None:
+        return False
+    return a is b or a.get_vocab() == b.get_vocab()
+
+
+class ModelReward:
+    """Score (prompt, response) pairs with a reward model.
+
+    ``score_fn(model, input_ids [b, L], attention_mask [b, L]) -> [b]`` does the forward
+    pass (``proxima.models`` provides one); it must handle padding on either side, since
+    policy sequences are left-padded prompts followed by right-padded responses.
+    ``max_length`` (re-tokenized path only) keeps the last tokens, where the response is.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        rm_tokenizer: Any,
+        policy_tokenizer: Any,
+        score_fn: ScoreFn,
+        device: torch.device | str = "cpu",
+        batch_size: int = 8,
+        max_length: int | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1 for reward-model scoring.")
+        self.model = model
+        self.rm_tokenizer = rm_tokenizer
+        self.score_fn = score_fn
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
+        self.shares_tokenizer = same_vocabulary(rm_tokenizer, policy_tokenizer)
+
+    def __call__(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        columns: dict[str, list[Any]],
+        sequences: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Scores as a float32 CPU tensor [B]; ``sequences``/``attention_mask`` are [B, L]."""
+        if self.shares_tokenizer:
+            input_ids, mask = sequences, attention_mask
+        else:
+            input_ids, mask = self.retokenize(prompts, responses)
+        scores = self._score_in_chunks(input_ids, mask)
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            raise RewardError(
+                f"the reward model returned non-finite scores at indices {bad[:10]} (first "
+                f"response: {responses[bad[0]]!r:.200}); check the reward model weights "
+                "and its dtype (fp16 overflows; try bf16 or fp32)."
+            )
+        return scores
+
+    def retokenize(
+        self, prompts: list[str], responses: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``input_ids`` and ``attention_mask`` [B, L] of prompt + response text
+        under the reward model's tokenizer (its own special tokens added)."""
+        rows = [
+            list(self.rm_tokenizer(p + r, add_special_tokens=True)["input_ids"])
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+        if self.max_length is not None:
+            rows = [row[-self.max_length :] for row in rows]
+        pad = self.rm_tokenizer.pad_token_id
+        pad = self.rm_tokenizer.eos_token_id if pad is None else pad
+        pad = 0 if pad is None else pad  # masked out anyway; any valid id will do
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        return input_ids, mask
+
+    @torch.no_grad()
+    def _score_in_chunks(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = []
+        for start in range(0, input_ids.shape[0], self.batch_size):
+            ids = input_ids[start : start + self.batch_size].to(self.device)
+            m = mask[start : start + self.batch_size].to(self.device)
+            chunk = self.score_fn(self.model, ids, m)
+            if chunk.shape != (ids.shape[0],):
+                raise RewardError(
+                    f"score_fn returned shape {tuple(chunk.shape)} for {ids.shape[0]} sequences; "
+                    "it must return one score per sequence [b]."
+                )
+            out.append(chunk.detach().float().cpu())
+        return torch.cat(out)

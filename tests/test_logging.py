@@ -1,0 +1,118 @@
+"""Run logging: metrics.jsonl, samples.jsonl, TensorBoard, console lines, plots."""
+
+import json
+import math
+import sys
+import warnings
+
+import pytest
+import torch
+
+import proxima.logging as plog
+from proxima.logging import RunLogger, format_line, plot_metrics, progress, read_metrics
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_lines_and_tensorboard(tmp_path):
+    with RunLogger(tmp_path / "run") as logger:
+        logger.log(1, {"score": 0.5, "kl": torch.tensor(0.25)})
+        logger.log(2, {"score": 0.75})
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [
+        {"step": 1, "score": 0.5, "kl": 0.25},
+        {"step": 2, "score": 0.75},
+    ]
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_lines_are_flushed_before_close_and_appended_on_resume(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"loss": math.nan})
+    # Readable while the run is still going (a crash must not lose it); NaN stays visible.
+    assert math.isnan(read_jsonl(tmp_path / "metrics.jsonl")[0]["loss"])
+    logger.close()
+    again = RunLogger(tmp_path, tensorboard=False)
+    again.log(2, {"loss": 1.0})
+    again.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_samples(tmp_path):
+    with RunLogger(tmp_path, tensorboard=False) as logger:
+        logger.log_samples(
+            3,
+            ["p1", "p2"],
+            ["r1", "r2"],
+            torch.tensor([1.0, 0.5]),
+            extra={"answer": ["a", "b"], "length": torch.tensor([4, 2])},
+        )
+    assert read_jsonl(tmp_path / "samples.jsonl") == [
+        {"step": 3, "prompt": "p1", "response": "r1", "score": 1.0, "answer": "a", "length": 4},
+        {"step": 3, "prompt": "p2", "response": "r2", "score": 0.5, "answer": "b", "length": 2},
+    ]
+    with RunLogger(tmp_path, tensorboard=False) as logger, pytest.raises(ValueError, match="equal"):
+        logger.log_samples(3, ["p1", "p2"], ["r1"], [1.0, 2.0])
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    run = tmp_path / "rank1"
+    logger = RunLogger(run, enabled=False)
+    logger.log(1, {"score": 1.0})
+    logger.log_samples(1, ["p"], ["r"], [1.0])
+    logger.close()
+    assert not run.exists()
+
+
+def test_missing_tensorboard_warns_once(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import now fails
+    monkeypatch.setattr(plog, "_TB_WARNED", False)
+    with pytest.warns(UserWarning, match="TensorBoard unavailable"):
+        RunLogger(tmp_path / "a").close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = RunLogger(tmp_path / "b")
+        second.log(1, {"x": 1.0})  # still logs to jsonl
+        second.close()
+    assert read_jsonl(tmp_path / "b" / "metrics.jsonl") == [{"step": 1, "x": 1.0}]
+
+
+def test_format_line_exact():
+    metrics = {"score": 0.41234, "kl": 0.0123456, "response_length": 5.2, "lr": 1e-5, "n": 8}
+    keys = {"score": "score", "kl": "kl", "response_length": "len", "absent": "x", "lr": "lr"}
+    # 4 significant digits: 0.41234 -> 0.4123, 0.0123456 -> 0.01235; absent keys skipped.
+    assert format_line(12, 200, metrics, keys) == (
+        "it 12/200 | score 0.4123 | kl 0.01235 | len 5.2 | lr 1e-05"
+    )
+    assert format_line(3, None, metrics, ["n", "kl"]) == "it 3 | n 8 | kl 0.01235"
+
+
+def test_plot_with_sparse_eval_points(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "score": s / 10, "kl": 0.01 * s} for s in range(1, 11)]
+    rows[4]["eval/score"] = 0.3  # eval only on steps 5 and 10
+    rows[9]["eval/score"] = 0.8
+    rows.append({"step": 10, "score": 2.0})  # step 10 logged again after a resume
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    merged = read_metrics(path)
+    assert len(merged) == 10 and merged[-1]["score"] == 2.0 and merged[-1]["eval/score"] == 0.8
+    assert plog._series(merged, "eval/score") == ([5, 10], [0.3, 0.8])
+
+    out = plot_metrics(path, tmp_path / "plots" / "m.png", ["score", "kl", "not_logged"])
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+    with pytest.raises(ValueError, match=r"none of \['x'\].*keys found: \['eval/score', 'kl'"):
+        plot_metrics(path, tmp_path / "x.png", ["x"])
+
+
+def test_progress_disabled_off_tty_and_forced(monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)  # as in CI or a log file
+    bar = progress(range(3), desc="gen")
+    assert list(bar) == [0, 1, 2]
+    assert bar.disable
+    forced = progress(total=2, disable=False)
+    assert not forced.disable
+    forced.close()
