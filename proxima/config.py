@@ -1,0 +1,404 @@
+"""The run's configuration: one tree of dataclasses, a help text per field.
+
+Loaded from YAML, overridden on the command line as ``section.key=value``, validated
+before anything heavy happens. Defaults are the seeds' (DeepSpeed-Chat values: kl 0.1,
+clip 0.2, value clip 0.2, reward clip 5, gamma 1.0, lam 0.95; learning rates from the
+PPO-tricks seed: actor 5e-7, critic 9e-6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote that cannot run; the message says what to change."""
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the tables below
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("", "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
+                   "empty to train on your own model.actor_path / data.train_path / reward.")
+    arch: str = _f("llama", "Architecture of the tiny model the task builds: llama|qwen2|gpt2|gpt_neox.")
+    size: str = _f("tiny", "Size preset of the tiny model: nano|tiny|small.")
+    digits: int = _f(2, "Arithmetic task: largest number of digits of each operand.")
+    n_train: int = _f(4000, "Number of RL training prompts the task writes.")
+    n_eval: int = _f(256, "Number of held-out evaluation prompts (never seen in SFT or RL).")
+    n_sft: int = _f(1000, "Number of supervised (prompt, answer) pairs for the SFT warm start.")
+    sft_steps: int = _f(300, "Optimizer steps of the SFT warm start (0 skips it).")
+    sft_lr: float = _f(3e-3, "Learning rate of the SFT warm start.")
+    sft_batch_size: int = _f(64, "Batch size of the SFT warm start.")
+
+
+@dataclass
+class ModelConfig:
+    actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
+    reference_path: str = _f("", "Folder of the reference policy; empty = frozen copy of actor_path.")
+    critic_path: str = _f("", "Folder the critic starts from; empty = actor_path.")
+    critic_init: str = _f("actor", "How the critic starts: actor (backbone + new value head), "
+                          "reward_model (backbone and head of a reward model, seed 003) or "
+                          "critic (a critic saved by proxima).")
+    dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
+    device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
+
+
+@dataclass
+class DataConfig:
+    train_path: str = _f("", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder.")
+    eval_path: str = _f("", "Held-out prompt file for in-loop evaluation (optional).")
+    prompt_key: str = _f("prompt", "Column holding the prompt (a string or a chat message list).")
+    max_prompt_length: int = _f(256, "Longest prompt in tokens.")
+    overlong_prompts: str = _f("error", "What to do with longer prompts: error|drop|truncate.")
+    train_batch_size: int = _f(64, "Prompts per PPO iteration (each sampled rollout.n times).")
+    sft_path: str = _f("", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0.")
+    response_key: str = _f("response", "Column holding the response in SFT records.")
+
+
+@dataclass
+class RolloutConfig:
+    n: int = _f(1, "Samples per prompt.")
+    max_response_length: int = _f(128, "Most new tokens per response.")
+    temperature: float = _f(1.0, "Sampling temperature; log-probs are computed from logits / temperature.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    stop_token_ids: list = _f([], "Token ids that end a response besides the tokenizer's EOS.")
+    no_stop_penalty: float = _f(0.0, "Added to the score of responses that hit max_response_length "
+                                "without a stop token (e.g. -1.0); 0 disables.")
+    micro_batch_size: int = _f(64, "Sequences per generation call and per scoring forward pass.")
+
+
+@dataclass
+class KLControlConfig:
+    type: str = _f("fixed", "fixed|adaptive (Ziegler et al. 2019).")
+    kl_coef: float = _f(0.1, "(Initial) coefficient of the in-reward KL penalty (beta).")
+    target_kl: float = _f(6.0, "Adaptive controller: KL per sequence it steers toward.")
+    horizon: int = _f(10000, "Adaptive controller: horizon in samples.")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = _f("gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline.")
+    gamma: float = _f(1.0, "Discount factor.")
+    lam: float = _f(0.95, "GAE lambda.")
+    whiten_advantages: bool = _f(True, "Whiten advantages over the batch (masked) before the update.")
+    norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
+    use_kl_in_reward: bool = _f(True, "Put -kl_coef * KL into the token rewards.")
+    kl_penalty: str = _f("k1", "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl).")
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    clip_reward_value: float = _f(5.0, "Scores are clipped to [-c, c] (seed 000); 0 disables.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(5e-7, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list = _f([0.9, 0.95], "AdamW betas.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    warmup_steps: int = _f(0, "Linear warm-up in optimizer steps.")
+    schedule: str = _f("constant", "constant|cosine (after warm-up).")
+    min_lr_ratio: float = _f(0.0, "Cosine schedule floor as a fraction of lr.")
+    grad_clip: float = _f(1.0, "Max global gradient norm (0 disables).")
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward (gradient accumulation); "
+                                   "never changes the result.")
+    shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
+    clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
+    clip_ratio_low: float = _f(0.0, "Lower clip range (0 = clip_ratio).")
+    clip_ratio_high: float = _f(0.0, "Upper clip range (0 = clip_ratio; > clip_ratio = clip-higher).")
+    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages (0 disables; must be > 1).")
+    loss_agg_mode: str = _f("token-mean", "token-mean|seq-mean-token-sum|seq-mean-token-mean|"
+                            "seq-mean-token-sum-norm.")
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient (c2).")
+    use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(actor || reference) to the actor loss.")
+    kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss.")
+    kl_loss_type: str = _f("low_var_kl", "KL estimator of the KL loss (k1|abs|k2|k3 or aliases).")
+    ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
+
+
+@dataclass
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=9e-6))
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
+    cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
+    loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss.")
+    warmup_iterations: int = _f(0, "First iterations train only the critic (actor frozen).")
+
+
+@dataclass
+class RewardConfig:
+    function: str = _f("", "Python reward `path/to/file.py:fn` or `package.module:fn`, called as "
+                       "fn(prompts, responses, **columns) -> list[float].")
+    model_path: str = _f("", "Reward model folder (sequence classification, one label).")
+    batch_size: int = _f(64, "Sequences per reward model forward.")
+
+
+@dataclass
+class EvalConfig:
+    every: int = _f(0, "Evaluate on data.eval_path every N iterations (0 = only before and after).")
+    max_prompts: int = _f(0, "Evaluate on at most this many prompts (0 = all).")
+    sampled: bool = _f(False, "Also evaluate with sampling at rollout.temperature.")
+    batch_size: int = _f(128, "Prompts per evaluation generate call.")
+
+
+@dataclass
+class TrainerConfig:
+    iterations: int = _f(100, "PPO iterations (each: generate, score, update).")
+    seed: int = _f(42, "Seed of everything (offset by rank).")
+    output_dir: str = _f("runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models.")
+    save_every: int = _f(0, "Save actor and critic every N iterations (0 = only at the end).")
+    log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
+    tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
+    threads: int = _f(0, "torch CPU threads (0 = torch's default).")
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Sequences per iteration: prompts x samples per prompt."""
+        return self.data.train_batch_size * self.rollout.n
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f" Did you mean `{prefix}{close[0]}`?" if close else ""
+    return f"{hint} Valid keys: {', '.join(valid)}."
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Check a YAML value against a field type; ints are accepted for floats."""
+    if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"`{where}` must be true or false, got {value!r}.")
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"`{where}` must be an integer, got {value!r}.")
+    if typ is float and not isinstance(value, float):
+        raise ConfigError(f"`{where}` must be a number, got {value!r}.")
+    if typ is str and not isinstance(value, str):
+        if value is None:
+            return ""
+        raise ConfigError(f"`{where}` must be a string, got {value!r}. Quote it in YAML.")
+    if typ is list and not isinstance(value, list):
+        raise ConfigError(f"`{where}` must be a list like [1, 2], got {value!r}.")
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping, got {data!r}.")
+    ftypes = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        where = prefix + key
+        if key not in ftypes:
+            raise ConfigError(f"Unknown config key `{where}`." + _suggest(key, list(ftypes), prefix))
+        typ = ftypes[key]
+        if dataclasses.is_dataclass(typ):
+            kwargs[key] = _build(typ, value or {}, where + ".")
+        else:
+            kwargs[key] = _coerce(value, typ, where)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"Cannot set `{dotted}`: `{part}` is not a section.")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["a.b=1", "c.d=x"]` -> nested dict; values parsed as YAML scalars."""
+    tree: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"Override `{item}` is not of the form section.key=value.")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read YAML (optional), apply `a.b=c` overrides, build and validate the config."""
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"Config file {path} not found. Pass an existing YAML file "
+                              "or no file at all for the built-in default example.")
+        tree = yaml.safe_load(path.read_text()) or {}
+    tree = _merge(tree, parse_overrides(overrides or []))
+    cfg = _build(Config, tree, "")
+    validate(cfg)
+    return cfg
+
+
+# --------------------------------------------------------------------------- validation
+
+_CHOICES = {
+    "model.critic_init": ("actor", "reward_model", "critic"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "data.overlong_prompts": ("error", "drop", "truncate"),
+    "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
+    "actor.optim.schedule": ("constant", "cosine"),
+    "critic.optim.schedule": ("constant", "cosine"),
+}
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _check_batch_sizes(cfg: Config) -> None:
+    rollout = cfg.rollout_batch_size
+    for role in ("actor", "critic"):
+        sec = getattr(cfg, role)
+        mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
+        if mini <= 0 or micro <= 0:
+            raise ConfigError(f"`{role}.ppo_mini_batch_size` and `{role}.ppo_micro_batch_size` "
+                              f"must be positive, got {mini} and {micro}.")
+        if rollout % mini:
+            raise ConfigError(
+                f"`{role}.ppo_mini_batch_size`={mini} does not divide the {rollout} sequences of an "
+                f"iteration (data.train_batch_size={cfg.data.train_batch_size} x rollout.n="
+                f"{cfg.rollout.n}). Pick a divisor of {rollout}.")
+        if mini % micro:
+            raise ConfigError(f"`{role}.ppo_micro_batch_size`={micro} does not divide "
+                              f"`{role}.ppo_mini_batch_size`={mini}. Pick a divisor of {mini}.")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError naming the key for anything that cannot run."""
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"`{key}` must be one of {', '.join(choices)}; got {_get(cfg, key)!r}.")
+    for key in ("data.train_batch_size", "rollout.n", "rollout.max_response_length",
+                "rollout.micro_batch_size", "actor.ppo_epochs", "critic.ppo_epochs",
+                "data.max_prompt_length", "reward.batch_size", "eval.batch_size"):
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
+    if cfg.trainer.iterations < 0:
+        raise ConfigError("`trainer.iterations` must be >= 0.")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
+                          "for near-greedy sampling).")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError("`rollout.top_p` must be in (0, 1].")
+    if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
+        raise ConfigError("`actor.clip_ratio_c` must be > 1 (dual clip) or 0 to disable it.")
+    if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:
+        raise ConfigError("`actor.ptx_coef` > 0 needs `data.sft_path` (prompt/response records).")
+    if cfg.algorithm.adv_estimator != "gae" and cfg.critic.warmup_iterations:
+        raise ConfigError("`critic.warmup_iterations` needs a critic; the estimator "
+                          f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0.")
+    if not cfg.task.name:
+        if not cfg.model.actor_path:
+            raise ConfigError("`model.actor_path` is empty. Point it to a Hugging Face model "
+                              "folder, or set `task.name=arithmetic` for the built-in example.")
+        if not cfg.data.train_path:
+            raise ConfigError("`data.train_path` is empty. Point it to a prompt file (.jsonl ...).")
+        if bool(cfg.reward.function) == bool(cfg.reward.model_path):
+            raise ConfigError("Set exactly one of `reward.function` (path.py:fn or module:fn) "
+                              "and `reward.model_path` (a reward model folder).")
+    _check_batch_sizes(cfg)
+
+
+def batch_plan(cfg: Config) -> str:
+    """Human-readable batch plan, printed at start-up (USERS.md #6: one unit, sequences)."""
+    rollout = cfg.rollout_batch_size
+    lines = [f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
+             f"{rollout} sequences per iteration"]
+    for role in ("actor", "critic"):
+        sec = getattr(cfg, role)
+        n_mini = rollout // sec.ppo_mini_batch_size
+        n_micro = sec.ppo_mini_batch_size // sec.ppo_micro_batch_size
+        lines.append(f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
+                     f"{sec.ppo_mini_batch_size} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
+                     f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}")
+    if cfg.algorithm.adv_estimator != "gae":
+        lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
+    lines.append(f"  total : {cfg.trainer.iterations} iterations, "
+                 f"{cfg.trainer.iterations * rollout} sequences")
+    return "\n".join(lines)
+
+
+def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every leaf field: the README's config table."""
+    node = Config() if node is None else node
+    rows = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe_fields(value, prefix + f.name + "."))
+        else:
+            rows.append((prefix + f.name, value, f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,85 @@
+"""Config: YAML + overrides, validation messages that name the key and the fix."""
+
+import pytest
+
+from proxima.cli import default_config_path
+from proxima.config import Config, ConfigError, batch_plan, describe_fields, load_config
+
+BASE = ["model.actor_path=m", "data.train_path=p.jsonl", "reward.function=f.py:fn"]
+
+
+def test_defaults_are_the_seeds():
+    c = Config()
+    assert c.algorithm.kl_ctrl.kl_coef == 0.1
+    assert c.actor.clip_ratio == 0.2
+    assert c.critic.cliprange_value == 0.2
+    assert c.algorithm.clip_reward_value == 5.0
+    assert c.algorithm.gamma == 1.0 and c.algorithm.lam == 0.95
+    assert c.actor.clip_ratio_c == 3.0
+    assert c.actor.optim.lr == 5e-7 and c.critic.optim.lr == 9e-6
+
+
+def test_yaml_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("actor:\n  clip_ratio: 0.1\nrollout:\n  n: 2\n")
+    c = load_config(f, BASE + ["rollout.n=4", "actor.optim.lr=1e-5", "algorithm.lam=1"])
+    assert c.actor.clip_ratio == 0.1 and c.rollout.n == 4
+    assert c.actor.optim.lr == 1e-5 and c.algorithm.lam == 1.0
+    assert isinstance(c.algorithm.lam, float)
+    assert c.rollout_batch_size == 64 * 4
+
+
+def test_unknown_key_names_key_and_suggests():
+    with pytest.raises(ConfigError, match=r"`actor.ppo_mini_batc_size`.*`actor.ppo_mini_batch_size`"):
+        load_config(None, BASE + ["actor.ppo_mini_batc_size=8"])
+    with pytest.raises(ConfigError, match=r"`algorithm.gama`.*`algorithm.gamma`"):
+        load_config(None, BASE + ["algorithm.gama=0.9"])
+
+
+def test_wrong_type_names_key():
+    with pytest.raises(ConfigError, match="`trainer.iterations` must be an integer"):
+        load_config(None, BASE + ["trainer.iterations=many"])
+    with pytest.raises(ConfigError, match="`actor.shuffle` must be true or false"):
+        load_config(None, BASE + ["actor.shuffle=3"])
+
+
+def test_inconsistent_batch_sizes():
+    with pytest.raises(ConfigError, match=r"`actor.ppo_mini_batch_size`=48 does not divide the 64"):
+        load_config(None, BASE + ["actor.ppo_mini_batch_size=48"])
+    with pytest.raises(ConfigError, match=r"`critic.ppo_micro_batch_size`=5 does not divide"):
+        load_config(None, BASE + ["critic.ppo_micro_batch_size=5"])
+    with pytest.raises(ConfigError, match="must be positive"):
+        load_config(None, BASE + ["actor.ppo_mini_batch_size=0"])
+
+
+def test_choices_and_missing_paths():
+    with pytest.raises(ConfigError, match="`algorithm.kl_ctrl.type` must be one of fixed, adaptive"):
+        load_config(None, BASE + ["algorithm.kl_ctrl.type=pid"])
+    with pytest.raises(ConfigError, match="model.actor_path"):
+        load_config(None, ["data.train_path=p.jsonl"])
+    with pytest.raises(ConfigError, match="exactly one of `reward.function`"):
+        load_config(None, BASE[:2])
+    with pytest.raises(ConfigError, match="clip_ratio_c"):
+        load_config(None, BASE + ["actor.clip_ratio_c=0.5"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("does/not/exist.yaml")
+
+
+def test_batch_plan_counts():
+    c = load_config(None, BASE + ["data.train_batch_size=8", "rollout.n=4",
+                                  "actor.ppo_mini_batch_size=16", "actor.ppo_micro_batch_size=4",
+                                  "actor.ppo_epochs=2", "trainer.iterations=3",
+                                  "critic.ppo_mini_batch_size=32"])
+    plan = batch_plan(c)
+    assert "8 prompts x 4 samples = 32 sequences per iteration" in plan
+    assert "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s)" in plan
+    assert "4 micro-batch(es) of 4" in plan
+    assert "3 iterations, 96 sequences" in plan
+
+
+def test_every_field_documented_and_default_example_valid():
+    rows = describe_fields()
+    assert all(help_text for _, _, help_text in rows), [k for k, _, h in rows if not h]
+    assert ("critic.optim.lr", 9e-6) in [(k, d) for k, d, _ in rows]
+    cfg = load_config(default_config_path())
+    assert cfg.task.name == "arithmetic"
