@@ -1,0 +1,57 @@
+"""PPO math as pure functions: tensors in, tensors out (shapes in each docstring).
+
+Per-token tensors are [B, T], aligned on response tokens; ``response_mask`` is nonzero on
+real response tokens. Nothing here imports the rest of proxima.
+"""
+
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    compute_gae,
+    discounted_returns,
+    grpo,
+    reinforce_plus_plus,
+    reinforce_plus_plus_baseline,
+    rloo,
+)
+from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
+from .losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from .masked import (
+    AGG_MODES,
+    RunningMoments,
+    aggregate_loss,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+from .rewards import last_token_index, token_rewards
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "RunningMoments",
+    "aggregate_loss",
+    "compute_advantages",
+    "compute_gae",
+    "discounted_returns",
+    "entropy_from_logits",
+    "grpo",
+    "kl_full",
+    "kl_penalty",
+    "last_token_index",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "policy_loss",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "rloo",
+    "token_rewards",
+    "value_loss",
+]

@@ -1,0 +1,246 @@
+"""Advantages and returns: GAE (with a critic) and the critic-free estimators.
+
+All functions take per-token rewards [B, T] (from ``token_rewards``) and a response_mask
+[B, T]; they return (advantages [B, T], returns [B, T]) in float32, zero where the mask is 0,
+and are computed without gradients (inputs are detached).
+
+Critic-free estimators (``ADVANTAGE_ESTIMATORS``) score a sequence by its outcome, the sum
+of its token rewards over real tokens, and follow verl's ``core_algos``. They have no value
+function, so their ``returns`` equal their ``advantages`` (there is no critic to regress).
+Group statistics (grpo, rloo, reinforce_plus_plus_baseline) use ``group_ids`` [B], the
+prompt id of each row; rows of a group need not be adjacent. Only rows with at least one
+real token count as group members. A group with a single member has no baseline to compare
+against, so its advantage is 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+
+from .masked import _check_same_shape, _select, masked_whiten
+
+# Added to the group std in grpo (verl's epsilon) so identical outcomes do not divide by 0.
+GRPO_EPS = 1e-6
+
+
+def _prepare(token_rewards: torch.Tensor, response_mask: torch.Tensor, where: str):
+    _check_same_shape(where, token_rewards=token_rewards, response_mask=response_mask)
+    real = response_mask.detach() != 0
+    return _select(token_rewards.detach().float(), real), real
+
+
+@torch.no_grad()
+def compute_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438; seed 000).
+
+    Backward over real tokens: delta_t = r_t + gamma V_{t+1} - V_t and
+    A_t = delta_t + gamma lam A_{t+1}, with V and A after the last real token equal to 0.
+    Masked positions are skipped: their rewards and values are ignored, the "next value" of
+    the last real token before a hole is the value of the next real token after it, and the
+    running advantage carries across the hole unchanged. returns = advantages + values.
+
+    token_rewards, values, response_mask: [B, T]. Returns (advantages, returns), [B, T]
+    float32, zero where the mask is 0. No whitening here (see ``masked_whiten``).
+    """
+    rewards, real = _prepare(token_rewards, response_mask, "compute_gae")
+    _check_same_shape("compute_gae", token_rewards=token_rewards, values=values)
+    values = _select(values.detach().float(), real)
+    advantages = torch.zeros_like(rewards)
+    next_value = rewards.new_zeros(rewards.shape[0])
+    running = rewards.new_zeros(rewards.shape[0])
+    # T is the response length (small): loop over it, vectorised over the batch.
+    for t in reversed(range(rewards.shape[-1])):
+        here = real[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * running
+        advantages[:, t] = torch.where(here, advantage, 0.0)
+        next_value = torch.where(here, values[:, t], next_value)
+        running = torch.where(here, advantage, running)
+    returns = _select(advantages + values, real)
+    return advantages, returns
+
+
+@torch.no_grad()
+def discounted_returns(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
+    """Return-to-go G_t = r_t + gamma G_{t+1} over real tokens (holes skipped); [B, T] float32."""
+    rewards, real = _prepare(token_rewards, response_mask, "discounted_returns")
+    returns = torch.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[-1])):
+        running = torch.where(real[:, t], rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(real[:, t], running, 0.0)
+    return returns
+
+
+def _group_stats(outcome: torch.Tensor, group_ids: torch.Tensor, member: torch.Tensor):
+    """Per-row (group mean, group unbiased std, group size) over the member rows [B] each.
+
+    std is 0 for groups with fewer than two members.
+    """
+    _, group = torch.unique(group_ids, return_inverse=True)
+    weight = member.to(outcome.dtype)
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    size = outcome.new_zeros(n_groups).index_add_(0, group, weight)
+    total = outcome.new_zeros(n_groups).index_add_(0, group, outcome * weight)
+    mean = total / size.clamp(min=1)
+    sq_dev = ((outcome - mean[group]) ** 2) * weight
+    ssd = outcome.new_zeros(n_groups).index_add_(0, group, sq_dev)
+    std = torch.where(size > 1, (ssd / (size - 1).clamp(min=1)).sqrt(), 0.0)
+    return mean[group], std[group], size[group]
+
+
+def _outcome_and_groups(token_rewards, response_mask, group_ids, where):
+    """Sequence outcomes [B] (sum of token rewards), real-token mask, member rows, checks."""
+    rewards, real = _prepare(token_rewards, response_mask, where)
+    if group_ids is None:
+        raise ValueError(
+            f"{where}: needs group_ids, the prompt id of each row ([B] integer tensor); "
+            "sample several responses per prompt (rollout.n > 1) and pass their prompt ids"
+        )
+    if group_ids.shape != rewards.shape[:1]:
+        raise ValueError(
+            f"{where}: shape mismatch: group_ids {list(group_ids.shape)} vs token_rewards "
+            f"{list(rewards.shape)}; group_ids must be one prompt id per row, shape [B]"
+        )
+    return rewards.sum(dim=-1), real, real.any(dim=-1)
+
+
+def _broadcast(per_row: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Put one value per row [B] on every real token [B, T]; returns (advantages, returns)."""
+    advantages = _select(per_row.unsqueeze(-1).expand(real.shape), real)
+    return advantages, advantages.clone()
+
+
+@torch.no_grad()
+def grpo(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    norm_by_std: bool = True,
+    eps: float = GRPO_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO (Shao et al. 2024, arXiv:2402.03300): (outcome - group mean) / (group std + eps).
+
+    std is the unbiased group std; ``norm_by_std=False`` keeps only the mean subtraction
+    (Dr. GRPO, arXiv:2503.20783). Same value on every real token of a row; singleton
+    groups get 0. Returns (advantages, returns=advantages), [B, T].
+    """
+    outcome, real, member = _outcome_and_groups(token_rewards, response_mask, group_ids, "grpo")
+    mean, std, _ = _group_stats(outcome, group_ids, member)
+    advantage = outcome - mean
+    if norm_by_std:
+        advantage = advantage / (std + eps)
+    return _broadcast(advantage, real)
+
+
+@torch.no_grad()
+def rloo(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
+
+    A_i = outcome_i - mean of the other members' outcomes = n / (n - 1) (outcome_i - mean).
+    Same value on every real token of a row; singleton groups get 0. Returns
+    (advantages, returns=advantages), [B, T].
+    """
+    outcome, real, member = _outcome_and_groups(token_rewards, response_mask, group_ids, "rloo")
+    mean, _, size = _group_stats(outcome, group_ids, member)
+    scale = torch.where(size > 1, size / (size - 1).clamp(min=1), 0.0)
+    return _broadcast(scale * (outcome - mean), real)
+
+
+@torch.no_grad()
+def reinforce_plus_plus(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go, whitened over the batch.
+
+    G_t = r_t + gamma G_{t+1} over real tokens, then ``masked_whiten`` over all real tokens.
+    Returns (advantages, returns=advantages), [B, T].
+    """
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    advantages = masked_whiten(returns, response_mask != 0)
+    return advantages, advantages.clone()
+
+
+@torch.no_grad()
+def reinforce_plus_plus_baseline(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: outcome - group mean on every real token, whitened.
+
+    Singleton groups have outcome - mean = 0 before whitening. Returns
+    (advantages, returns=advantages), [B, T].
+    """
+    outcome, real, member = _outcome_and_groups(
+        token_rewards, response_mask, group_ids, "reinforce_plus_plus_baseline"
+    )
+    mean, _, _ = _group_stats(outcome, group_ids, member)
+    centred, _ = _broadcast(outcome - mean, real)
+    advantages = masked_whiten(centred, real)
+    return advantages, advantages.clone()
+
+
+# Critic-free estimators by name; each is fn(token_rewards, response_mask, **options).
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "grpo": grpo,
+    "rloo": rloo,
+    "reinforce_plus_plus": reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
+}
+
+
+def compute_advantages(
+    name: str,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    group_ids: torch.Tensor | None = None,
+    **options,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to ``compute_gae`` ("gae", needs values) or a critic-free estimator by name.
+
+    gamma and group_ids are passed to the estimators that take them; lam and values only
+    matter for gae. ``options`` are estimator-specific (e.g. ``norm_by_std`` for grpo).
+    Returns (advantages, returns), [B, T].
+    """
+    if name == "gae":
+        if values is None:
+            raise ValueError(
+                "compute_advantages: 'gae' needs values from a critic; pass values=..., or "
+                f"use a critic-free estimator: {', '.join(ADVANTAGE_ESTIMATORS)}"
+            )
+        if options:
+            raise ValueError(f"compute_advantages: 'gae' takes no options, got {sorted(options)}")
+        return compute_gae(token_rewards, values, response_mask, gamma, lam)
+    if name not in ADVANTAGE_ESTIMATORS:
+        valid = ", ".join(["gae", *ADVANTAGE_ESTIMATORS])
+        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {valid}")
+    fn = ADVANTAGE_ESTIMATORS[name]
+    accepted = set(inspect.signature(fn).parameters) - {"token_rewards", "response_mask"}
+    unknown = set(options) - accepted
+    if unknown:
+        raise ValueError(
+            f"compute_advantages: estimator {name!r} got unknown options {sorted(unknown)}; "
+            f"it accepts {sorted(accepted)}"
+        )
+    shared = {"gamma": gamma, "group_ids": group_ids}
+    kwargs = {key: value for key, value in shared.items() if key in accepted}
+    return fn(token_rewards, response_mask, **kwargs, **options)

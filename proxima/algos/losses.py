@@ -1,0 +1,237 @@
+"""Log-probs and entropy from logits, the clipped PPO policy loss and the clipped value loss.
+
+Formulas: PPO (Schulman et al. 2017, arXiv:1707.06347) as written in seed 000
+(DeepSpeed-Chat); dual clip from Ye et al. 2020 (arXiv:1912.09729) as in verl's
+``clip_ratio_c``. Losses return ``(loss, stats)`` with detached 0-dim float stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from .masked import _check_same_shape, _select, aggregate_loss, masked_mean, masked_var
+
+# Default chunk budget for the vocabulary-wide ops: about 16M float32 elements (64 MB) per
+# chunk of rows, whatever the vocabulary size.
+_CHUNK_ELEMENTS = 1 << 24
+
+# The log-ratio is clamped before exp so exp never overflows (verl clamps to [-20, 20]).
+LOG_RATIO_BOUND = 20.0
+
+
+def _check_temperature(where: str, temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"{where}: temperature must be > 0, got {temperature}")
+
+
+def _map_row_chunks(
+    fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """Apply fn to chunks of rows of tensors shaped [..., V] (or [...] for index tensors).
+
+    The leading dims of the first tensor are flattened into rows; fn maps each chunk to one
+    value per row. Returns those values reshaped to the leading dims (float32).
+    """
+    lead = tensors[0].shape[:-1]
+    n_rows = math.prod(lead)
+    if chunk_size is None:
+        chunk_size = max(1, _CHUNK_ELEMENTS // max(1, tensors[0].shape[-1]))
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 (or None for automatic), got {chunk_size}")
+    flat = [t.reshape(n_rows, *t.shape[len(lead) :]) for t in tensors]
+    pieces = [
+        fn(*(f[start : start + chunk_size] for f in flat)) for start in range(0, n_rows, chunk_size)
+    ]
+    if not pieces:
+        return torch.zeros(lead, dtype=torch.float32, device=tensors[0].device)
+    return torch.cat(pieces).reshape(lead)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[label] for every position.
+
+    Args:
+        logits: [B, T, V] in any float dtype (bf16/fp16 are upcast one chunk at a time).
+        labels: [B, T] integer token ids.
+        temperature: the sampling temperature, so the log-probs are those of the sampler.
+        chunk_size: positions per chunk; None keeps each float32 chunk around 16M elements.
+
+    Returns [B, T] float32. Computed as gathered logit minus logsumexp per chunk, so no
+    float32 [B, T, V] log-softmax copy is built in one piece (when autograd is recording,
+    the float32 chunks are still kept for the backward pass).
+    """
+    _check_temperature("logprobs_from_logits", temperature)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logprobs_from_logits: shape mismatch: logits {list(logits.shape)} vs labels "
+            f"{list(labels.shape)}; labels must be logits' shape without the vocabulary dim"
+        )
+
+    def chunk_logprobs(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
+        scaled = chunk.float() / temperature
+        picked = scaled.gather(-1, chunk_labels.long().unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(scaled, dim=-1)
+
+    return _map_row_chunks(chunk_logprobs, logits, labels, chunk_size=chunk_size)
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position: logsumexp(z) - sum softmax(z) z.
+
+    logits [B, T, V] (any float dtype) -> [B, T] float32, chunked like ``logprobs_from_logits``.
+    """
+    _check_temperature("entropy_from_logits", temperature)
+
+    def chunk_entropy(chunk: torch.Tensor) -> torch.Tensor:
+        z = chunk.float() / temperature
+        return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+    return _map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
+
+
+def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Max of x over real positions; 0 when the mask is empty."""
+    if not (mask != 0).any():
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(mask != 0, x, torch.full_like(x, -torch.inf)).max()
+
+
+def _detached_stats(**values: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {name: value.detach().float() for name, value in values.items()}
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float | None = 3.0,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped PPO surrogate loss with the dual clip for negative advantages.
+
+    Per token (seed 000): r = exp(logprobs - old_logprobs) with the log-ratio clamped to
+    [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high));
+    the low/high bounds default to ``clip_ratio``. Dual clip (arXiv:1912.09729): where
+    A < 0 the loss is further capped at -A * clip_ratio_c (must be > 1; None disables).
+    The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``.
+
+    All of logprobs, old_logprobs, advantages, response_mask are [B, T]. Returns
+    (0-dim loss, stats) with detached 0-dim stats: ``clipfrac`` (share of tokens where the
+    clipped term is strictly larger), ``clipfrac_lower`` (share where the dual clip binds),
+    ``ppo_kl`` = mean(old - new), ``approx_kl`` = mean(0.5 (new - old)^2), ``ratio_mean``,
+    ``ratio_max`` (means and max over real tokens).
+    """
+    _check_same_shape(
+        "policy_loss",
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
+    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    if not (0 <= low < 1 and high >= 0):
+        raise ValueError(
+            f"policy_loss: clip ratios must satisfy 0 <= low < 1 and high >= 0, got "
+            f"low={low}, high={high}; set clip_ratio (or clip_ratio_low/high), e.g. 0.2"
+        )
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(
+            f"policy_loss: clip_ratio_c must be > 1 (dual clip lower bound), got "
+            f"{clip_ratio_c}; use e.g. 3.0, or None to disable the dual clip"
+        )
+    mask = response_mask
+    # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
+    log_ratio = _select(logprobs - old_logprobs, mask)
+    adv = _select(advantages, mask)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)
+    dual_binds = torch.zeros_like(mask, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        loss_cap = -adv * clip_ratio_c
+        dual_binds = (adv < 0) & (loss_mat > loss_cap)
+        loss_mat = torch.where(dual_binds, loss_cap, loss_mat)
+    loss = aggregate_loss(loss_mat, mask, agg)
+    stats = _detached_stats(
+        clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),
+        clipfrac_lower=masked_mean(dual_binds.float(), mask),
+        ppo_kl=masked_mean(-log_ratio, mask),
+        approx_kl=masked_mean(0.5 * log_ratio.square(), mask),
+        ratio_mean=masked_mean(ratio, mask),
+        ratio_max=_masked_max(ratio, mask),
+    )
+    return loss, stats
+
+
+def _explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns) over real tokens; 0 when Var(returns) is 0."""
+    var_returns = masked_var(returns, mask)
+    if var_returns == 0:
+        return torch.zeros_like(var_returns)
+    return 1 - masked_var(returns - values, mask) / var_returns
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float | None = 0.2,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss (seed 000): 0.5 max((V - R)^2, (clip(V, V_old -+ eps) - R)^2).
+
+    values (current critic), old_values (at rollout time), returns, response_mask: [B, T].
+    ``cliprange_value=None`` disables the clip (plain 0.5 (V - R)^2). The per-token loss is
+    reduced with ``aggregate_loss(..., agg)``. Stats (detached, 0-dim): ``vf_clipfrac``
+    (share of real tokens where the clipped term is strictly larger), ``explained_variance``
+    (1 - Var(R - V) / Var(R) over real tokens, 0 if Var(R) = 0), ``vpred_mean``.
+    """
+    _check_same_shape(
+        "value_loss",
+        values=values,
+        old_values=old_values,
+        returns=returns,
+        response_mask=response_mask,
+    )
+    if cliprange_value is not None and cliprange_value < 0:
+        raise ValueError(
+            f"value_loss: cliprange_value must be >= 0, got {cliprange_value}; "
+            "use e.g. 0.2, or None to disable value clipping"
+        )
+    mask = response_mask
+    v, v_old, target = _select(values, mask), _select(old_values, mask), _select(returns, mask)
+    err = (v - target).square()
+    clipfrac = torch.zeros((), dtype=err.dtype, device=err.device)
+    if cliprange_value is None:
+        loss_mat = 0.5 * err
+    else:
+        v_clipped = v_old + (v - v_old).clamp(-cliprange_value, cliprange_value)
+        err_clipped = (v_clipped - target).square()
+        loss_mat = 0.5 * torch.maximum(err, err_clipped)
+        clipfrac = masked_mean((err_clipped > err).float(), mask)
+    loss = aggregate_loss(loss_mat, mask, agg)
+    stats = _detached_stats(
+        vf_clipfrac=clipfrac,
+        explained_variance=_explained_variance(v.detach(), target, mask),
+        vpred_mean=masked_mean(v, mask),
+    )
+    return loss, stats

@@ -1,0 +1,183 @@
+"""Masked reductions over response tokens, loss aggregation and running moments.
+
+Conventions (shared by all of ``proxima.algos``): per-token tensors are ``[B, T]`` and
+aligned on response tokens; ``mask`` (a ``response_mask``) is nonzero on real tokens and
+zero elsewhere. Masks may have holes and rows may be empty. Values on masked-out positions
+never reach a result, even when they are NaN or inf (they are selected away with
+``torch.where`` rather than multiplied by zero, because ``nan * 0`` is NaN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Loss aggregation modes accepted by `aggregate_loss` (names follow verl's `loss_agg_mode`).
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# Added to the variance inside the rsqrt of `masked_whiten` so constant inputs do not divide
+# by zero (the value used by DeepSpeed-Chat / TRL whitening).
+WHITEN_EPS = 1e-8
+
+
+def _check_same_shape(where: str, **tensors: torch.Tensor) -> None:
+    """Raise ValueError unless every tensor has the shape of the first one.
+
+    The message names both tensors and shapes, e.g. ``policy_loss: shape mismatch:
+    logprobs [2, 3] vs response_mask [2, 4]``.
+    """
+    items = list(tensors.items())
+    first_name, first = items[0]
+    for name, tensor in items[1:]:
+        if tensor.shape != first.shape:
+            raise ValueError(
+                f"{where}: shape mismatch: {first_name} {list(first.shape)} vs "
+                f"{name} {list(tensor.shape)}; pass tensors of the same shape "
+                "([B, T] aligned on response tokens for per-token inputs)"
+            )
+
+
+def _select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x where mask is nonzero, 0 elsewhere (safe against NaN/inf on masked positions)."""
+    return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of x over positions where mask is nonzero; [B, T] -> scalar, or reduced on dim."""
+    _check_same_shape("masked_sum", x=x, mask=mask)
+    selected = _select(x, mask)
+    return selected.sum() if dim is None else selected.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of x over positions where mask is nonzero.
+
+    Args:
+        x: [B, T] values (any shape, same as mask).
+        mask: [B, T] nonzero on the positions to average.
+        dim: None for one global mean (0-dim result), else the dimension to reduce
+            (e.g. dim=-1 gives one mean per row, [B]).
+
+    Returns 0 (not NaN) where the mask is empty: globally, or per row when dim is given.
+    """
+    _check_same_shape("masked_mean", x=x, mask=mask)
+    count = (mask != 0).sum() if dim is None else (mask != 0).sum(dim=dim)
+    total = masked_sum(x, mask, dim)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of x over the positions where mask is nonzero (0-dim tensor).
+
+    ``unbiased=True`` applies Bessel's correction n / (n - 1). With fewer than two real
+    positions the unbiased variance is undefined; it is returned as 0 so that callers
+    (whitening, explained variance) stay finite. The biased variance of an empty mask is 0.
+    """
+    _check_same_shape("masked_var", x=x, mask=mask)
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if not unbiased:
+        return var
+    n = (mask != 0).sum().to(var.dtype)
+    if n < 2:
+        return torch.zeros_like(var)
+    return var * n / (n - 1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise x to zero mean and unit (unbiased) variance over the masked positions.
+
+    [B, T] -> [B, T]: (x - mean) * rsqrt(var + 1e-8); with ``shift_mean=False`` the mean is
+    added back (only the scale changes, as in TRL's whiten). Zero on masked-out positions.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask, unbiased=True)
+    whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _select(whitened, mask)
+
+
+def aggregate_loss(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
+) -> torch.Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    Modes (see verl ``agg_loss`` and the Dr. GRPO paper, arXiv:2503.20783):
+      - ``token-mean``: mean over all real tokens of the batch.
+      - ``seq-mean-token-sum``: per-row sum over tokens, then mean over rows.
+      - ``seq-mean-token-mean``: per-row mean over tokens, then mean over rows.
+      - ``seq-mean-token-sum-norm``: per-row sum divided by the mask's width T (a constant,
+        so long and short answers are not re-weighted: Dr. GRPO), then mean over rows.
+    The mean over rows only counts rows with at least one real token, so empty rows neither
+    produce NaN nor dilute the loss; an all-empty mask gives 0.
+    """
+    _check_same_shape("aggregate_loss", loss_mat=loss_mat, mask=mask)
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    if mode not in AGG_MODES:
+        raise ValueError(
+            f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}"
+        )
+    row_sum = masked_sum(loss_mat, mask, dim=-1)
+    row_len = (mask != 0).sum(dim=-1)
+    if mode == "seq-mean-token-sum":
+        per_row = row_sum
+    elif mode == "seq-mean-token-mean":
+        per_row = row_sum / row_len.clamp(min=1).to(row_sum.dtype)
+    else:  # seq-mean-token-sum-norm
+        per_row = row_sum / loss_mat.shape[-1]
+    return masked_mean(per_row, row_len > 0)
+
+
+class RunningMoments:
+    """Running mean and standard deviation over every element seen in all batches.
+
+    Batches are merged with Chan et al.'s parallel update of (count, mean, M2), so the
+    result equals the moments of the concatenated data. ``std`` is the unbiased standard
+    deviation (1.0 before two elements were seen, so it is safe to divide by). Used for
+    reward normalisation; state is plain floats, see ``state_dict``.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+        self._m2 = 0.0
+
+    @property
+    def var(self) -> float:
+        """Unbiased variance of everything seen (0.0 before two elements)."""
+        return self._m2 / (self.count - 1) if self.count > 1 else 0.0
+
+    @property
+    def std(self) -> float:
+        """Unbiased standard deviation of everything seen (1.0 before two elements)."""
+        return math.sqrt(self.var) if self.count > 1 else 1.0
+
+    @torch.no_grad()
+    def update(self, xs: torch.Tensor) -> tuple[float, float]:
+        """Merge a batch (any shape, all elements count); return its (mean, unbiased std)."""
+        values = xs.detach().to(torch.float64).flatten()
+        n = values.numel()
+        if n == 0:
+            return 0.0, 0.0
+        batch_mean = values.mean().item()
+        batch_m2 = ((values - batch_mean) ** 2).sum().item()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self._m2 += batch_m2 + delta**2 * self.count * n / total
+        self.count = total
+        batch_std = math.sqrt(batch_m2 / (n - 1)) if n > 1 else 0.0
+        return batch_mean, batch_std
+
+    def state_dict(self) -> dict[str, float]:
+        """Plain-float state for checkpoints."""
+        return {"count": self.count, "mean": self.mean, "m2": self._m2}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore the state written by ``state_dict``."""
+        self.count = int(state["count"])
+        self.mean = float(state["mean"])
+        self._m2 = float(state["m2"])

@@ -1,0 +1,69 @@
+"""Token rewards: a KL penalty on every response token plus the clipped score at the last one.
+
+Seed 000 (DeepSpeed-Chat): r_t = -beta * KL_t on response tokens, and at the final token
+r_T += clip(R(x, y), -c, c).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .masked import _check_same_shape, _select
+
+
+def last_token_index(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the last real token of each row and whether the row has any real token.
+
+    response_mask [B, T] -> (index [B] long, has_tokens [B] bool); index is 0 for empty rows.
+    """
+    real = (response_mask != 0).long()
+    width = real.shape[-1]
+    if width == 0:
+        return real.sum(-1), real.sum(-1) > 0
+    # argmax returns the first maximum, so on the reversed row it finds the last real token.
+    from_end = real.flip(-1).argmax(dim=-1)
+    has_tokens = real.sum(dim=-1) > 0
+    index = torch.where(has_tokens, width - 1 - from_end, torch.zeros_like(from_end))
+    return index, has_tokens
+
+
+def token_rewards(
+    scores: torch.Tensor,
+    kl: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    clip_reward_value: float | None,
+) -> torch.Tensor:
+    """Per-token rewards [B, T] (float32).
+
+    Args:
+        scores: [B] sequence scores (reward model or reward function).
+        kl: [B, T] per-token KL estimate (e.g. ``kl_penalty(old_logprobs, ref_logprobs)``).
+        response_mask: [B, T], nonzero on real response tokens.
+        kl_coef: beta, the KL penalty coefficient (seed default 0.1).
+        clip_reward_value: c, scores are clipped to [-c, c] (seed default 5); None disables.
+
+    Every real token gets -kl_coef * kl; the last real token of each row (the last position
+    where the mask is nonzero, so holes do not matter) also gets the clipped score. Rows with
+    an empty mask get nothing. Zero wherever the mask is 0.
+    """
+    _check_same_shape("token_rewards", kl=kl, response_mask=response_mask)
+    if scores.shape != kl.shape[:1]:
+        raise ValueError(
+            f"token_rewards: shape mismatch: scores {list(scores.shape)} vs kl "
+            f"{list(kl.shape)}; scores must be one value per row, shape [B]"
+        )
+    if clip_reward_value is not None and not clip_reward_value > 0:
+        raise ValueError(
+            f"token_rewards: clip_reward_value must be > 0, got {clip_reward_value}; "
+            "use e.g. 5.0, or None to disable score clipping"
+        )
+    rewards = _select(-kl_coef * kl.float(), response_mask)
+    score = scores.float()
+    if clip_reward_value is not None:
+        score = score.clamp(-clip_reward_value, clip_reward_value)
+    if rewards.shape[-1] == 0:  # no response tokens at all: nowhere to put a score
+        return rewards
+    index, has_tokens = last_token_index(response_mask)
+    score = torch.where(has_tokens, score, torch.zeros_like(score))
+    return rewards.scatter_add(-1, index.unsqueeze(-1), score.unsqueeze(-1))

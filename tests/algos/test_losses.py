@@ -1,0 +1,261 @@
+import math
+import statistics
+
+import pytest
+import torch
+
+from proxima.algos import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+
+LN = math.log
+# Position 0: logits [0, ln 3, 0] -> p = [1/5, 3/5, 1/5];
+# position 1: logits [ln 2, ln 2, ln 4] -> p = [1/4, 1/4, 1/2].
+LOGITS = torch.tensor([[[0.0, LN(3.0), 0.0], [LN(2.0), LN(2.0), LN(4.0)]]])
+LABELS = torch.tensor([[1, 2]])
+
+
+def naive_logprobs(logits, labels, temperature=1.0):
+    logp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def test_logprobs_literal():
+    # log p(label): ln(3/5), ln(1/2).
+    out = logprobs_from_logits(LOGITS, LABELS)
+    assert out.dtype == torch.float32 and out.shape == (1, 2)
+    torch.testing.assert_close(out, torch.tensor([[LN(0.6), LN(0.5)]]))
+
+
+def test_logprobs_temperature():
+    # T = 2 halves the logits: position 0 -> [1, sqrt 3, 1] / (2 + sqrt 3), label 1;
+    # position 1 -> [sqrt 2, sqrt 2, 2] / (2 + 2 sqrt 2), label 2 -> 1 / (1 + sqrt 2).
+    out = logprobs_from_logits(LOGITS, LABELS, temperature=2.0)
+    s3, s2 = math.sqrt(3.0), math.sqrt(2.0)
+    torch.testing.assert_close(out, torch.tensor([[LN(s3 / (2 + s3)), LN(1 / (1 + s2))]]))
+
+
+def test_logprobs_gradient_is_onehot_minus_softmax():
+    # d log p_label / d logits = onehot(label) - softmax: position 0 -> [-0.2, 0.4, -0.2].
+    logits = LOGITS.clone().requires_grad_(True)
+    logprobs_from_logits(logits, LABELS, chunk_size=1).sum().backward()
+    expected = torch.tensor([[[-0.2, 0.4, -0.2], [-0.25, -0.25, 0.5]]])
+    torch.testing.assert_close(logits.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_logprobs_match_naive_for_dtypes_and_chunks(dtype):
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 17, generator=gen) * 4).to(dtype)
+    labels = torch.randint(0, 17, (3, 5), generator=gen)
+    expected = naive_logprobs(logits.float(), labels, 0.7)
+    for chunk_size in (None, 1, 4, 15, 1000):
+        out = logprobs_from_logits(logits, labels, temperature=0.7, chunk_size=chunk_size)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_logprobs_errors():
+    with pytest.raises(ValueError, match=r"logits \[1, 2, 3\] vs labels \[1, 3\]"):
+        logprobs_from_logits(LOGITS, torch.tensor([[1, 2, 0]]))
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        logprobs_from_logits(LOGITS, LABELS, temperature=-1.0)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        logprobs_from_logits(LOGITS, LABELS, chunk_size=0)
+
+
+def test_entropy_literal():
+    # H = -sum p ln p: position 0 -> -(2 * 0.2 ln 0.2 + 0.6 ln 0.6) = 0.95027054;
+    # position 1 -> 2 * 0.25 ln 4 + 0.5 ln 2 = 1.5 ln 2 = 1.03972077.
+    out = entropy_from_logits(LOGITS)
+    expected = [-(2 * 0.2 * LN(0.2) + 0.6 * LN(0.6)), 1.5 * LN(2.0)]
+    torch.testing.assert_close(out, torch.tensor([expected]))
+
+
+def test_entropy_uniform_and_temperature():
+    # Equal logits -> uniform over V = 7 -> ln 7 for any temperature; a very low temperature
+    # on distinct logits approaches a one-hot distribution -> entropy ~ 0.
+    assert entropy_from_logits(torch.zeros(1, 1, 7), temperature=3.0).item() == pytest.approx(
+        LN(7.0)
+    )
+    peaked = entropy_from_logits(torch.tensor([[[0.0, 1.0, 2.0]]]), temperature=0.01)
+    assert peaked.item() == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_entropy_matches_naive(dtype):
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(2, 6, 13, generator=gen) * 3).to(dtype)
+    logp = torch.log_softmax(logits.double() / 1.3, dim=-1)
+    expected = -(logp.exp() * logp).sum(-1)
+    for chunk_size in (None, 1, 5):
+        out = entropy_from_logits(logits, temperature=1.3, chunk_size=chunk_size)
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+# Policy loss fixture: six real tokens (log-ratio, advantage) and two padding tokens whose
+# log-probs are -inf (NaN log-ratio) and advantages NaN, which must not matter.
+# clip 0.2, dual clip c = 3:
+#   1. r 1.1, A  2: inside the clip          -> max(-2.2, -2.2) = -2.2
+#   2. r 1.5, A  1: upper clip binds         -> max(-1.5, -1.2) = -1.2    (clipped)
+#   3. r 0.5, A  1: clip would help, ignored -> max(-0.5, -0.8) = -0.5
+#   4. r 0.5, A -1: lower clip binds         -> max( 0.5,  0.8) =  0.8    (clipped)
+#   5. r 1.5, A -1: clip would help, ignored -> max( 1.5,  1.2) =  1.5    (below cap 3)
+#   6. r 4.0, A -1: dual clip binds          -> min(max(4, 1.2), 3 * 1) = 3  (dual)
+# token-mean loss = (-2.2 - 1.2 - 0.5 + 0.8 + 1.5 + 3) / 6 = 1.4 / 6.
+RATIOS = [1.1, 1.5, 0.5, 0.5, 1.5, 4.0]
+NEG_INF = float("-inf")
+LOGPROBS = torch.tensor(
+    [[LN(1.1), LN(1.5), LN(0.5), NEG_INF], [LN(0.5), LN(1.5), LN(4.0), NEG_INF]]
+)
+OLD = torch.tensor([[0.0, 0.0, 0.0, NEG_INF], [0.0, 0.0, 0.0, NEG_INF]])
+NAN = float("nan")
+ADV = torch.tensor([[2.0, 1.0, 1.0, NAN], [-1.0, -1.0, -1.0, NAN]])
+PMASK = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]])
+
+
+def test_policy_loss_literal_and_stats():
+    loss, stats = policy_loss(LOGPROBS, OLD, ADV, PMASK)
+    assert loss.item() == pytest.approx(1.4 / 6, rel=1e-6)
+    log_ratios = [LN(r) for r in RATIOS]
+    expected_stats = {
+        "clipfrac": 2 / 6,  # tokens 2 and 4
+        "clipfrac_lower": 1 / 6,  # token 6
+        "ppo_kl": -sum(log_ratios) / 6,  # mean(old - new)
+        "approx_kl": sum(0.5 * x * x for x in log_ratios) / 6,
+        "ratio_mean": sum(RATIOS) / 6,
+        "ratio_max": 4.0,
+    }
+    assert set(stats) == set(expected_stats)
+    for name, value in expected_stats.items():
+        assert stats[name].item() == pytest.approx(value, rel=1e-6), name
+        assert stats[name].dim() == 0 and not stats[name].requires_grad
+
+
+def test_policy_loss_without_dual_clip():
+    # Token 6 keeps its loss 4: (1.4 - 3 + 4) / 6 = 2.4 / 6.
+    loss, stats = policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=None)
+    assert loss.item() == pytest.approx(2.4 / 6, rel=1e-6)
+    assert stats["clipfrac_lower"].item() == 0.0
+
+
+def _one_token_loss(ratio: float, advantage: float, **kwargs) -> float:
+    one = torch.ones(1, 1)
+    lp = torch.tensor([[LN(ratio)]])
+    return policy_loss(lp, 0 * one, advantage * one, one, **kwargs)[0].item()
+
+
+def test_policy_loss_asymmetric_clip():
+    # Upper bound from clip_ratio_high: r 1.5, A 1 -> max(-1.5, -1.28) = -1.28.
+    assert _one_token_loss(1.5, 1.0, clip_ratio_high=0.28) == pytest.approx(-1.28)
+    # ... and clip_ratio_low does not touch it: max(-1.5, -1.2) = -1.2.
+    assert _one_token_loss(1.5, 1.0, clip_ratio_low=0.4) == pytest.approx(-1.2)
+    # Lower bound from clip_ratio_low: r 0.5, A -1 -> max(0.5, 0.6) = 0.6.
+    assert _one_token_loss(0.5, -1.0, clip_ratio_low=0.4) == pytest.approx(0.6)
+    assert _one_token_loss(0.5, -1.0, clip_ratio_high=0.28) == pytest.approx(0.8)
+    # clip_ratio applies to both sides when the specific bounds are not given.
+    assert _one_token_loss(1.5, 1.0, clip_ratio=0.1) == pytest.approx(-1.1)
+    assert _one_token_loss(0.5, -1.0, clip_ratio=0.1) == pytest.approx(0.9)
+
+
+def test_policy_loss_gradients():
+    # d loss / d logprob = -A r / 6 where the unclipped term is active, 0 where a clip binds
+    # (tokens 2, 4 and 6) and 0 on padding (finite despite the -inf log-probs).
+    logprobs = LOGPROBS.clone().requires_grad_(True)
+    policy_loss(logprobs, OLD, ADV, PMASK)[0].backward()
+    expected = torch.tensor([[-2.2, 0.0, -0.5, 0.0], [0.0, 1.5, 0.0, 0.0]]) / 6
+    torch.testing.assert_close(logprobs.grad, expected)
+
+
+def test_policy_loss_aggregation_mode_is_used():
+    # seq-mean-token-sum: row sums (-2.2 - 1.2 - 0.5) = -3.9 and (0.8 + 1.5 + 3) = 5.3
+    # -> mean 0.7.
+    loss, _ = policy_loss(LOGPROBS, OLD, ADV, PMASK, agg="seq-mean-token-sum")
+    assert loss.item() == pytest.approx(0.7, rel=1e-6)
+
+
+def test_policy_loss_clamps_log_ratio():
+    # log-ratio 100 is clamped to 20: ratio e^20 stays finite; A = 1 so the upper clip binds.
+    loss, stats = policy_loss(
+        torch.tensor([[100.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.ones(1, 1)
+    )
+    assert loss.item() == pytest.approx(-1.2)
+    assert stats["ratio_max"].item() == pytest.approx(math.exp(20.0), rel=1e-6)
+
+
+def test_policy_loss_errors_and_inputs_untouched():
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match=r"logprobs \[2, 4\] vs advantages \[2, 3\]"):
+        policy_loss(LOGPROBS, OLD, ADV[:, :3], PMASK)
+    with pytest.raises(ValueError, match="unknown loss aggregation mode"):
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, agg="mean")
+    with pytest.raises(ValueError, match="clip ratios must satisfy"):
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio=1.5)
+    copies = [t.clone() for t in (LOGPROBS, OLD, ADV, PMASK)]
+    policy_loss(*copies)
+    for copy, original in zip(copies, (LOGPROBS, OLD, ADV, PMASK), strict=True):
+        torch.testing.assert_close(copy, original, rtol=0, atol=0, equal_nan=True)
+
+
+def test_policy_loss_empty_mask():
+    loss, stats = policy_loss(LOGPROBS, OLD, ADV, torch.zeros_like(PMASK))
+    assert loss.item() == 0.0
+    assert all(value.item() == 0.0 for value in stats.values())
+
+
+# Value loss fixture (V, V_old, R), cliprange 0.2 -> clip(V) in V_old -+ 0.2:
+#   1. (1.0, 1.1,  1.2): inside the clip, err 0.04                    -> 0.5 * 0.04 = 0.02
+#   2. (2.0, 1.0,  0.0): clip(V) 1.2, err 4 > clipped 1.44            -> 0.5 * 4    = 2
+#   3. (2.0, 1.0,  3.0): clip(V) 1.2, err 1 < clipped 3.24 (upper)    -> 0.5 * 3.24 = 1.62
+#   4. (0.0, 1.0, -1.0): clip(V) 0.8, err 1 < clipped 3.24 (lower)    -> 0.5 * 3.24 = 1.62
+#   5. (0.0, 1.0,  1.5): clip(V) 0.8, err 2.25 > clipped 0.49         -> 0.5 * 2.25 = 1.125
+# token-mean = (0.02 + 2 + 1.62 + 1.62 + 1.125) / 5 = 6.385 / 5; vf_clipfrac = 2 / 5.
+V = torch.tensor([[1.0, 2.0, 2.0], [0.0, 0.0, 5.0]])
+V_OLD = torch.tensor([[1.1, 1.0, 1.0], [1.0, 1.0, float("nan")]])
+RET = torch.tensor([[1.2, 0.0, 3.0], [-1.0, 1.5, float("inf")]])
+VMASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+def test_value_loss_literal_and_stats():
+    loss, stats = value_loss(V, V_OLD, RET, VMASK)
+    assert loss.item() == pytest.approx(6.385 / 5, rel=1e-6)
+    returns, values = [1.2, 0.0, 3.0, -1.0, 1.5], [1.0, 2.0, 2.0, 0.0, 0.0]
+    residual = [r - v for r, v in zip(returns, values, strict=True)]
+    explained = 1 - statistics.variance(residual) / statistics.variance(returns)
+    assert set(stats) == {"vf_clipfrac", "explained_variance", "vpred_mean"}
+    assert stats["vf_clipfrac"].item() == pytest.approx(0.4)
+    assert stats["explained_variance"].item() == pytest.approx(explained, rel=1e-5)
+    assert stats["vpred_mean"].item() == pytest.approx(1.0)  # (1 + 2 + 2 + 0 + 0) / 5
+    assert all(s.dim() == 0 and not s.requires_grad for s in stats.values())
+
+
+def test_value_loss_gradients_zero_where_clip_binds():
+    # d/dV of 0.5 (V - R)^2 / 5 = (V - R) / 5 on unclipped tokens, 0 on tokens 3 and 4.
+    values = V.clone().requires_grad_(True)
+    value_loss(values, V_OLD, RET, VMASK)[0].backward()
+    expected = torch.tensor([[-0.2, 2.0, 0.0], [0.0, -1.5, 0.0]]) / 5
+    torch.testing.assert_close(values.grad, expected)
+
+
+def test_value_loss_without_clip():
+    # 0.5 * mean(err) = 0.5 * (0.04 + 4 + 1 + 1 + 2.25) / 5 = 0.829.
+    loss, stats = value_loss(V, V_OLD, RET, VMASK, cliprange_value=None)
+    assert loss.item() == pytest.approx(0.829, rel=1e-6)
+    assert stats["vf_clipfrac"].item() == 0.0
+
+
+def test_explained_variance_edge_cases():
+    ones = torch.ones(2, 3)
+    # Constant returns: Var(R) = 0 -> explained variance defined as 0.
+    _, stats = value_loss(ones * 2, ones, ones, ones)
+    assert stats["explained_variance"].item() == 0.0
+    # Perfect critic: V = R (not constant) -> 1.
+    returns = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    _, stats = value_loss(returns, returns, returns, ones)
+    assert stats["explained_variance"].item() == pytest.approx(1.0)
+
+
+def test_value_loss_errors():
+    with pytest.raises(ValueError, match=r"values \[2, 3\] vs returns \[2, 2\]"):
+        value_loss(V, V_OLD, RET[:, :2], VMASK)
+    with pytest.raises(ValueError, match="cliprange_value must be >= 0"):
+        value_loss(V, V_OLD, RET, VMASK, cliprange_value=-0.1)
