@@ -1,0 +1,50 @@
+"""Models of the four PPO roles, loaded from local Hugging Face folders, and tiny models
+built locally for tests and examples."""
+
+from proxima.models.loading import (
+    CRITIC_INIT,
+    critic_values,
+    describe_model,
+    last_token_index,
+    load_causal_lm,
+    load_critic,
+    load_reward_model,
+    load_tokenizer,
+    position_ids_from_mask,
+    quiet_transformers,
+    reward_model_scores,
+    scalar_head,
+)
+from proxima.models.tiny import (
+    ARCHITECTURES,
+    SIZES,
+    build_tiny_model,
+    build_tiny_reward_model,
+    init_model,
+    tiny_config,
+)
+from proxima.models.tokenizers import SPECIAL_TOKENS, build_bpe_tokenizer, build_char_tokenizer
+
+__all__ = [
+    "ARCHITECTURES",
+    "CRITIC_INIT",
+    "SIZES",
+    "SPECIAL_TOKENS",
+    "build_bpe_tokenizer",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "build_tiny_reward_model",
+    "critic_values",
+    "describe_model",
+    "init_model",
+    "last_token_index",
+    "load_causal_lm",
+    "load_critic",
+    "load_reward_model",
+    "load_tokenizer",
+    "position_ids_from_mask",
+    "quiet_transformers",
+    "reward_model_scores",
+    "scalar_head",
+    "tiny_config",
+]

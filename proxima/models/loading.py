@@ -1,0 +1,364 @@
+"""Load the four PPO roles from local Hugging Face folders.
+
+- actor and reference: `AutoModelForCausalLM` (`load_causal_lm`, trainable or frozen);
+- critic: `AutoModelForTokenClassification` with one label, so a saved critic is a normal
+  Hugging Face folder (`load_critic`, `critic_values`);
+- reward model: `AutoModelForSequenceClassification` with one label (`load_reward_model`,
+  `reward_model_scores`).
+
+Dropout is switched off everywhere: PPO's ratio pi/pi_old must be exactly 1 on the first
+mini-batch, and dropout noise breaks that. Values and scores are computed from the backbone's
+hidden states and the head, with position ids taken from the attention mask, so left or
+right padding changes nothing (seed 003: the score is read at the last real token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from safetensors import safe_open
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+CRITIC_INIT = ("actor", "reward_model", "critic")
+_HEAD_NAMES = ("score", "classifier")  # one-label heads of *ForSequence/TokenClassification
+
+_FIX = {
+    "model": "point the config at a Hugging Face model folder, or create a tiny one with "
+    "`proxima init-model --out {path}`",
+    "tokenizer": "point the config at a folder saved with tokenizer.save_pretrained, or create "
+    "a tiny model and tokenizer with `proxima init-model --out {path}`",
+    "critic": "use critic init_from='actor' (or 'reward_model') to build a new critic",
+    "reward model": "point the reward model path at a folder saved from an "
+    "AutoModelForSequenceClassification with num_labels=1 (train one with `proxima rm`)",
+}
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token of each row.
+
+    attention_mask: [B, L] of 0/1. Returns [B, L] long; pads get 0 (they are masked anyway),
+    so a left-padded row sees the same positions as the unpadded sequence.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _check_folder(path: str | Path, role: str, needs: str = "config.json") -> Path:
+    folder = Path(path)
+    fix = _FIX.get(role, _FIX["model"]).format(path=folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{role} folder {folder} does not exist; {fix}")
+    if needs and not (folder / needs).is_file():
+        raise FileNotFoundError(f"{role} folder {folder} has no {needs}; {fix}")
+    return folder
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report and progress bars; we check the keys ourselves."""
+    verbosity = hf_logging.get_verbosity()
+    bars_were_off = hf_logging.is_progress_bar_enabled() is False
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if not bars_were_off:
+            hf_logging.enable_progress_bar()
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    # transformers >= 4.56 names it `dtype`; older releases only know `torch_dtype`.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
+
+
+def _config_without_dropout(folder: Path, **updates: Any) -> PretrainedConfig:
+    """The folder's config with every dropout probability set to 0 (before the model is built,
+    since attention modules copy `attention_dropout` into a float at construction)."""
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    for key, value in list(config.to_dict().items()):
+        is_prob = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if is_prob and ("dropout" in key or key.endswith("_pdrop")):
+            setattr(config, key, 0.0)
+    config.classifier_dropout = 0.0  # read by classification heads, may be absent (None)
+    for key, value in updates.items():
+        setattr(config, key, value)
+    return config
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def _finish(model: PreTrainedModel, device: str | torch.device, trainable: bool) -> PreTrainedModel:
+    """Move to device, drop dropout, and freeze (eval, no grads) or unfreeze (train mode)."""
+    _disable_dropout(model)
+    model.to(device)
+    model.requires_grad_(trainable)
+    model.train(trainable)
+    return model
+
+
+def _load(auto_cls, folder: Path, config: PretrainedConfig, dtype: torch.dtype):
+    """from_pretrained from a local folder only; returns (model, loading info)."""
+    with quiet_transformers():
+        return auto_cls.from_pretrained(
+            folder,
+            config=config,
+            local_files_only=True,
+            output_loading_info=True,
+            **_dtype_kwarg(dtype),
+        )
+
+
+def _require_loaded(info: dict, folder: Path, role: str, allowed: tuple[str, ...] = ()) -> None:
+    """Raise when weights other than `allowed` prefixes were missing from the folder (they
+    would silently be random)."""
+    missing = sorted(
+        k for k in info["missing_keys"] if not any(k.startswith(f"{a}.") for a in allowed)
+    )
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        fix = _FIX.get(role, _FIX["model"]).format(path=folder)
+        raise ValueError(f"{role} folder {folder} lacks weights {shown}; {fix}")
+
+
+def _check_architecture(config: PretrainedConfig, suffix: str, folder: Path, role: str) -> None:
+    """A scalar-head role must be a *{suffix} with num_labels == 1."""
+    fix = _FIX[role].format(path=folder)
+    archs = getattr(config, "architectures", None) or []
+    if archs and not any(a.endswith(suffix) for a in archs):
+        raise ValueError(f"{role} folder {folder} holds a {archs[0]}, not a *{suffix}; {fix}")
+    if config.num_labels != 1:
+        raise ValueError(
+            f"{role} folder {folder} has num_labels={config.num_labels}, a scalar head needs 1; "
+            + fix
+        )
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """AutoTokenizer from a local folder, left padding, pad token falling back to EOS."""
+    folder = _check_folder(path, "tokenizer", needs="")
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer.padding_side = "left"  # generation continues from the right edge
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ValueError(
+                f"tokenizer in {folder} has neither a pad nor an eos token; "
+                "set one with tokenizer.add_special_tokens and save it again"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trainable: bool = True,
+) -> PreTrainedModel:
+    """Actor (trainable=True, train mode) or reference (trainable=False: frozen, eval)."""
+    folder = _check_folder(path, "model")
+    config = _config_without_dropout(folder)
+    model, info = _load(AutoModelForCausalLM, folder, config, dtype)
+    _require_loaded(info, folder, "model")
+    return _finish(model, device, trainable)
+
+
+def load_reward_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> PreTrainedModel:
+    """Reward model: AutoModelForSequenceClassification with num_labels=1, frozen, eval."""
+    folder = _check_folder(path, "reward model")
+    config = _config_without_dropout(folder)
+    _check_architecture(config, "ForSequenceClassification", folder, "reward model")
+    model, info = _load(AutoModelForSequenceClassification, folder, config, dtype)
+    _require_loaded(info, folder, "reward model")
+    return _finish(model, device, trainable=False)
+
+
+def scalar_head(model: PreTrainedModel) -> nn.Module:
+    """The one-output head (`score` or `classifier`) of a classification model."""
+    for name in _HEAD_NAMES:
+        head = getattr(model, name, None)
+        if isinstance(head, nn.Module):
+            return head
+    raise ValueError(
+        f"{type(model).__name__} has no scalar head named {' or '.join(_HEAD_NAMES)}; "
+        "use a *ForSequenceClassification / *ForTokenClassification model"
+    )
+
+
+def _hidden_states(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Last hidden states [B, L, H] of the backbone, positions counted from the first real
+    token so that padding on either side does not shift them."""
+    out = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    return out.last_hidden_state
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index [B] of the last position with attention_mask == 1 in each row (0 if none).
+
+    Works for left padding, right padding, and pad_token_id == eos_token_id.
+    """
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (positions * (attention_mask != 0)).argmax(dim=-1)
+
+
+def reward_model_scores(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Score of each sequence, read at its last real token (seed 003). Returns [B] float32.
+
+    input_ids, attention_mask: [B, L]. The model's own pad-token pooling is bypassed: it
+    breaks when pad == eos or with left padding. Gradients flow if the caller enables them
+    (reward-model training reuses this).
+    """
+    hidden = _hidden_states(model, input_ids, attention_mask)  # [B, L, H]
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    last = hidden[rows, last_token_index(attention_mask)]  # [B, H]
+    return scalar_head(model)(last)[:, 0].float()
+
+
+def critic_values(
+    critic: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Value of every position. input_ids, attention_mask: [B, L] -> [B, L] float32.
+
+    Position ids come from the mask, so real tokens get the same values however the batch
+    is padded. Values at padded positions are meaningless; mask them downstream.
+    """
+    hidden = _hidden_states(critic, input_ids, attention_mask)  # [B, L, H]
+    return scalar_head(critic)(hidden)[..., 0].float()
+
+
+def _read_head_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """`weight` (and `bias` when present) of the one-label head saved in a reward-model folder,
+    read straight from its safetensors files without building a second model."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    elif (folder / "model.safetensors").is_file():
+        with safe_open(folder / "model.safetensors", framework="pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}
+    else:
+        return {}
+    for name in _HEAD_NAMES:
+        if f"{name}.weight" in weight_map:
+            found = {}
+            for part in ("weight", "bias"):
+                key = f"{name}.{part}"
+                if key in weight_map:
+                    with safe_open(folder / weight_map[key], framework="pt") as f:
+                        found[part] = f.get_tensor(key)
+            return found
+    return {}
+
+
+def _head_from_reward_model(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    found = _read_head_weights(folder)
+    if not found:  # not safetensors (e.g. pytorch_model.bin): build the reward model once
+        rm_head = scalar_head(load_reward_model(folder, dtype))
+        found = {k: v.detach() for k, v in rm_head.state_dict().items()}
+    return found
+
+
+@torch.no_grad()
+def _set_head(critic: PreTrainedModel, weights: dict[str, torch.Tensor] | None, seed: int) -> None:
+    """Copy a head (bias 0 when absent), or with `weights=None` draw a new one:
+    weight ~ N(0, 1/sqrt(hidden+1)), bias 0 (the value-head init of TRL's ValueHead /
+    OpenAI's lm-human-preferences), reproducible given `seed`."""
+    head = scalar_head(critic)
+    if weights is None:
+        fan_in = head.weight.shape[-1]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            new = torch.randn(head.weight.shape, dtype=torch.float32) / (fan_in + 1) ** 0.5
+        weights = {"weight": new}
+    head.weight.copy_(weights["weight"].reshape(head.weight.shape))
+    if getattr(head, "bias", None) is not None:
+        bias = weights.get("bias")
+        head.bias.copy_(bias.reshape(head.bias.shape) if bias is not None else 0.0)
+
+
+def load_critic(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    init_from: str = "actor",
+    trainable: bool = True,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """Critic as AutoModelForTokenClassification(num_labels=1).
+
+    init_from="actor": backbone from a causal-LM folder, new seeded head.
+    init_from="reward_model": backbone and head from a sequence-classification folder, so
+    the critic starts as the reward model (seed 003). init_from="critic": a saved critic.
+    """
+    if init_from not in CRITIC_INIT:
+        raise ValueError(f"unknown critic init_from={init_from!r}; choose one of {CRITIC_INIT}")
+    role = {"actor": "model", "reward_model": "reward model", "critic": "critic"}[init_from]
+    folder = _check_folder(path, role)
+    config = _config_without_dropout(folder)
+    if init_from == "reward_model":
+        _check_architecture(config, "ForSequenceClassification", folder, "reward model")
+    elif init_from == "critic":
+        _check_architecture(config, "ForTokenClassification", folder, "critic")
+    config.num_labels = 1
+    model, info = _load(AutoModelForTokenClassification, folder, config, dtype)
+    if init_from == "critic":
+        _require_loaded(info, folder, role)
+    else:
+        _require_loaded(info, folder, role, allowed=_HEAD_NAMES)
+        head = _head_from_reward_model(folder, dtype) if init_from == "reward_model" else None
+        _set_head(model, head, seed)
+    return _finish(model, device, trainable)
+
+
+def describe_model(model: nn.Module) -> dict[str, Any]:
+    """What a role costs in memory: parameter counts and bytes.
+
+    `grad_and_adam_bytes` estimates training state for the trainable parameters: one
+    gradient plus Adam's exp_avg and exp_avg_sq, each in the parameter's dtype. Frozen roles
+    (reference, reward model) cost only `parameter_bytes`.
+    """
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    first = params[0] if params else None
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in trainable),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "grad_and_adam_bytes": sum(3 * p.numel() * p.element_size() for p in trainable),
+        "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
+        "device": str(first.device) if first is not None else None,
+    }
