@@ -1,0 +1,69 @@
+"""Forward passes shared by rollout scoring and training: logits of response tokens, values.
+
+Prompts are left-padded, so positions are counted from each row's first real token
+(`position_ids_from_mask`); without that, padding would shift positions and change
+log-probs (tested in tests/models/test_forward.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from proxima.models.loading import position_ids_from_mask
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    cached = getattr(model, "_proxima_logits_to_keep", None)
+    if cached is None:
+        cached = "logits_to_keep" in inspect.signature(model.forward).parameters
+        model._proxima_logits_to_keep = cached
+    return cached
+
+
+def response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logits that predict the response tokens, divided by the sampling temperature.
+
+    input_ids, attention_mask: [B, P + R]; returns [B, R, V]. Position P + t - 1 predicts
+    response token t. Only the last R + 1 positions are projected to the vocabulary when the
+    model supports `logits_to_keep` (saves the [B, P, V] prompt logits).
+    """
+    kwargs = {}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = response_length + 1
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        **kwargs,
+    )
+    logits = out.logits[:, -response_length - 1 : -1]
+    # seed 001: divide by the sampling temperature, else the KL rises faster than it should
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def response_values(
+    critic: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+) -> torch.Tensor:
+    """Critic values V(s_t) aligned like `response_logits`: [B, R] float32.
+
+    The value of response token t is read at position P + t - 1, the state before token t
+    is emitted (the alignment of DeepSpeed-Chat's and TRL's critics).
+    """
+    out = critic(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+    )
+    return out.logits[:, -response_length - 1 : -1, 0].float()

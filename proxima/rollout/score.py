@@ -1,0 +1,81 @@
+"""Phase 1b: scoring passes without gradients -> Experience.
+
+Old log-probs (actor, logits / temperature), reference log-probs, critic values and the
+reward score of each generated sequence, computed in micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from proxima.algos import logprobs_from_logits
+from proxima.models.forward import response_logits, response_values
+from proxima.rollout.generate import Generation
+from proxima.types import Experience
+
+
+@torch.no_grad()
+def _in_chunks(fn: Callable[[slice], torch.Tensor], n: int, size: int) -> torch.Tensor:
+    return torch.cat([fn(slice(i, i + size)) for i in range(0, n, size)], dim=0)
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model: torch.nn.Module, gen: Generation, temperature: float, micro_batch_size: int
+) -> torch.Tensor:
+    """[B, R] log-probs of the response tokens under `model`, zero where masked."""
+    r = gen.response_mask.shape[1]
+
+    def one(s: slice) -> torch.Tensor:
+        logits = response_logits(model, gen.input_ids[s], gen.attention_mask[s], r, temperature)
+        return logprobs_from_logits(logits, gen.response_ids[s])
+
+    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+
+
+@torch.no_grad()
+def sequence_values(
+    critic: torch.nn.Module, gen: Generation, micro_batch_size: int
+) -> torch.Tensor:
+    """[B, R] critic values of the response states, zero where masked."""
+    r = gen.response_mask.shape[1]
+
+    def one(s: slice) -> torch.Tensor:
+        return response_values(critic, gen.input_ids[s], gen.attention_mask[s], r)
+
+    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+
+
+def build_experience(
+    gen: Generation,
+    *,
+    actor: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    critic: torch.nn.Module | None,
+    scores: torch.Tensor,
+    temperature: float,
+    micro_batch_size: int,
+    group_ids: torch.Tensor,
+    texts: dict,
+) -> Experience:
+    """Run the scoring passes and pack everything into one Experience.
+
+    `reference` may be None when no KL is used (saves a forward pass); `critic` is None for
+    critic-free estimators.
+    """
+    old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
+    ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
+    values = sequence_values(critic, gen, micro_batch_size) if critic is not None else None
+    return Experience(
+        input_ids=gen.input_ids,
+        attention_mask=gen.attention_mask,
+        response_mask=gen.response_mask,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        values=values,
+        scores=scores.to(old.device, torch.float32),
+        group_ids=group_ids,
+        texts=texts,
+    )

@@ -1,0 +1,66 @@
+"""Experience: everything phase 1 produces for phase 2, in one typed container.
+
+Shapes: B sequences, P prompt positions (left-padded), R response positions (right-padded).
+Per-token tensors are aligned on response tokens: ``old_logprobs[b, t]`` is the
+log-probability of response token t of row b (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Experience:
+    input_ids: torch.Tensor  # [B, P + R] prompt (left-padded) then response (right-padded)
+    attention_mask: torch.Tensor  # [B, P + R] 1 on real prompt tokens and real response tokens
+    response_mask: torch.Tensor  # [B, R] 1 on response tokens up to and including the first stop
+    old_logprobs: torch.Tensor  # [B, R] actor log-probs at rollout time (logits / temperature)
+    ref_logprobs: torch.Tensor | None = None  # [B, R] reference log-probs
+    values: torch.Tensor | None = None  # [B, R] critic values at rollout time
+    scores: torch.Tensor | None = None  # [B] reward (after the no-stop penalty, before clipping)
+    token_rewards: torch.Tensor | None = None  # [B, R]
+    advantages: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
+    group_ids: torch.Tensor | None = None  # [B] prompt index of each sequence (rollout.n groups)
+    texts: dict = field(default_factory=dict)  # prompts / responses / columns, host-side
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def prompt_length(self) -> int:
+        return self.input_ids.shape[1] - self.response_mask.shape[1]
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        """[B, R] the response tokens."""
+        return self.input_ids[:, self.prompt_length :]
+
+    def _tensor_fields(self) -> dict[str, torch.Tensor]:
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+
+    def to(self, device: torch.device | str) -> Experience:
+        moved = {k: v.to(device) for k, v in self._tensor_fields().items()}
+        return dataclasses.replace(self, **moved)
+
+    def select(self, idx: torch.Tensor | list[int]) -> Experience:
+        """Rows `idx` (tensor fields only; `texts` is not carried into mini-batches)."""
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        picked = {k: v[idx.to(v.device)] for k, v in self._tensor_fields().items()}
+        return dataclasses.replace(self, texts={}, **picked)
+
+    def split(self, size: int) -> list[Experience]:
+        """Consecutive chunks of `size` rows (the last may be smaller)."""
+        return [
+            self.select(torch.arange(i, min(i + size, self.batch_size)))
+            for i in range(0, self.batch_size, size)
+        ]
