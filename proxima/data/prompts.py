@@ -100,7 +100,10 @@ class PromptDataset:
                 f"max_prompt_length={max_prompt_length} must be >= 1; set `data.max_prompt_length`."
             )
         if len(records) == 0:
-            raise ValueError("the prompt dataset is empty; point `data.train_path` (or `data.eval_path`) at a file with prompts.")
+            raise ValueError(
+                "the prompt dataset is empty; point `data.train_path` (or `data.eval_path`) "
+                "at a file with prompts."
+            )
         self.items: list[PromptItem] = []
         self.num_dropped = 0
         for i, record in enumerate(records):

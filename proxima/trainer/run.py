@@ -1,0 +1,180 @@
+"""A whole run: set-up, evaluation before, the PPO iterations, evaluation after, outputs."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from proxima.config import Config, batch_plan
+from proxima.logging import RunLogger, format_line, plot_metrics, progress
+from proxima.trainer.evaluate import evaluate
+from proxima.trainer.ppo import PPOTrainer
+from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
+
+LINE_KEYS = [
+    "score",
+    "kl",
+    "kl_coef",
+    "response_length",
+    "actor/clipfrac",
+    "actor/entropy",
+    "critic/vf_loss",
+    "critic/explained_variance",
+    "eval/accuracy",
+    "tokens_per_s",
+]
+PLOT_KEYS = [
+    "score",
+    "eval/accuracy",
+    "eval/mean_reward",
+    "kl",
+    "response_length",
+    "actor/entropy",
+    "actor/clipfrac",
+    "actor/approx_kl",
+    "critic/vf_loss",
+    "critic/explained_variance",
+    "kl_coef",
+    "actor/grad_norm",
+]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def new_run_dir(path: str | Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten."""
+    base = Path(path)
+    candidate, k = base, 1
+    while candidate.exists() and any(candidate.iterdir()):
+        k += 1
+        candidate = base.with_name(f"{base.name}-{k}")
+    candidate.mkdir(parents=True, exist_ok=True)
+    return candidate
+
+
+def _save_models(trainer: PPOTrainer, out: Path) -> None:
+    roles = trainer.roles
+    roles.actor.save_pretrained(out / "actor")
+    roles.tokenizer.save_pretrained(out / "actor")
+    if roles.critic is not None:  # USERS.md #8: the value model is kept, not thrown away
+        roles.critic.save_pretrained(out / "critic")
+        roles.tokenizer.save_pretrained(out / "critic")
+
+
+def _eval(trainer: PPOTrainer, items, cfg: Config, logger: RunLogger, tag: str) -> dict:
+    res = evaluate(
+        trainer.roles.actor,
+        trainer.roles.tokenizer,
+        items,
+        trainer.roles.reward,
+        cfg.rollout,
+        trainer.device,
+        greedy=True,
+        batch_size=cfg.eval.batch_size,
+    )
+    if cfg.eval.sampled:
+        sampled = evaluate(
+            trainer.roles.actor,
+            trainer.roles.tokenizer,
+            items,
+            trainer.roles.reward,
+            cfg.rollout,
+            trainer.device,
+            greedy=False,
+            batch_size=cfg.eval.batch_size,
+        )
+        res["sampled"] = {k: v for k, v in sampled.items() if k != "samples"}
+    flat = {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+    logger.log(trainer.iteration, flat)
+    acc = f", accuracy {res['accuracy']:.1%}" if "accuracy" in res else ""
+    print(f"[eval {tag}] greedy mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+    return res
+
+
+def train(cfg: Config, run_dir: Path | None = None) -> dict:
+    """Run PPO as configured; returns (and writes) the run's summary."""
+    start = time.perf_counter()
+    run_dir = run_dir or new_run_dir(cfg.trainer.output_dir)
+    seed_everything(cfg.trainer.seed)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    device = resolve_device(cfg.model.device)
+    summary: dict = {"run_dir": str(run_dir)}
+    if cfg.task.name:
+        from proxima.tasks import prepare_task
+
+        summary["task"] = prepare_task(cfg, run_dir)
+    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    print(batch_plan(cfg))
+    roles = load_roles(cfg, device)
+    print("roles:\n" + roles.report())
+    prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
+    eval_items = (
+        list(load_prompts(cfg, cfg.data.eval_path, roles.tokenizer)) if cfg.data.eval_path else []
+    )
+    if cfg.eval.max_prompts:
+        eval_items = eval_items[: cfg.eval.max_prompts]
+    sft = (
+        load_sft(
+            cfg,
+            cfg.data.sft_path,
+            roles.tokenizer,
+            cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+        )
+        if cfg.actor.ptx_coef
+        else None
+    )
+    trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft)
+    logger = RunLogger(run_dir, tensorboard=cfg.trainer.tensorboard)
+    try:
+        summary.update(_loop(trainer, cfg, logger, eval_items, run_dir))
+    finally:
+        logger.close()
+    _save_models(trainer, run_dir)
+    summary.update(
+        config=cfg.to_dict(),
+        iterations=trainer.iteration,
+        wall_seconds=time.perf_counter() - start,
+        phase_seconds=dict(trainer.timer.total),
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", PLOT_KEYS)
+    print(
+        f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
+        "actor/, critic/)"
+    )
+    return summary
+
+
+def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path) -> dict:
+    out: dict = {}
+    if eval_items:
+        out["eval_before"] = _eval(trainer, eval_items, cfg, logger, "before")
+    total = cfg.trainer.iterations
+    bar = progress(total=total, desc="ppo")
+    for _ in range(total):
+        metrics, ro = trainer.step()
+        it = trainer.iteration
+        if eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
+            res = _eval(trainer, eval_items, cfg, logger, f"it {it}")
+            metrics.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
+        logger.log(it, metrics)
+        k = cfg.trainer.log_samples
+        logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
+        bar.update(1)
+        bar.write(format_line(it, total, metrics, LINE_KEYS))
+        if cfg.trainer.save_every and it % cfg.trainer.save_every == 0 and it < total:
+            _save_models(trainer, run_dir / "checkpoints" / f"iter_{it}")
+    bar.close()
+    if eval_items:
+        out["eval_after"] = _eval(trainer, eval_items, cfg, logger, "after")
+    return out

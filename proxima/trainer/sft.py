@@ -1,0 +1,54 @@
+"""Supervised fine-tuning on prompt/response records (a starting policy for PPO)."""
+
+from __future__ import annotations
+
+import torch
+
+from proxima.config import OptimConfig
+from proxima.data import PromptLoader, collate_sft
+from proxima.logging import progress
+from proxima.trainer.optim import build_optimizer
+
+
+def sft_train(
+    model: torch.nn.Module,
+    tokenizer,
+    dataset,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    warmup_steps: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[float]:
+    """`steps` AdamW steps of next-token cross-entropy on response tokens; returns losses."""
+    opt, sched = build_optimizer(
+        model,
+        OptimConfig(
+            lr=lr,
+            schedule="cosine",
+            betas=[0.9, 0.99],
+            warmup_steps=warmup_steps,
+            weight_decay=0.0,
+            min_lr_ratio=0.1,
+        ),
+        steps,
+    )
+    loader = PromptLoader(dataset, batch_size, seed=seed)
+    model.train()
+    losses = []
+    bar = progress(total=steps, desc="sft")
+    for _ in range(steps):
+        batch = collate_sft(next(loader), tokenizer.pad_token_id)
+        out = model(**{k: v.to(device) for k, v in batch.items()})
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        losses.append(float(out.loss.detach()))
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    bar.close()
+    return losses

@@ -1,0 +1,171 @@
+"""Phase 2: PPO updates of actor and critic on shuffled mini-batches.
+
+Micro-batches accumulate gradients with weights chosen so that a mini-batch's gradient is
+the same whatever the micro-batch size (token-mean: each micro-batch's mean is weighted
+by its share of the mini-batch's tokens; seq modes: by its share of sequences).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import torch
+
+from proxima.algos import (
+    aggregate_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+    policy_loss,
+    value_loss,
+)
+from proxima.config import ActorConfig, CriticConfig
+from proxima.models.forward import response_logits, response_values
+from proxima.types import Experience
+
+
+def micro_weight(micro: Experience, mini: Experience, mode: str) -> float:
+    """Share of the mini-batch that a micro-batch's mean loss stands for."""
+    if mode == "token-mean":
+        return float(micro.response_mask.sum()) / max(1.0, float(mini.response_mask.sum()))
+    return micro.batch_size / mini.batch_size
+
+
+def mini_batches(
+    exp: Experience, size: int, epochs: int, shuffle: bool, generator: torch.Generator
+) -> Iterator[Experience]:
+    for _ in range(epochs):
+        order = (
+            torch.randperm(exp.batch_size, generator=generator)
+            if shuffle
+            else torch.arange(exp.batch_size)
+        )
+        for i in range(0, exp.batch_size, size):
+            yield exp.select(order[i : i + size])
+
+
+class StatsAccumulator:
+    """Weighted means of stats over an iteration's micro-batches and optimizer steps."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = defaultdict(float)
+        self._weights: dict[str, float] = defaultdict(float)
+
+    def add(self, stats: dict[str, float], weight: float = 1.0) -> None:
+        for k, v in stats.items():
+            self._sums[k] += float(v) * weight
+            self._weights[k] += weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self._sums[k] / max(1e-12, self._weights[k]) for k in self._sums}
+
+
+def _optimizer_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
+) -> tuple[float, bool]:
+    """Clip and step; skip the step if the gradient is not finite (USERS.md #3)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    ok = bool(torch.isfinite(norm))
+    if ok:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+    return float(norm), ok
+
+
+def actor_micro_loss(
+    actor: torch.nn.Module, mb: Experience, cfg: ActorConfig, temperature: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate - entropy bonus (+ KL loss) of one micro-batch."""
+    r = mb.response_mask.shape[1]
+    logits = response_logits(actor, mb.input_ids, mb.attention_mask, r, temperature)
+    logprobs = logprobs_from_logits(logits, mb.response_ids)
+    loss, stats = policy_loss(
+        logprobs,
+        mb.old_logprobs,
+        mb.advantages,
+        mb.response_mask,
+        clip_ratio=cfg.clip_ratio,
+        clip_ratio_low=cfg.clip_ratio_low or None,
+        clip_ratio_high=cfg.clip_ratio_high or None,
+        clip_ratio_c=cfg.clip_ratio_c or None,
+        agg=cfg.loss_agg_mode,
+    )
+    stats = {k: float(v) for k, v in stats.items()}
+    stats["pg_loss"] = float(loss.detach())
+    if cfg.entropy_coef:
+        entropy = aggregate_loss(entropy_from_logits(logits), mb.response_mask, cfg.loss_agg_mode)
+        loss = loss - cfg.entropy_coef * entropy
+        stats["entropy"] = float(entropy.detach())
+    else:
+        with torch.no_grad():
+            stats["entropy"] = float(
+                aggregate_loss(entropy_from_logits(logits.detach()), mb.response_mask, "token-mean")
+            )
+    if cfg.use_kl_loss:
+        kl = aggregate_loss(
+            kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type),
+            mb.response_mask,
+            cfg.loss_agg_mode,
+        )
+        loss = loss + cfg.kl_loss_coef * kl
+        stats["kl_loss"] = float(kl.detach())
+    return loss, stats
+
+
+def critic_micro_loss(
+    critic: torch.nn.Module, mb: Experience, cfg: CriticConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    values = response_values(critic, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
+    loss, stats = value_loss(
+        values,
+        mb.values,
+        mb.returns,
+        mb.response_mask,
+        cliprange_value=cfg.cliprange_value or None,
+        agg=cfg.loss_agg_mode,
+    )
+    stats = {k: float(v) for k, v in stats.items()}
+    stats["vf_loss"] = float(loss.detach())
+    return loss, stats
+
+
+def run_updates(
+    model: torch.nn.Module,
+    opt,
+    sched,
+    exp: Experience,
+    *,
+    epochs: int,
+    mini_size: int,
+    micro_size: int,
+    shuffle: bool,
+    agg: str,
+    grad_clip: float,
+    micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
+    generator: torch.Generator,
+    extra_loss: Callable[[], torch.Tensor | None] | None = None,
+) -> dict[str, float]:
+    """Epochs x shuffled mini-batches; each mini-batch one optimizer step."""
+    acc = StatsAccumulator()
+    model.train()
+    skipped = 0
+    for mini in mini_batches(exp, mini_size, epochs, shuffle, generator):
+        for micro in mini.split(micro_size):
+            loss, stats = micro_loss(micro)
+            w = micro_weight(micro, mini, agg)
+            (loss * w).backward()
+            acc.add(stats, w)
+        if extra_loss is not None:
+            extra = extra_loss()
+            if extra is not None:
+                extra.backward()
+                acc.add({"ptx_loss": float(extra.detach())})
+        norm, ok = _optimizer_step(model, opt, sched, grad_clip)
+        skipped += not ok
+        acc.add({"grad_norm": norm})
+    out = acc.means()
+    out["skipped_steps"] = float(skipped)
+    return out
