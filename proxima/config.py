@@ -31,9 +31,14 @@ def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the
 
 @dataclass
 class TaskConfig:
-    name: str = _f("", "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
-                   "empty to train on your own model.actor_path / data.train_path / reward.")
-    arch: str = _f("llama", "Architecture of the tiny model the task builds: llama|qwen2|gpt2|gpt_neox.")
+    name: str = _f(
+        "",
+        "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
+        "empty to train on your own model.actor_path / data.train_path / reward.",
+    )
+    arch: str = _f(
+        "llama", "Architecture of the tiny model the task builds: llama|qwen2|gpt2|gpt_neox."
+    )
     size: str = _f("tiny", "Size preset of the tiny model: nano|tiny|small.")
     digits: int = _f(2, "Arithmetic task: largest number of digits of each operand.")
     n_train: int = _f(4000, "Number of RL training prompts the task writes.")
@@ -47,24 +52,33 @@ class TaskConfig:
 @dataclass
 class ModelConfig:
     actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
-    reference_path: str = _f("", "Folder of the reference policy; empty = frozen copy of actor_path.")
+    reference_path: str = _f(
+        "", "Folder of the reference policy; empty = frozen copy of actor_path."
+    )
     critic_path: str = _f("", "Folder the critic starts from; empty = actor_path.")
-    critic_init: str = _f("actor", "How the critic starts: actor (backbone + new value head), "
-                          "reward_model (backbone and head of a reward model, seed 003) or "
-                          "critic (a critic saved by proxima).")
+    critic_init: str = _f(
+        "actor",
+        "How the critic starts: actor (backbone + new value head), "
+        "reward_model (backbone and head of a reward model, seed 003) or "
+        "critic (a critic saved by proxima).",
+    )
     dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
     device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
 
 
 @dataclass
 class DataConfig:
-    train_path: str = _f("", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder.")
+    train_path: str = _f(
+        "", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder."
+    )
     eval_path: str = _f("", "Held-out prompt file for in-loop evaluation (optional).")
     prompt_key: str = _f("prompt", "Column holding the prompt (a string or a chat message list).")
     max_prompt_length: int = _f(256, "Longest prompt in tokens.")
     overlong_prompts: str = _f("error", "What to do with longer prompts: error|drop|truncate.")
     train_batch_size: int = _f(64, "Prompts per PPO iteration (each sampled rollout.n times).")
-    sft_path: str = _f("", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0.")
+    sft_path: str = _f(
+        "", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0."
+    )
     response_key: str = _f("response", "Column holding the response in SFT records.")
 
 
@@ -72,12 +86,17 @@ class DataConfig:
 class RolloutConfig:
     n: int = _f(1, "Samples per prompt.")
     max_response_length: int = _f(128, "Most new tokens per response.")
-    temperature: float = _f(1.0, "Sampling temperature; log-probs are computed from logits / temperature.")
+    temperature: float = _f(
+        1.0, "Sampling temperature; log-probs are computed from logits / temperature."
+    )
     top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     stop_token_ids: list = _f([], "Token ids that end a response besides the tokenizer's EOS.")
-    no_stop_penalty: float = _f(0.0, "Added to the score of responses that hit max_response_length "
-                                "without a stop token (e.g. -1.0); 0 disables.")
+    no_stop_penalty: float = _f(
+        0.0,
+        "Added to the score of responses that hit max_response_length "
+        "without a stop token (e.g. -1.0); 0 disables.",
+    )
     micro_batch_size: int = _f(64, "Sequences per generation call and per scoring forward pass.")
 
 
@@ -91,13 +110,19 @@ class KLControlConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _f("gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline.")
+    adv_estimator: str = _f(
+        "gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline."
+    )
     gamma: float = _f(1.0, "Discount factor.")
     lam: float = _f(0.95, "GAE lambda.")
-    whiten_advantages: bool = _f(True, "Whiten advantages over the batch (masked) before the update.")
+    whiten_advantages: bool = _f(
+        True, "Whiten advantages over the batch (masked) before the update."
+    )
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
     use_kl_in_reward: bool = _f(True, "Put -kl_coef * KL into the token rewards.")
-    kl_penalty: str = _f("k1", "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl).")
+    kl_penalty: str = _f(
+        "k1", "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)."
+    )
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     clip_reward_value: float = _f(5.0, "Scores are clipped to [-c, c] (seed 000); 0 disables.")
 
@@ -119,15 +144,21 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
     ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
-    ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward (gradient accumulation); "
-                                   "never changes the result.")
+    ppo_micro_batch_size: int = _f(
+        16, "Sequences per forward/backward (gradient accumulation); never changes the result."
+    )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
     clip_ratio_low: float = _f(0.0, "Lower clip range (0 = clip_ratio).")
-    clip_ratio_high: float = _f(0.0, "Upper clip range (0 = clip_ratio; > clip_ratio = clip-higher).")
-    clip_ratio_c: float = _f(3.0, "Dual-clip bound for negative advantages (0 disables; must be > 1).")
-    loss_agg_mode: str = _f("token-mean", "token-mean|seq-mean-token-sum|seq-mean-token-mean|"
-                            "seq-mean-token-sum-norm.")
+    clip_ratio_high: float = _f(
+        0.0, "Upper clip range (0 = clip_ratio; > clip_ratio = clip-higher)."
+    )
+    clip_ratio_c: float = _f(
+        3.0, "Dual-clip bound for negative advantages (0 disables; must be > 1)."
+    )
+    loss_agg_mode: str = _f(
+        "token-mean", "token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm."
+    )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (c2).")
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(actor || reference) to the actor loss.")
     kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss.")
@@ -148,8 +179,11 @@ class CriticConfig:
 
 @dataclass
 class RewardConfig:
-    function: str = _f("", "Python reward `path/to/file.py:fn` or `package.module:fn`, called as "
-                       "fn(prompts, responses, **columns) -> list[float].")
+    function: str = _f(
+        "",
+        "Python reward `path/to/file.py:fn` or `package.module:fn`, called as "
+        "fn(prompts, responses, **columns) -> list[float].",
+    )
     model_path: str = _f("", "Reward model folder (sequence classification, one label).")
     batch_size: int = _f(64, "Sequences per reward model forward.")
 
@@ -166,7 +200,9 @@ class EvalConfig:
 class TrainerConfig:
     iterations: int = _f(100, "PPO iterations (each: generate, score, update).")
     seed: int = _f(42, "Seed of everything (offset by rank).")
-    output_dir: str = _f("runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models.")
+    output_dir: str = _f(
+        "runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models."
+    )
     save_every: int = _f(0, "Save actor and critic every N iterations (0 = only at the end).")
     log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
     tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
@@ -243,7 +279,9 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     for key, value in data.items():
         where = prefix + key
         if key not in ftypes:
-            raise ConfigError(f"Unknown config key `{where}`." + _suggest(key, list(ftypes), prefix))
+            raise ConfigError(
+                f"Unknown config key `{where}`." + _suggest(key, list(ftypes), prefix)
+            )
         typ = ftypes[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, where + ".")
@@ -290,8 +328,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"Config file {path} not found. Pass an existing YAML file "
-                              "or no file at all for the built-in default example.")
+            raise ConfigError(
+                f"Config file {path} not found. Pass an existing YAML file "
+                "or no file at all for the built-in default example."
+            )
         tree = yaml.safe_load(path.read_text()) or {}
     tree = _merge(tree, parse_overrides(overrides or []))
     cfg = _build(Config, tree, "")
@@ -324,33 +364,50 @@ def _check_batch_sizes(cfg: Config) -> None:
         sec = getattr(cfg, role)
         mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
         if mini <= 0 or micro <= 0:
-            raise ConfigError(f"`{role}.ppo_mini_batch_size` and `{role}.ppo_micro_batch_size` "
-                              f"must be positive, got {mini} and {micro}.")
+            raise ConfigError(
+                f"`{role}.ppo_mini_batch_size` and `{role}.ppo_micro_batch_size` "
+                f"must be positive, got {mini} and {micro}."
+            )
         if rollout % mini:
             raise ConfigError(
-                f"`{role}.ppo_mini_batch_size`={mini} does not divide the {rollout} sequences of an "
-                f"iteration (data.train_batch_size={cfg.data.train_batch_size} x rollout.n="
-                f"{cfg.rollout.n}). Pick a divisor of {rollout}.")
+                f"`{role}.ppo_mini_batch_size`={mini} does not divide the {rollout} sequences "
+                f"of an iteration (data.train_batch_size={cfg.data.train_batch_size} x rollout.n="
+                f"{cfg.rollout.n}). Pick a divisor of {rollout}."
+            )
         if mini % micro:
-            raise ConfigError(f"`{role}.ppo_micro_batch_size`={micro} does not divide "
-                              f"`{role}.ppo_mini_batch_size`={mini}. Pick a divisor of {mini}.")
+            raise ConfigError(
+                f"`{role}.ppo_micro_batch_size`={micro} does not divide "
+                f"`{role}.ppo_mini_batch_size`={mini}. Pick a divisor of {mini}."
+            )
 
 
 def validate(cfg: Config) -> None:
     """Raise ConfigError naming the key for anything that cannot run."""
     for key, choices in _CHOICES.items():
         if _get(cfg, key) not in choices:
-            raise ConfigError(f"`{key}` must be one of {', '.join(choices)}; got {_get(cfg, key)!r}.")
-    for key in ("data.train_batch_size", "rollout.n", "rollout.max_response_length",
-                "rollout.micro_batch_size", "actor.ppo_epochs", "critic.ppo_epochs",
-                "data.max_prompt_length", "reward.batch_size", "eval.batch_size"):
+            raise ConfigError(
+                f"`{key}` must be one of {', '.join(choices)}; got {_get(cfg, key)!r}."
+            )
+    for key in (
+        "data.train_batch_size",
+        "rollout.n",
+        "rollout.max_response_length",
+        "rollout.micro_batch_size",
+        "actor.ppo_epochs",
+        "critic.ppo_epochs",
+        "data.max_prompt_length",
+        "reward.batch_size",
+        "eval.batch_size",
+    ):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
     if cfg.trainer.iterations < 0:
         raise ConfigError("`trainer.iterations` must be >= 0.")
     if cfg.rollout.temperature <= 0:
-        raise ConfigError("`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
-                          "for near-greedy sampling).")
+        raise ConfigError(
+            "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
+            "for near-greedy sampling)."
+        )
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
@@ -358,36 +415,48 @@ def validate(cfg: Config) -> None:
     if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:
         raise ConfigError("`actor.ptx_coef` > 0 needs `data.sft_path` (prompt/response records).")
     if cfg.algorithm.adv_estimator != "gae" and cfg.critic.warmup_iterations:
-        raise ConfigError("`critic.warmup_iterations` needs a critic; the estimator "
-                          f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0.")
+        raise ConfigError(
+            "`critic.warmup_iterations` needs a critic; the estimator "
+            f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
+        )
     if not cfg.task.name:
         if not cfg.model.actor_path:
-            raise ConfigError("`model.actor_path` is empty. Point it to a Hugging Face model "
-                              "folder, or set `task.name=arithmetic` for the built-in example.")
+            raise ConfigError(
+                "`model.actor_path` is empty. Point it to a Hugging Face model "
+                "folder, or set `task.name=arithmetic` for the built-in example."
+            )
         if not cfg.data.train_path:
             raise ConfigError("`data.train_path` is empty. Point it to a prompt file (.jsonl ...).")
         if bool(cfg.reward.function) == bool(cfg.reward.model_path):
-            raise ConfigError("Set exactly one of `reward.function` (path.py:fn or module:fn) "
-                              "and `reward.model_path` (a reward model folder).")
+            raise ConfigError(
+                "Set exactly one of `reward.function` (path.py:fn or module:fn) "
+                "and `reward.model_path` (a reward model folder)."
+            )
     _check_batch_sizes(cfg)
 
 
 def batch_plan(cfg: Config) -> str:
     """Human-readable batch plan, printed at start-up (USERS.md #6: one unit, sequences)."""
     rollout = cfg.rollout_batch_size
-    lines = [f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
-             f"{rollout} sequences per iteration"]
+    lines = [
+        f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
+        f"{rollout} sequences per iteration"
+    ]
     for role in ("actor", "critic"):
         sec = getattr(cfg, role)
         n_mini = rollout // sec.ppo_mini_batch_size
         n_micro = sec.ppo_mini_batch_size // sec.ppo_micro_batch_size
-        lines.append(f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
-                     f"{sec.ppo_mini_batch_size} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
-                     f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}")
+        lines.append(
+            f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
+            f"{sec.ppo_mini_batch_size} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
+            f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
+        )
     if cfg.algorithm.adv_estimator != "gae":
         lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
-    lines.append(f"  total : {cfg.trainer.iterations} iterations, "
-                 f"{cfg.trainer.iterations * rollout} sequences")
+    lines.append(
+        f"  total : {cfg.trainer.iterations} iterations, "
+        f"{cfg.trainer.iterations * rollout} sequences"
+    )
     return "\n".join(lines)
 
 
