@@ -30,7 +30,9 @@ def test_yaml_and_overrides(tmp_path):
 
 
 def test_unknown_key_names_key_and_suggests():
-    with pytest.raises(ConfigError, match=r"`actor.ppo_mini_batc_size`.*`actor.ppo_mini_batch_size`"):
+    with pytest.raises(
+        ConfigError, match=r"`actor.ppo_mini_batc_size`.*`actor.ppo_mini_batch_size`"
+    ):
         load_config(None, BASE + ["actor.ppo_mini_batc_size=8"])
     with pytest.raises(ConfigError, match=r"`algorithm.gama`.*`algorithm.gamma`"):
         load_config(None, BASE + ["algorithm.gama=0.9"])
@@ -53,7 +55,9 @@ def test_inconsistent_batch_sizes():
 
 
 def test_choices_and_missing_paths():
-    with pytest.raises(ConfigError, match="`algorithm.kl_ctrl.type` must be one of fixed, adaptive"):
+    with pytest.raises(
+        ConfigError, match="`algorithm.kl_ctrl.type` must be one of fixed, adaptive"
+    ):
         load_config(None, BASE + ["algorithm.kl_ctrl.type=pid"])
     with pytest.raises(ConfigError, match="model.actor_path"):
         load_config(None, ["data.train_path=p.jsonl"])
@@ -66,10 +70,19 @@ def test_choices_and_missing_paths():
 
 
 def test_batch_plan_counts():
-    c = load_config(None, BASE + ["data.train_batch_size=8", "rollout.n=4",
-                                  "actor.ppo_mini_batch_size=16", "actor.ppo_micro_batch_size=4",
-                                  "actor.ppo_epochs=2", "trainer.iterations=3",
-                                  "critic.ppo_mini_batch_size=32"])
+    c = load_config(
+        None,
+        BASE
+        + [
+            "data.train_batch_size=8",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=16",
+            "actor.ppo_micro_batch_size=4",
+            "actor.ppo_epochs=2",
+            "trainer.iterations=3",
+            "critic.ppo_mini_batch_size=32",
+        ],
+    )
     plan = batch_plan(c)
     assert "8 prompts x 4 samples = 32 sequences per iteration" in plan
     assert "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s)" in plan
