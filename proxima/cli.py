@@ -19,9 +19,15 @@ def default_config_path() -> Path:
 
 
 def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """`[CONFIG.yaml] [key=value ...]`; no YAML -> the built-in default example."""
+    """`[CONFIG.yaml] [key=value ...]`.
+
+    Without a YAML file the built-in default example is the base, unless the overrides name
+    your own model (`model.actor_path=...`): then the plain defaults are.
+    """
     if args and "=" not in args[0]:
         return args[0], args[1:]
+    if any(a.startswith("model.actor_path=") for a in args):
+        return None, args
     return str(default_config_path()), args
 
 
@@ -30,7 +36,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.trainer.run import train
 
     path, overrides = _split_config_args(ns.args)
-    print(f"config: {path}" + (f" with {' '.join(overrides)}" if overrides else ""))
+    base = path or "defaults"
+    print(f"config: {base}" + (f" with {' '.join(overrides)}" if overrides else ""))
     summary = train(load_config(path, overrides))
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before and after:

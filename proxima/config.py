@@ -172,6 +172,7 @@ class CriticConfig:
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
     ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
     ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
+    shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
     loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss.")
     warmup_iterations: int = _f(0, "First iterations train only the critic (actor frozen).")

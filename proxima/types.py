@@ -8,7 +8,7 @@ log-probability of response token t of row b (DESIGN.md).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +26,6 @@ class Experience:
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     group_ids: torch.Tensor | None = None  # [B] prompt index of each sequence (rollout.n groups)
-    texts: dict = field(default_factory=dict)  # prompts / responses / columns, host-side
 
     @property
     def batch_size(self) -> int:
@@ -53,10 +52,10 @@ class Experience:
         return dataclasses.replace(self, **moved)
 
     def select(self, idx: torch.Tensor | list[int]) -> Experience:
-        """Rows `idx` (tensor fields only; `texts` is not carried into mini-batches)."""
+        """The rows `idx` of every tensor field."""
         idx = torch.as_tensor(idx, dtype=torch.long)
         picked = {k: v[idx.to(v.device)] for k, v in self._tensor_fields().items()}
-        return dataclasses.replace(self, texts={}, **picked)
+        return dataclasses.replace(self, **picked)
 
     def split(self, size: int) -> list[Experience]:
         """Consecutive chunks of `size` rows (the last may be smaller)."""

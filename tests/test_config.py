@@ -96,3 +96,11 @@ def test_every_field_documented_and_default_example_valid():
     assert ("critic.optim.lr", 9e-6) in [(k, d) for k, d, _ in rows]
     cfg = load_config(default_config_path())
     assert cfg.task.name == "arithmetic"
+
+
+def test_readme_documents_every_key():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    missing = [k for k, _, _ in describe_fields() if f"`{k}`" not in readme]
+    assert not missing, f"README.md lacks config keys: {missing}"

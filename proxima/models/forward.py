@@ -2,7 +2,7 @@
 
 Prompts are left-padded, so positions are counted from each row's first real token
 (`position_ids_from_mask`); without that, padding would shift positions and change
-log-probs (tested in tests/models/test_forward.py).
+log-probs (tested in tests/trainer/test_forward.py).
 """
 
 from __future__ import annotations

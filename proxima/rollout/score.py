@@ -58,7 +58,6 @@ def build_experience(
     temperature: float,
     micro_batch_size: int,
     group_ids: torch.Tensor,
-    texts: dict,
 ) -> Experience:
     """Run the scoring passes and pack everything into one Experience.
 
@@ -77,5 +76,4 @@ def build_experience(
         values=values,
         scores=scores.to(old.device, torch.float32),
         group_ids=group_ids,
-        texts=texts,
     )

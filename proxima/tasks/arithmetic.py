@@ -81,16 +81,19 @@ def prepare(cfg: Config, folder: Path) -> dict:
     )
     tok = load_tokenizer(init_dir)
     model = load_causal_lm(init_dir)
-    losses = sft_train(
-        model,
-        tok,
-        load_sft(cfg, paths["sft"], tok, 32),
-        steps=t.sft_steps,
-        lr=t.sft_lr,
-        batch_size=t.sft_batch_size,
-        seed=cfg.trainer.seed,
-        warmup_steps=min(20, t.sft_steps // 10),
-    )
+    losses = []
+    if t.sft_steps:
+        data = load_sft(cfg, paths["sft"], tok, 32)
+        losses = sft_train(
+            model,
+            tok,
+            data,
+            steps=t.sft_steps,
+            lr=t.sft_lr,
+            batch_size=t.sft_batch_size,
+            seed=cfg.trainer.seed,
+            warmup_steps=min(20, t.sft_steps // 10),
+        )
     model.save_pretrained(folder / "sft")
     tok.save_pretrained(folder / "sft")
     cfg.model.actor_path = str(folder / "sft")

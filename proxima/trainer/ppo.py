@@ -117,7 +117,6 @@ class PPOTrainer:
             temperature=self.cfg.rollout.temperature,
             micro_batch_size=self.cfg.rollout.micro_batch_size,
             group_ids=ro.group_ids,
-            texts={"prompts": ro.prompts, "responses": ro.responses},
         )
 
     def compute_token_rewards(self, exp: Experience) -> torch.Tensor:
@@ -163,7 +162,7 @@ class PPOTrainer:
                         epochs=c.ppo_epochs,
                         mini_size=c.ppo_mini_batch_size,
                         micro_size=c.ppo_micro_batch_size,
-                        shuffle=cfg.actor.shuffle,
+                        shuffle=c.shuffle,
                         agg=c.loss_agg_mode,
                         grad_clip=c.optim.grad_clip,
                         micro_loss=lambda mb: critic_micro_loss(self.roles.critic, mb, c),

@@ -1,0 +1,17 @@
+"""Reward functions loaded by the end-to-end tests through `reward.function=<file>.py:<fn>`."""
+
+from __future__ import annotations
+
+
+def fn(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """Dense reward: the fraction of the response's characters that are "7" (0 if empty).
+
+    A random policy over the 12-character arithmetic alphabet scores about 1/12; a policy
+    that writes only sevens scores 1.
+    """
+    return [r.count("7") / len(r) if r else 0.0 for r in responses]
+
+
+def prompt_starts_with_1(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """0/1 reward that ignores the response, so an evaluation's accuracy is known exactly."""
+    return [float(p.startswith("1")) for p in prompts]
