@@ -44,7 +44,10 @@ class TaskConfig:
     n_train: int = _f(4000, "Number of RL training prompts the task writes.")
     n_eval: int = _f(256, "Number of held-out evaluation prompts (never seen in SFT or RL).")
     n_sft: int = _f(1000, "Number of supervised (prompt, answer) pairs for the SFT warm start.")
-    sft_steps: int = _f(300, "Optimizer steps of the SFT warm start (0 skips it).")
+    sft_steps: int = _f(1000, "Most optimizer steps of the SFT warm start (0 skips it).")
+    sft_target_accuracy: float = _f(0.3, "Stop the SFT warm start once greedy accuracy on a "
+                                    "validation split reaches this (0 = run all sft_steps).")
+    sft_check_every: int = _f(10, "SFT steps between two validation checks.")
     sft_lr: float = _f(3e-3, "Learning rate of the SFT warm start.")
     sft_batch_size: int = _f(64, "Batch size of the SFT warm start.")
 
@@ -204,7 +207,20 @@ class TrainerConfig:
     output_dir: str = _f(
         "runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models."
     )
-    save_every: int = _f(0, "Save actor and critic every N iterations (0 = only at the end).")
+    save_every: int = _f(
+        0,
+        "Write a full checkpoint (models, optimizers, RNG, step) to "
+        "output_dir/checkpoints/iter_N every N iterations; one is always written at the end.",
+    )
+    keep_checkpoints: int = _f(
+        2, "Newest checkpoints kept in output_dir/checkpoints (older ones deleted; 0 = keep all)."
+    )
+    resume_from: str = _f(
+        "",
+        "Checkpoint folder (run/checkpoints/iter_N) or run folder (its latest checkpoint) to "
+        "continue from, with the same config; raise trainer.iterations to train longer. "
+        "Writes a new run folder.",
+    )
     log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
     tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
     threads: int = _f(0, "torch CPU threads (0 = torch's default).")

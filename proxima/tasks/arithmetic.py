@@ -16,6 +16,7 @@ from proxima.config import Config
 
 ALPHABET = "0123456789+="
 REWARD_FN = "proxima.tasks.arithmetic:reward"
+VAL_SIZE = 128  # validation problems that decide when the SFT warm start stops
 
 
 def reward(prompts: list[str], responses: list[str], answer: list[str], **_: list) -> list[float]:
@@ -23,25 +24,23 @@ def reward(prompts: list[str], responses: list[str], answer: list[str], **_: lis
     return [float(r.strip() == str(a)) for r, a in zip(responses, answer, strict=True)]
 
 
-def make_splits(
-    digits: int, n_eval: int, n_sft: int, n_train: int, seed: int
-) -> dict[str, list[tuple[int, int]]]:
-    """Disjoint operand pairs for eval / sft / train, drawn from all pairs below 10**digits."""
+def make_splits(digits: int, sizes: dict[str, int], seed: int) -> dict[str, list[tuple[int, int]]]:
+    """Disjoint operand pairs per split (e.g. eval / val / sft / train), drawn by seed from
+    all pairs below 10**digits, in the order `sizes` lists them."""
     top = 10**digits
     pairs = [(a, b) for a in range(top) for b in range(top)]
-    need = n_eval + n_sft + n_train
+    need = sum(sizes.values())
     if need > len(pairs):
         raise ValueError(
-            f"task.n_eval + task.n_sft + task.n_train = {need} exceeds the "
-            f"{len(pairs)} distinct problems with {digits} digit(s). Lower them "
+            f"task.n_eval + task.n_sft + task.n_train (+ {VAL_SIZE} validation) = {need} "
+            f"exceeds the {len(pairs)} distinct problems with {digits} digit(s). Lower them "
             "or raise task.digits."
         )
     random.Random(seed).shuffle(pairs)
-    return {
-        "eval": pairs[:n_eval],
-        "sft": pairs[n_eval : n_eval + n_sft],
-        "train": pairs[n_eval + n_sft : need],
-    }
+    out, at = {}, 0
+    for name, n in sizes.items():
+        out[name], at = pairs[at : at + n], at + n
+    return out
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -53,24 +52,46 @@ def write_data(folder: Path, splits: dict[str, list[tuple[int, int]]]) -> dict[s
     paths = {}
     for name, pairs in splits.items():
         rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs]
-        if name == "sft":
+        if name == "sft":  # demonstrations: the answer is the response
             rows = [{"prompt": r["prompt"], "response": r["answer"]} for r in rows]
         paths[name] = folder / f"{name}.jsonl"
         _write_jsonl(paths[name], rows)
     return paths
 
 
+def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
+    """SFT stopping rule: greedy accuracy on the validation split reaches the target."""
+    from proxima.rewards import FunctionReward
+    from proxima.trainer.evaluate import evaluate
+    from proxima.trainer.setup import load_prompts
+
+    items = list(load_prompts(cfg, str(val_path), tok))
+    source = FunctionReward(reward, REWARD_FN)
+    history: list[tuple[int, float]] = []
+
+    def should_stop(step: int) -> bool:
+        res = evaluate(model, tok, items, source, cfg.rollout, "cpu", greedy=True)
+        history.append((step, res["accuracy"]))
+        return res["accuracy"] >= cfg.task.sft_target_accuracy
+
+    return should_stop, history
+
+
 def prepare(cfg: Config, folder: Path) -> dict:
-    """Write the data, build the tiny model, SFT warm start; point cfg at the results."""
+    """Write the data, build the tiny model, SFT warm start; point cfg at the results.
+
+    The warm start stops once greedy accuracy on a validation split (disjoint from every
+    other split) reaches `task.sft_target_accuracy`, or after `task.sft_steps`: a real,
+    partly trained starting point whatever the machine's numerics.
+    """
     from proxima.models import init_model, load_causal_lm, load_tokenizer
     from proxima.trainer.setup import load_sft
     from proxima.trainer.sft import sft_train
 
     t = cfg.task
     start = time.perf_counter()
-    paths = write_data(
-        folder, make_splits(t.digits, t.n_eval, t.n_sft, t.n_train, cfg.trainer.seed)
-    )
+    sizes = {"eval": t.n_eval, "val": VAL_SIZE, "sft": t.n_sft, "train": t.n_train}
+    paths = write_data(folder, make_splits(t.digits, sizes, cfg.trainer.seed))
     init_dir = init_model(
         folder / "init",
         arch=t.arch,
@@ -81,18 +102,24 @@ def prepare(cfg: Config, folder: Path) -> dict:
     )
     tok = load_tokenizer(init_dir)
     model = load_causal_lm(init_dir)
-    losses = []
+    losses, history = [], []
     if t.sft_steps:
-        data = load_sft(cfg, paths["sft"], tok, 32)
+        stop, history = (
+            _stop_at_accuracy(cfg, model, tok, paths["val"])
+            if t.sft_target_accuracy
+            else (None, [])
+        )
         losses = sft_train(
             model,
             tok,
-            data,
+            load_sft(cfg, paths["sft"], tok, 32),
             steps=t.sft_steps,
             lr=t.sft_lr,
             batch_size=t.sft_batch_size,
             seed=cfg.trainer.seed,
             warmup_steps=min(20, t.sft_steps // 10),
+            stop_fn=stop,
+            check_every=t.sft_check_every,
         )
     model.save_pretrained(folder / "sft")
     tok.save_pretrained(folder / "sft")
@@ -102,8 +129,9 @@ def prepare(cfg: Config, folder: Path) -> dict:
         cfg.reward.function = REWARD_FN
     return {
         "name": t.name,
-        "sft_steps": t.sft_steps,
+        "sft_steps": len(losses),
         "sft_final_loss": losses[-1] if losses else None,
+        "sft_val_accuracy": history,
         "sft_seconds": time.perf_counter() - start,
         "files": {k: str(v) for k, v in paths.items()},
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from proxima.config import OptimConfig
@@ -21,8 +23,14 @@ def sft_train(
     seed: int = 0,
     warmup_steps: int = 0,
     device: torch.device | str = "cpu",
+    stop_fn: Callable[[int], bool] | None = None,
+    check_every: int = 25,
 ) -> list[float]:
-    """`steps` AdamW steps of next-token cross-entropy on response tokens; returns losses."""
+    """Up to `steps` AdamW steps of next-token cross-entropy on response tokens.
+
+    `stop_fn(step)` is asked every `check_every` steps whether to stop early (e.g. a target
+    validation accuracy). Returns the loss of every step taken.
+    """
     opt, sched = build_optimizer(
         model,
         OptimConfig(
@@ -39,7 +47,7 @@ def sft_train(
     model.train()
     losses = []
     bar = progress(total=steps, desc="sft")
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = collate_sft(next(loader), tokenizer.pad_token_id)
         out = model(**{k: v.to(device) for k, v in batch.items()})
         out.loss.backward()
@@ -50,5 +58,7 @@ def sft_train(
         losses.append(float(out.loss.detach()))
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if stop_fn is not None and step % check_every == 0 and stop_fn(step):
+            break
     bar.close()
     return losses

@@ -1,0 +1,47 @@
+"""The built-in arithmetic task: splits, verifier, SFT stopping rule."""
+
+import pytest
+
+from proxima.data import SFTDataset
+from proxima.models import build_char_tokenizer, build_tiny_model
+from proxima.tasks.arithmetic import ALPHABET, make_splits, reward
+from proxima.trainer.sft import sft_train
+
+
+def test_splits_are_disjoint_sized_and_seeded():
+    sizes = {"eval": 50, "val": 20, "sft": 100, "train": 300}
+    a = make_splits(2, sizes, seed=3)
+    assert {k: len(v) for k, v in a.items()} == sizes
+    seen = [set(v) for v in a.values()]
+    assert sum(len(s) for s in seen) == len(set().union(*seen))  # no pair in two splits
+    assert a == make_splits(2, sizes, seed=3)
+    assert a["eval"] != make_splits(2, sizes, seed=4)["eval"]
+
+
+def test_splits_too_large_names_the_keys():
+    with pytest.raises(ValueError, match=r"task.n_eval \+ task.n_sft \+ task.n_train"):
+        make_splits(1, {"eval": 50, "train": 60}, seed=0)
+
+
+def test_reward_is_exact_match():
+    out = reward(
+        ["1+2=", "9+9=", "5+5=", "0+0="], ["3", " 18 ", "100", ""], answer=["3", "18", "10", "0"]
+    )
+    assert out == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_sft_stops_when_the_rule_says_so():
+    tok = build_char_tokenizer(ALPHABET)
+    model = build_tiny_model("llama", tok, size="nano")
+    records = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(20)]
+    data = SFTDataset(records, tok, max_length=16)
+    asked = []
+
+    def stop(step: int) -> bool:
+        asked.append(step)
+        return step >= 6
+
+    losses = sft_train(
+        model, tok, data, steps=50, lr=1e-3, batch_size=4, stop_fn=stop, check_every=3
+    )
+    assert asked == [3, 6] and len(losses) == 6
