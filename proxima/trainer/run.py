@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from proxima.checkpoint import load_checkpoint, preserve_rng, resume_point, save_periodic
 from proxima.config import Config, batch_plan
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.trainer.evaluate import evaluate
@@ -103,13 +104,14 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, logger: RunLogger, tag: str) 
 def train(cfg: Config, run_dir: Path | None = None) -> dict:
     """Run PPO as configured; returns (and writes) the run's summary."""
     start = time.perf_counter()
+    resume = resume_point(cfg)  # checked before anything is written
     run_dir = run_dir or new_run_dir(cfg.trainer.output_dir)
     seed_everything(cfg.trainer.seed)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = resolve_device(cfg.model.device)
     summary: dict = {"run_dir": str(run_dir)}
-    if cfg.task.name:
+    if cfg.task.name and resume is None:  # a resumed task run reuses the checkpoint's paths
         from proxima.tasks import prepare_task
 
         summary["task"] = prepare_task(cfg, run_dir)
@@ -134,6 +136,10 @@ def train(cfg: Config, run_dir: Path | None = None) -> dict:
         else None
     )
     trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft)
+    if resume is not None:
+        load_checkpoint(resume, trainer)
+        summary["resumed_from"] = str(resume)
+        print(f"resumed from {resume} at iteration {trainer.iteration}")
     logger = RunLogger(run_dir, tensorboard=cfg.trainer.tensorboard)
     try:
         summary.update(_loop(trainer, cfg, logger, eval_items, run_dir))
@@ -158,10 +164,12 @@ def train(cfg: Config, run_dir: Path | None = None) -> dict:
 def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path) -> dict:
     out: dict = {}
     if eval_items:
-        out["eval_before"] = _eval(trainer, eval_items, cfg, logger, "before")
+        with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
+            out["eval_before"] = _eval(trainer, eval_items, cfg, logger, "before")
     total = cfg.trainer.iterations
     bar = progress(total=total, desc="ppo")
-    for _ in range(total):
+    bar.update(trainer.iteration)
+    while trainer.iteration < total:
         metrics, ro = trainer.step()
         it = trainer.iteration
         if eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
@@ -172,8 +180,8 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
         logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
         bar.update(1)
         bar.write(format_line(it, total, metrics, LINE_KEYS))
-        if cfg.trainer.save_every and it % cfg.trainer.save_every == 0 and it < total:
-            _save_models(trainer, run_dir / "checkpoints" / f"iter_{it}")
+        if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == total:
+            save_periodic(trainer, run_dir, cfg.trainer.keep_checkpoints, {"run_dir": str(run_dir)})
     bar.close()
     if eval_items:
         out["eval_after"] = _eval(trainer, eval_items, cfg, logger, "after")
