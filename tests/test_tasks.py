@@ -45,3 +45,37 @@ def test_sft_stops_when_the_rule_says_so():
         model, tok, data, steps=50, lr=1e-3, batch_size=4, stop_fn=stop, check_every=3
     )
     assert asked == [3, 6] and len(losses) == 6
+
+
+@pytest.mark.slow
+def test_default_example_pipeline_runs_small(tmp_path):
+    """The default example's whole path (data, tiny model, SFT with its stopping rule,
+    evaluation before/after, PPO) on a small budget; the full run is `make run`."""
+    import json
+
+    from proxima.cli import default_config_path, main
+
+    out = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            str(default_config_path()),
+            f"trainer.output_dir={out}",
+            "trainer.iterations=3",
+            "task.n_train=256",
+            "task.n_eval=32",
+            "task.n_sft=128",
+            "task.sft_steps=20",
+            "task.sft_check_every=10",
+            "eval.every=2",
+            "trainer.tensorboard=false",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 3
+    assert summary["task"]["sft_steps"] in (10, 20)  # stopped at a check, or ran them all
+    for key in ("eval_before", "eval_after"):
+        assert summary[key]["n"] == 32 and 0.0 <= summary[key]["accuracy"] <= 1.0
+    assert set(summary["phase_seconds"]) >= {"generate", "score", "update"}
+    assert summary["config"]["model"]["actor_path"].endswith("task/sft")
