@@ -22,13 +22,26 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     """`[CONFIG.yaml] [key=value ...]`.
 
     Without a YAML file the built-in default example is the base, unless the overrides name
-    your own model (`model.actor_path=...`): then the plain defaults are.
+    your own model (`model.actor_path=...`) or a checkpoint to resume (then its saved config
+    is the base, see `_resume_base`): then the plain defaults are.
     """
     if args and "=" not in args[0]:
         return args[0], args[1:]
-    if any(a.startswith("model.actor_path=") for a in args):
+    if any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args):
         return None, args
     return str(default_config_path()), args
+
+
+def _resume_base(path: str | None, overrides: list[str]) -> dict | None:
+    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config."""
+    if path is not None:
+        return None
+    resume = [a.split("=", 1)[1] for a in overrides if a.startswith("trainer.resume_from=")]
+    if not resume:
+        return None
+    from proxima.checkpoint import find_checkpoint, read_meta
+
+    return read_meta(find_checkpoint(resume[-1]))["config"]
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -36,9 +49,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.trainer.run import train
 
     path, overrides = _split_config_args(ns.args)
-    base = path or "defaults"
-    print(f"config: {base}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    summary = train(load_config(path, overrides))
+    base = _resume_base(path, overrides)
+    label = path or ("the checkpoint's saved config" if base else "defaults")
+    print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
+    summary = train(load_config(path, overrides, base=base))
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before and after:
         key = "accuracy" if "accuracy" in before else "mean_reward"

@@ -342,9 +342,12 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read YAML (optional), apply `a.b=c` overrides, build and validate the config."""
-    tree: dict = {}
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None
+) -> Config:
+    """Read YAML (or start from `base`, e.g. a checkpoint's saved config), apply `a.b=c`
+    overrides, build and validate the config."""
+    tree: dict = dict(base or {})
     if path is not None:
         path = Path(path)
         if not path.is_file():

@@ -144,3 +144,30 @@ def test_task_run_extended_from_final_checkpoint(tmp_path):
     train_c = {k: v for k, v in c[3].items() if not k.startswith("eval/")}
     assert train_b["kl"] != 0.0 and train_b == train_c
     _assert_same_weights(straight / "actor", extended / "actor")
+
+
+def test_cli_resume_continues_the_checkpoints_own_config(tmp_path, capsys):
+    """`proxima train trainer.resume_from=RUN trainer.iterations=N` needs no YAML and no
+    repeated overrides: the checkpoint's saved config is the base."""
+    out = tmp_path / "run"
+    small = [
+        "task.n_train=128",
+        "task.n_eval=16",
+        "task.n_sft=64",
+        "task.sft_steps=10",
+        "trainer.tensorboard=false",
+        "data.train_batch_size=8",
+        "rollout.n=2",
+        "actor.ppo_mini_batch_size=16",
+        "actor.ppo_micro_batch_size=16",
+        "critic.ppo_mini_batch_size=16",
+        "critic.ppo_micro_batch_size=16",
+    ]
+    assert main(["train", f"trainer.output_dir={out}", "trainer.iterations=2", *small]) == 0
+    capsys.readouterr()
+    assert main(["train", f"trainer.resume_from={out}", "trainer.iterations=3"]) == 0
+    assert "config: the checkpoint's saved config" in capsys.readouterr().out
+    resumed = tmp_path / "run-2"
+    # step 2: the evaluation before the resumed segment; step 3: the one iteration trained
+    assert sorted(_metrics(resumed)) == [2, 3]
+    assert "score" in _metrics(resumed)[3] and "score" not in _metrics(resumed)[2]
