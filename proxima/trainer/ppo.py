@@ -149,52 +149,48 @@ class PPOTrainer:
         exp.advantages, exp.returns = adv, ret
 
     def update(self, exp: Experience) -> dict[str, float]:
-        cfg, stats = self.cfg, {}
-        if self.critic_opt is not None:
-            c = cfg.critic
+        stats = {}
+        if self.roles.critic is not None:
             stats.update(
-                {
-                    f"critic/{k}": v
-                    for k, v in run_updates(
-                        self.roles.critic,
-                        *self.critic_opt,
-                        exp,
-                        epochs=c.ppo_epochs,
-                        mini_size=c.ppo_mini_batch_size,
-                        micro_size=c.ppo_micro_batch_size,
-                        shuffle=c.shuffle,
-                        agg=c.loss_agg_mode,
-                        grad_clip=c.optim.grad_clip,
-                        micro_loss=lambda mb: critic_micro_loss(self.roles.critic, mb, c),
-                        generator=self.generator,
-                    ).items()
-                }
-            )
-        if self.iteration < cfg.critic.warmup_iterations:
-            return stats  # critic warm-up: the actor waits for a useful baseline
-        a = cfg.actor
-        stats.update(
-            {
-                f"actor/{k}": v
-                for k, v in run_updates(
-                    self.roles.actor,
-                    *self.actor_opt,
+                self._update_role(
+                    "critic",
                     exp,
-                    epochs=a.ppo_epochs,
-                    mini_size=a.ppo_mini_batch_size,
-                    micro_size=a.ppo_micro_batch_size,
-                    shuffle=a.shuffle,
-                    agg=a.loss_agg_mode,
-                    grad_clip=a.optim.grad_clip,
-                    micro_loss=lambda mb: actor_micro_loss(
-                        self.roles.actor, mb, a, cfg.rollout.temperature
-                    ),
-                    generator=self.generator,
-                    extra_loss=self._ptx_loss if a.ptx_coef else None,
-                ).items()
-            }
+                    lambda mb: critic_micro_loss(self.roles.critic, mb, self.cfg.critic),
+                )
+            )
+        if self.iteration < self.cfg.critic.warmup_iterations:
+            return stats  # critic warm-up: the actor waits for a useful baseline
+        a, temperature = self.cfg.actor, self.cfg.rollout.temperature
+        stats.update(
+            self._update_role(
+                "actor",
+                exp,
+                lambda mb: actor_micro_loss(self.roles.actor, mb, a, temperature),
+                extra_loss=self._ptx_loss if a.ptx_coef else None,
+            )
         )
         return stats
+
+    def _update_role(
+        self, role: str, exp: Experience, micro_loss, extra_loss=None
+    ) -> dict[str, float]:
+        """Epochs x mini-batches of one trained role, as its config section says."""
+        sec = getattr(self.cfg, role)
+        stats = run_updates(
+            getattr(self.roles, role),
+            *getattr(self, f"{role}_opt"),
+            exp,
+            epochs=sec.ppo_epochs,
+            mini_size=sec.ppo_mini_batch_size,
+            micro_size=sec.ppo_micro_batch_size,
+            shuffle=sec.shuffle,
+            agg=sec.loss_agg_mode,
+            grad_clip=sec.optim.grad_clip,
+            micro_loss=micro_loss,
+            generator=self.generator,
+            extra_loss=extra_loss,
+        )
+        return {f"{role}/{k}": v for k, v in stats.items()}
 
     def _ptx_loss(self) -> torch.Tensor:
         """ptx_coef x next-token cross-entropy on one SFT micro-batch (seed 003)."""

@@ -72,28 +72,24 @@ def _save_models(trainer: PPOTrainer, out: Path) -> None:
 
 
 def _eval(trainer: PPOTrainer, items, cfg: Config, logger: RunLogger, tag: str) -> dict:
-    res = evaluate(
-        trainer.roles.actor,
-        trainer.roles.tokenizer,
-        items,
-        trainer.roles.reward,
-        cfg.rollout,
-        trainer.device,
-        greedy=True,
-        batch_size=cfg.eval.batch_size,
-    )
-    if cfg.eval.sampled:
-        sampled = evaluate(
-            trainer.roles.actor,
-            trainer.roles.tokenizer,
+    """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
+    roles = trainer.roles
+    runs = {
+        greedy: evaluate(
+            roles.actor,
+            roles.tokenizer,
             items,
-            trainer.roles.reward,
+            roles.reward,
             cfg.rollout,
             trainer.device,
-            greedy=False,
+            greedy=greedy,
             batch_size=cfg.eval.batch_size,
         )
-        res["sampled"] = {k: v for k, v in sampled.items() if k != "samples"}
+        for greedy in ((True, False) if cfg.eval.sampled else (True,))
+    }
+    res = runs[True]
+    if False in runs:
+        res["sampled"] = {k: v for k, v in runs[False].items() if k != "samples"}
     flat = {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
     logger.log(trainer.iteration, flat)
     acc = f", accuracy {res['accuracy']:.1%}" if "accuracy" in res else ""
