@@ -14,6 +14,7 @@ from proxima.algos import (
     compute_advantages,
     kl_penalty,
     masked_mean,
+    masked_var,
     masked_whiten,
     token_rewards,
 )
@@ -214,6 +215,7 @@ class PPOTrainer:
             "kl_coef": float(self.kl_ctl.value),
             "response_length": float(lengths.mean()),
             "advantages_mean": float(masked_mean(exp.advantages, mask)),
+            "advantages_std": float(masked_var(exp.advantages, mask).sqrt()),
             "returns_mean": float(masked_mean(exp.returns, mask)),
             "actor/lr": self.actor_opt[1].get_last_lr()[0],
             "tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
