@@ -1,0 +1,137 @@
+"""Generation and PPO-iteration speed on a tiny local model (nothing downloaded).
+
+    python benchmarks/bench_generation.py [--arch llama] [--size tiny] [--repeats 5]
+
+Reports medians over `--repeats` runs of:
+- rollout generation with the KV cache (proxima's path) against the same HF `generate`
+  without the cache (the peer, measured in the same run): tokens per second and the ratio;
+- one PPO iteration of the default example's shape, split by phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from proxima.config import load_config
+from proxima.models import init_model, load_causal_lm, load_tokenizer
+from proxima.rollout.generate import generate_responses
+
+
+def _time_generation(model, ids, mask, tok, new_tokens: int, use_cache: bool) -> float:
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    if use_cache:
+        generate_responses(
+            model,
+            ids,
+            mask,
+            max_new_tokens=new_tokens,
+            stop_ids=[len(tok) + 10],  # an id the model can never emit: full length
+            pad_token_id=tok.pad_token_id,
+        )
+    else:
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=True,
+            top_k=0,
+            use_cache=False,
+            pad_token_id=tok.pad_token_id,
+        )
+    return time.perf_counter() - start
+
+
+def bench_generation(folder: str, batch: int, prompt_len: int, new_tokens: int, repeats: int):
+    tok = load_tokenizer(folder)
+    model = load_causal_lm(folder, trainable=False)
+    ids = torch.randint(4, len(tok), (batch, prompt_len))
+    mask = torch.ones_like(ids)
+    rows = {}
+    for use_cache in (True, False):
+        times = [
+            _time_generation(model, ids, mask, tok, new_tokens, use_cache) for _ in range(repeats)
+        ]
+        rows[use_cache] = statistics.median(times)
+    tokens = batch * new_tokens
+    print(
+        f"generation, batch {batch}, prompt {prompt_len}, {new_tokens} new tokens, "
+        f"median of {repeats}:"
+    )
+    print(f"  KV cache (proxima) : {rows[True]:.3f} s  {tokens / rows[True]:9.0f} tokens/s")
+    print(f"  no cache (peer)    : {rows[False]:.3f} s  {tokens / rows[False]:9.0f} tokens/s")
+    print(f"  speed-up           : {rows[False] / rows[True]:.2f}x")
+
+
+def bench_iteration(folder: str, repeats: int) -> None:
+    import json
+
+    from proxima.trainer.ppo import PPOTrainer
+    from proxima.trainer.setup import load_prompts, load_roles
+
+    path = f"{folder}/prompts.jsonl"
+    with open(path, "w") as f:
+        for a in range(300):
+            f.write(json.dumps({"prompt": f"{a % 100}+{a // 3}=", "answer": "0"}) + "\n")
+    cfg = load_config(
+        None,
+        [
+            f"model.actor_path={folder}",
+            f"data.train_path={path}",
+            "reward.function=proxima.tasks.arithmetic:reward",
+            "rollout.max_response_length=6",
+            "rollout.n=2",
+            "actor.ppo_epochs=2",
+            "critic.ppo_epochs=2",
+            "actor.ppo_micro_batch_size=64",
+            "critic.ppo_micro_batch_size=64",
+            f"trainer.iterations={repeats + 1}",
+        ],
+    )
+    trainer = PPOTrainer(
+        cfg,
+        load_roles(cfg, torch.device("cpu")),
+        load_prompts(cfg, path, load_tokenizer(folder)),
+        torch.device("cpu"),
+    )
+    trainer.step()  # warm-up
+    phases: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        trainer.step()
+        for k, v in trainer.timer.last.items():
+            phases.setdefault(k, []).append(v)
+    total = sum(statistics.median(v) for v in phases.values())
+    print(f"PPO iteration ({cfg.rollout_batch_size} sequences), median of {repeats}: {total:.3f} s")
+    for k, v in phases.items():
+        med = statistics.median(v)
+        print(f"  {k:10s} {med:.3f} s  ({med / total:5.1%})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--arch", default="llama")
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = str(
+            init_model(
+                f"{tmp}/m", arch=a.arch, size=a.size, alphabet="0123456789+=", max_positions=128
+            )
+        )
+        bench_generation(folder, a.batch, a.prompt_len, a.new_tokens, a.repeats)
+        bench_iteration(folder, a.repeats)
+
+
+if __name__ == "__main__":
+    main()
