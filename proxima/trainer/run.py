@@ -71,7 +71,7 @@ def _save_models(trainer: PPOTrainer, out: Path) -> None:
         roles.tokenizer.save_pretrained(out / "critic")
 
 
-def _eval(trainer: PPOTrainer, items, cfg: Config, logger: RunLogger, tag: str) -> dict:
+def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
     roles = trainer.roles
     runs = {
@@ -90,11 +90,23 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, logger: RunLogger, tag: str) 
     res = runs[True]
     if False in runs:
         res["sampled"] = {k: v for k, v in runs[False].items() if k != "samples"}
-    flat = {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
-    logger.log(trainer.iteration, flat)
     acc = f", accuracy {res['accuracy']:.1%}" if "accuracy" in res else ""
     print(f"[eval {tag}] greedy mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
     return res
+
+
+def _load_data(cfg: Config, tokenizer) -> tuple:
+    """Training prompts, held-out evaluation prompts (maybe none), ptx records (maybe none)."""
+    prompts = load_prompts(cfg, cfg.data.train_path, tokenizer)
+    eval_items = (
+        list(load_prompts(cfg, cfg.data.eval_path, tokenizer)) if cfg.data.eval_path else []
+    )
+    eval_items = eval_items[: cfg.eval.max_prompts or None]
+    sft = None
+    if cfg.actor.ptx_coef:
+        max_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+        sft = load_sft(cfg, cfg.data.sft_path, tokenizer, max_len)
+    return prompts, eval_items, sft
 
 
 def train(cfg: Config, run_dir: Path | None = None) -> dict:
@@ -115,22 +127,7 @@ def train(cfg: Config, run_dir: Path | None = None) -> dict:
     print(batch_plan(cfg))
     roles = load_roles(cfg, device)
     print("roles:\n" + roles.report())
-    prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
-    eval_items = (
-        list(load_prompts(cfg, cfg.data.eval_path, roles.tokenizer)) if cfg.data.eval_path else []
-    )
-    if cfg.eval.max_prompts:
-        eval_items = eval_items[: cfg.eval.max_prompts]
-    sft = (
-        load_sft(
-            cfg,
-            cfg.data.sft_path,
-            roles.tokenizer,
-            cfg.data.max_prompt_length + cfg.rollout.max_response_length,
-        )
-        if cfg.actor.ptx_coef
-        else None
-    )
+    prompts, eval_items, sft = _load_data(cfg, roles.tokenizer)
     trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft)
     if resume is not None:
         load_checkpoint(resume, trainer)
@@ -157,11 +154,16 @@ def train(cfg: Config, run_dir: Path | None = None) -> dict:
     return summary
 
 
+def _eval_metrics(res: dict) -> dict[str, float]:
+    return {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+
+
 def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path) -> dict:
     out: dict = {}
     if eval_items:
         with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
-            out["eval_before"] = _eval(trainer, eval_items, cfg, logger, "before")
+            out["eval_before"] = _eval(trainer, eval_items, cfg, "before")
+        logger.log(trainer.iteration, _eval_metrics(out["eval_before"]))
     total = cfg.trainer.iterations
     bar = progress(total=total, desc="ppo")
     bar.update(trainer.iteration)
@@ -169,8 +171,7 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
         metrics, ro = trainer.step()
         it = trainer.iteration
         if eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
-            res = _eval(trainer, eval_items, cfg, logger, f"it {it}")
-            metrics.update({f"eval/{k}": v for k, v in res.items() if isinstance(v, float)})
+            metrics.update(_eval_metrics(_eval(trainer, eval_items, cfg, f"it {it}")))
         logger.log(it, metrics)
         k = cfg.trainer.log_samples
         logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
@@ -180,5 +181,6 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
             save_periodic(trainer, run_dir, cfg.trainer.keep_checkpoints, {"run_dir": str(run_dir)})
     bar.close()
     if eval_items:
-        out["eval_after"] = _eval(trainer, eval_items, cfg, logger, "after")
+        out["eval_after"] = _eval(trainer, eval_items, cfg, "after")
+        logger.log(trainer.iteration, _eval_metrics(out["eval_after"]))
     return out
