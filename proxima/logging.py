@@ -147,7 +147,7 @@ def format_line(
 
 
 def read_metrics(metrics_jsonl: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl; for a step logged twice (a resumed run) the last row wins."""
+    """Rows of a metrics.jsonl; rows of one step are merged (for a key, the later wins)."""
     by_step: dict[int, dict[str, Any]] = {}
     with Path(metrics_jsonl).open(encoding="utf-8") as f:
         for line in f:

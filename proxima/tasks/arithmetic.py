@@ -72,6 +72,10 @@ def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
     def should_stop(step: int) -> bool:
         res = evaluate(model, tok, items, source, cfg.rollout, "cpu", greedy=True)
         history.append((step, res["accuracy"]))
+        print(
+            f"sft step {step}: validation accuracy {res['accuracy']:.1%} "
+            f"(stops at {cfg.task.sft_target_accuracy:.0%})"
+        )
         return res["accuracy"] >= cfg.task.sft_target_accuracy
 
     return should_stop, history

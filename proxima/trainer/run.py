@@ -17,18 +17,18 @@ from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
 
-LINE_KEYS = [
-    "score",
-    "kl",
-    "kl_coef",
-    "response_length",
-    "actor/clipfrac",
-    "actor/entropy",
-    "critic/vf_loss",
-    "critic/explained_variance",
-    "eval/accuracy",
-    "tokens_per_s",
-]
+LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
+    "score": "score",
+    "kl": "kl",
+    "kl_coef": "beta",
+    "response_length": "len",
+    "actor/clipfrac": "clipfrac",
+    "actor/entropy": "entropy",
+    "critic/vf_loss": "vf_loss",
+    "critic/explained_variance": "ev",
+    "eval/accuracy": "eval_acc",
+    "tokens_per_s": "tok/s",
+}
 PLOT_KEYS = [
     "score",
     "eval/accuracy",
