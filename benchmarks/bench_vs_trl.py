@@ -1,6 +1,6 @@
 """Seconds per PPO iteration: proxima's `PPOTrainer.step()` against TRL's PPOTrainer.
 
-    /work/venv-trl/bin/python benchmarks/bench_vs_trl.py --repeats 5
+    .venv-trl/bin/python benchmarks/bench_vs_trl.py --repeats 5
 
 Needs a virtualenv with both proxima and TRL (a TRL release that still ships PPO, i.e. < 1.13;
 see benchmarks/README.md). Nothing is downloaded: the policy, its character tokenizer and the
