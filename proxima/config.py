@@ -404,9 +404,22 @@ def _check_batch_sizes(cfg: Config) -> None:
             )
 
 
+def _algorithm_choices() -> dict[str, tuple[str, ...]]:
+    """Names the math in proxima.algos accepts, checked before any model is loaded."""
+    from proxima.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS
+
+    return {
+        "algorithm.adv_estimator": ("gae", *ADVANTAGE_ESTIMATORS),
+        "algorithm.kl_penalty": KL_ESTIMATORS,
+        "actor.kl_loss_type": KL_ESTIMATORS,
+        "actor.loss_agg_mode": AGG_MODES,
+        "critic.loss_agg_mode": AGG_MODES,
+    }
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError naming the key for anything that cannot run."""
-    for key, choices in _CHOICES.items():
+    for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
         if _get(cfg, key) not in choices:
             raise ConfigError(
                 f"`{key}` must be one of {', '.join(choices)}; got {_get(cfg, key)!r}."

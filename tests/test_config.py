@@ -104,3 +104,17 @@ def test_readme_documents_every_key():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     missing = [k for k, _, _ in describe_fields() if f"`{k}`" not in readme]
     assert not missing, f"README.md lacks config keys: {missing}"
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.adv_estimator=ppo", "algorithm.adv_estimator"),
+        ("algorithm.kl_penalty=k4", "algorithm.kl_penalty"),
+        ("actor.kl_loss_type=full", "actor.kl_loss_type"),
+        ("actor.loss_agg_mode=sum", "actor.loss_agg_mode"),
+    ],
+)
+def test_algorithm_names_checked_before_anything_loads(override, key):
+    with pytest.raises(ConfigError, match=f"`{key}` must be one of"):
+        load_config(None, BASE + [override])
