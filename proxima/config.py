@@ -127,7 +127,9 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
     use_kl_in_reward: bool = _f(True, "Put -kl_coef * KL into the token rewards.")
     kl_penalty: str = _f(
-        "k1", "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl)."
+        "k1",
+        "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl) | full "
+        "(exact over the vocabulary; one more forward pass pair per scoring micro-batch).",
     )
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     clip_reward_value: float = _f(5.0, "Scores are clipped to [-c, c] (seed 000); 0 disables.")
@@ -168,7 +170,11 @@ class ActorConfig:
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (c2).")
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(actor || reference) to the actor loss.")
     kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss.")
-    kl_loss_type: str = _f("low_var_kl", "KL estimator of the KL loss (k1|abs|k2|k3 or aliases).")
+    kl_loss_type: str = _f(
+        "low_var_kl",
+        "KL estimator of the KL loss: k1|abs|k2|k3 (or their aliases) or full (exact over "
+        "the vocabulary; one more reference forward pass per micro-batch).",
+    )
     ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
 
 
@@ -410,8 +416,8 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
 
     return {
         "algorithm.adv_estimator": ("gae", *ADVANTAGE_ESTIMATORS),
-        "algorithm.kl_penalty": KL_ESTIMATORS,
-        "actor.kl_loss_type": KL_ESTIMATORS,
+        "algorithm.kl_penalty": (*KL_ESTIMATORS, "full"),
+        "actor.kl_loss_type": (*KL_ESTIMATORS, "full"),
         "actor.loss_agg_mode": AGG_MODES,
         "critic.loss_agg_mode": AGG_MODES,
     }
@@ -507,3 +513,15 @@ def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, 
         else:
             rows.append((prefix + f.name, value, f.metadata.get("help", "")))
     return rows
+
+
+def keys_markdown() -> str:
+    """The README's config table, generated from the fields (`python -m proxima.config`)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for key, default, help_text in describe_fields():
+        rows.append(f"| `{key}` | `{default!r}` | {help_text.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(keys_markdown())

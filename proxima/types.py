@@ -26,6 +26,7 @@ class Experience:
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     group_ids: torch.Tensor | None = None  # [B] prompt index of each sequence (rollout.n groups)
+    full_kl: torch.Tensor | None = None  # [B, R] exact KL(actor || reference) (kl_penalty=full)
 
     @property
     def batch_size(self) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import logprobs_from_logits
+from proxima.algos import kl_full, logprobs_from_logits
 from proxima.models.forward import response_logits, response_values
 from proxima.rollout.generate import Generation
 from proxima.types import Experience
@@ -31,6 +31,27 @@ def sequence_logprobs(
     def one(s: slice) -> torch.Tensor:
         logits = response_logits(model, gen.input_ids[s], gen.attention_mask[s], r, temperature)
         return logprobs_from_logits(logits, gen.response_ids[s])
+
+    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+
+
+@torch.no_grad()
+def sequence_kl_full(
+    actor: torch.nn.Module,
+    reference: torch.nn.Module,
+    gen: Generation,
+    temperature: float,
+    micro_batch_size: int,
+) -> torch.Tensor:
+    """[B, R] exact KL(actor || reference) over the vocabulary at each response token."""
+    r = gen.response_mask.shape[1]
+
+    def one(s: slice) -> torch.Tensor:
+        ids, attn = gen.input_ids[s], gen.attention_mask[s]
+        return kl_full(
+            response_logits(actor, ids, attn, r, temperature),
+            response_logits(reference, ids, attn, r, temperature),
+        )
 
     return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
 
@@ -58,15 +79,21 @@ def build_experience(
     temperature: float,
     micro_batch_size: int,
     group_ids: torch.Tensor,
+    full_kl: bool = False,
 ) -> Experience:
     """Run the scoring passes and pack everything into one Experience.
 
     `reference` may be None when no KL is used (saves a forward pass); `critic` is None for
-    critic-free estimators.
+    critic-free estimators; `full_kl` also computes the exact per-token KL (kl_penalty=full).
     """
     old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
     ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
     values = sequence_values(critic, gen, micro_batch_size) if critic is not None else None
+    kl = (
+        sequence_kl_full(actor, reference, gen, temperature, micro_batch_size)
+        if full_kl and reference is not None
+        else None
+    )
     return Experience(
         input_ids=gen.input_ids,
         attention_mask=gen.attention_mask,
@@ -76,4 +103,5 @@ def build_experience(
         values=values,
         scores=scores.to(old.device, torch.float32),
         group_ids=group_ids,
+        full_kl=kl,
     )

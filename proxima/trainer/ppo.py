@@ -118,13 +118,16 @@ class PPOTrainer:
             temperature=self.cfg.rollout.temperature,
             micro_batch_size=self.cfg.rollout.micro_batch_size,
             group_ids=ro.group_ids,
+            full_kl=self.cfg.algorithm.kl_penalty == "full",
         )
 
     def compute_token_rewards(self, exp: Experience) -> torch.Tensor:
         """Fill exp.token_rewards; return the per-token KL estimate [B, R] (0 without a ref)."""
         a = self.cfg.algorithm
         mask = exp.response_mask
-        if exp.ref_logprobs is not None:
+        if exp.full_kl is not None:
+            kl = exp.full_kl * mask
+        elif exp.ref_logprobs is not None:
             kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, a.kl_penalty) * mask
         else:
             kl = torch.zeros_like(exp.old_logprobs)
@@ -166,7 +169,9 @@ class PPOTrainer:
             self._update_role(
                 "actor",
                 exp,
-                lambda mb: actor_micro_loss(self.roles.actor, mb, a, temperature),
+                lambda mb: actor_micro_loss(
+                    self.roles.actor, mb, a, temperature, self.roles.reference
+                ),
                 extra_loss=self._ptx_loss if a.ptx_coef else None,
             )
         )

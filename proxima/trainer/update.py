@@ -15,8 +15,10 @@ import torch
 from proxima.algos import (
     aggregate_loss,
     entropy_from_logits,
+    kl_full,
     kl_penalty,
     logprobs_from_logits,
+    masked_mean,
     policy_loss,
     value_loss,
 )
@@ -75,8 +77,25 @@ def _optimizer_step(
     return float(norm), ok
 
 
+def _kl_to_reference(logits, logprobs, mb: Experience, kind: str, reference, temperature):
+    """Per-token KL(actor || reference) [B, R] for the KL loss: a sampled estimator from the
+    rollout's reference log-probs, or `full`, exact over the vocabulary (one more reference
+    forward pass per micro-batch)."""
+    if kind != "full":
+        return kl_penalty(logprobs, mb.ref_logprobs, kind)
+    with torch.no_grad():
+        ref_logits = response_logits(
+            reference, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1], temperature
+        )
+    return kl_full(logits, ref_logits)
+
+
 def actor_micro_loss(
-    actor: torch.nn.Module, mb: Experience, cfg: ActorConfig, temperature: float
+    actor: torch.nn.Module,
+    mb: Experience,
+    cfg: ActorConfig,
+    temperature: float,
+    reference: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate - entropy bonus (+ KL loss) of one micro-batch."""
     r = mb.response_mask.shape[1]
@@ -95,21 +114,17 @@ def actor_micro_loss(
     )
     stats = {k: float(v) for k, v in stats.items()}
     stats["pg_loss"] = float(loss.detach())
+    # the entropy is only built into the graph when it is part of the loss
+    with torch.set_grad_enabled(bool(cfg.entropy_coef) and torch.is_grad_enabled()):
+        entropy = entropy_from_logits(logits)
+    stats["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
     if cfg.entropy_coef:
-        entropy = aggregate_loss(entropy_from_logits(logits), mb.response_mask, cfg.loss_agg_mode)
-        loss = loss - cfg.entropy_coef * entropy
-        stats["entropy"] = float(entropy.detach())
-    else:
-        with torch.no_grad():
-            stats["entropy"] = float(
-                aggregate_loss(entropy_from_logits(logits.detach()), mb.response_mask, "token-mean")
-            )
-    if cfg.use_kl_loss:
-        kl = aggregate_loss(
-            kl_penalty(logprobs, mb.ref_logprobs, cfg.kl_loss_type),
-            mb.response_mask,
-            cfg.loss_agg_mode,
+        loss = loss - cfg.entropy_coef * aggregate_loss(
+            entropy, mb.response_mask, cfg.loss_agg_mode
         )
+    if cfg.use_kl_loss:
+        kl_tok = _kl_to_reference(logits, logprobs, mb, cfg.kl_loss_type, reference, temperature)
+        kl = aggregate_loss(kl_tok, mb.response_mask, cfg.loss_agg_mode)
         loss = loss + cfg.kl_loss_coef * kl
         stats["kl_loss"] = float(kl.detach())
     return loss, stats

@@ -87,3 +87,17 @@ def test_reward_model_source_and_critic_from_it(fast_overrides, make_model, tmp_
     assert all(math.isfinite(r["score"]) for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["model"]["critic_init"] == "reward_model"
+
+
+def test_full_kl_in_reward_and_as_loss(fast_overrides, make_model, tmp_path):
+    rows = _run(
+        fast_overrides,
+        make_model,
+        tmp_path,
+        "algorithm.kl_penalty=full",
+        "actor.use_kl_loss=true",
+        "actor.kl_loss_type=full",
+    )
+    # iteration 1: the actor is still the reference, the exact KL is 0 (up to rounding)
+    assert abs(rows[0]["kl"]) < 1e-5
+    assert rows[1]["kl"] > 0 and rows[1]["actor/kl_loss"] > 0
