@@ -66,14 +66,15 @@ class StatsAccumulator:
 def _optimizer_step(
     model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
 ) -> tuple[float, bool]:
-    """Clip and step; skip the step if the gradient is not finite (USERS.md #3)."""
+    """Clip and step; skip the step if the gradient is not finite (USERS.md #3). A skipped
+    step does not advance the learning-rate schedule either: it did not happen."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     ok = bool(torch.isfinite(norm))
     if ok:
         opt.step()
+        sched.step()
     opt.zero_grad(set_to_none=True)
-    sched.step()
     return float(norm), ok
 
 
