@@ -123,6 +123,7 @@ def _trainer_state(trainer) -> dict[str, Any]:
         "critic_optimizer": critic[0].state_dict() if critic is not None else None,
         "critic_scheduler": critic[1].state_dict() if critic is not None else None,
         "kl_coef": float(trainer.kl_ctl.value),
+        "score_moments": trainer.score_moments.state_dict(),
         "loader": trainer.loader.state_dict(),
         "sft_loader": trainer.sft_loader.state_dict() if trainer.sft_loader else None,
         "generator": trainer.generator.get_state(),
@@ -408,6 +409,7 @@ def load_checkpoint(folder: str | Path, trainer) -> dict[str, Any]:
         )
     if cfg.algorithm.kl_ctrl.type == "adaptive":
         trainer.kl_ctl.value = float(state["kl_coef"])
+    trainer.score_moments.load_state_dict(state["score_moments"])
     trainer.loader.load_state_dict(state["loader"])
     if trainer.sft_loader is not None and state["sft_loader"] is not None:
         trainer.sft_loader.load_state_dict(state["sft_loader"])

@@ -132,6 +132,11 @@ class AlgorithmConfig:
         "(exact over the vocabulary; one more forward pass pair per scoring micro-batch).",
     )
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    normalize_scores: bool = _f(
+        False,
+        "Standardise scores by the running mean and std of every score seen so far "
+        "(OpenRLHF's normalize_reward), before clipping; the logged `score` stays raw.",
+    )
     clip_reward_value: float = _f(5.0, "Scores are clipped to [-c, c] (seed 000); 0 disables.")
 
 

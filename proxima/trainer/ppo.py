@@ -11,6 +11,7 @@ import torch
 from proxima.algos import (
     AdaptiveKLController,
     FixedKLController,
+    RunningMoments,
     compute_advantages,
     kl_penalty,
     masked_mean,
@@ -59,6 +60,7 @@ class PPOTrainer:
         self.cfg, self.roles, self.device = cfg, roles, device
         self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
         self.kl_ctl = build_kl_controller(cfg)
+        self.score_moments = RunningMoments()  # for algorithm.normalize_scores
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.timer = PhaseTimer()
@@ -132,7 +134,11 @@ class PPOTrainer:
         else:
             kl = torch.zeros_like(exp.old_logprobs)
         coef = self.kl_ctl.value if a.use_kl_in_reward else 0.0
-        exp.token_rewards = token_rewards(exp.scores, kl, mask, coef, a.clip_reward_value or None)
+        scores = exp.scores
+        if a.normalize_scores:
+            self.score_moments.update(scores)
+            scores = (scores - self.score_moments.mean) / self.score_moments.std
+        exp.token_rewards = token_rewards(scores, kl, mask, coef, a.clip_reward_value or None)
         return kl
 
     def compute_advantages(self, exp: Experience) -> None:

@@ -101,3 +101,18 @@ def test_full_kl_in_reward_and_as_loss(fast_overrides, make_model, tmp_path):
     # iteration 1: the actor is still the reference, the exact KL is 0 (up to rounding)
     assert abs(rows[0]["kl"]) < 1e-5
     assert rows[1]["kl"] > 0 and rows[1]["actor/kl_loss"] > 0
+
+
+def test_normalized_scores_keep_the_raw_score_logged(fast_overrides, make_model, tmp_path):
+    rows = _run(
+        fast_overrides,
+        make_model,
+        tmp_path,
+        "algorithm.normalize_scores=true",
+        "algorithm.kl_ctrl.kl_coef=0",
+    )
+    for row in rows:
+        # the logged score is the raw one (fractions of "7": in [0, 1]); the reward that is
+        # optimised is the standardised score (mean 0 over what was seen so far)
+        assert 0.0 <= row["score"] <= 1.0
+    assert abs(rows[0]["reward"]) < 1e-5  # first batch standardised by its own moments
