@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from proxima.config import RolloutConfig
@@ -29,7 +31,7 @@ def evaluate(
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
     The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
     """
-    raw = RolloutConfig(**{**vars(cfg), "no_stop_penalty": 0.0})
+    raw = dataclasses.replace(cfg, no_stop_penalty=0.0)
     scores, lengths, samples = [], [], []
     for i in range(0, len(items), batch_size):
         ro = collect(
