@@ -4,6 +4,9 @@ A checkpoint folder holds everything a run needs to continue as if it had never 
 
     actor/           Hugging Face folder (weights + tokenizer), loadable on its own
     critic/          the same for the value model (GAE runs; USERS.md #8)
+    actor_adapter/   LoRA runs only: the peft adapters (and critic_adapter/); actor/ and
+                     critic/ then hold the merged models, and resume loads the adapters
+                     onto the base model of model.actor_path, which never changes
     state.pt         iteration, optimizer and scheduler states, KL coefficient, prompt
                      loader positions, the mini-batch shuffle generator, torch / numpy /
                      python RNG states and the resolved config
@@ -34,11 +37,15 @@ import torch
 from safetensors.torch import load_file
 
 from proxima.config import Config, ConfigError, OptimConfig
+from proxima.models.lora import is_lora, load_adapter_weights, save_role
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
 FORMAT_VERSION = 1
-CONTENTS = "actor/, critic/ (GAE runs), state.pt and checkpoint.json"
+CONTENTS = (
+    "actor/, critic/ (GAE runs), actor_adapter/ and critic_adapter/ (LoRA runs), state.pt "
+    "and checkpoint.json"
+)
 
 # Keys whose change makes the saved state mean something else: batch shapes and optimizer
 # steps per iteration (scheduler position, loader position), which models exist and where
@@ -50,6 +57,10 @@ RESUME_KEYS = (
     "model.reference_path",
     "model.critic_init",
     "model.dtype",
+    "model.lora_rank",
+    "model.lora_alpha",
+    "model.lora_target_modules",
+    "model.critic_lora",
     "data.train_path",
     "data.prompt_key",
     "data.train_batch_size",
@@ -145,8 +156,7 @@ def _write(folder: Path, trainer, extra: dict) -> None:
     for name in ("actor", "critic"):
         model = getattr(roles, name)
         if model is not None:
-            model.save_pretrained(folder / name)
-            roles.tokenizer.save_pretrained(folder / name)
+            save_role(model, roles.tokenizer, folder, name)
     state = _trainer_state(trainer)
     torch.save({**state, "extra": extra}, folder / STATE_FILE)
     meta = {
@@ -248,8 +258,11 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def config_differences(saved: dict, cfg: Config) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (checkpoint value, current value)} for every key that differs."""
-    old, new = _flatten(saved), _flatten(cfg.to_dict())
+    """{dotted key: (checkpoint value, current value)} for every key that differs. A key
+    that a checkpoint of an older proxima lacks counts as its default (e.g. model.lora_rank
+    0: that checkpoint was full fine-tuning)."""
+    old = {**_flatten(Config().to_dict()), **_flatten(saved)}
+    new = _flatten(cfg.to_dict())
     return {k: (old.get(k), new[k]) for k in new if old.get(k) != new[k]}
 
 
@@ -368,6 +381,15 @@ def _load_weights(model: torch.nn.Module, folder: Path, role: str) -> None:
     model.load_state_dict(weights, strict=False)
 
 
+def _load_role(model: torch.nn.Module, folder: Path, role: str) -> None:
+    """Weights of a role in place: a LoRA role from its adapter folder (the merged folder
+    cannot be split back into base + adapter exactly), any other from its HF folder."""
+    if is_lora(model):
+        load_adapter_weights(model, folder / f"{role}_adapter", role)
+    else:
+        _load_weights(model, folder / role, role)
+
+
 def _load_optimizer(pair, opt_state: dict, sched_state: dict, ocfg: OptimConfig) -> None:
     """Restore optimizer + scheduler, then apply the current config's hyper-parameters (a
     resumed run may lower the lr); with the saved config this rewrites identical values,
@@ -395,12 +417,12 @@ def load_checkpoint(folder: str | Path, trainer) -> dict[str, Any]:
     state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
     check_config(state["config"], trainer.cfg, folder)
     cfg, roles = trainer.cfg, trainer.roles
-    _load_weights(roles.actor, folder / "actor", "actor")
+    _load_role(roles.actor, folder, "actor")
     _load_optimizer(
         trainer.actor_opt, state["actor_optimizer"], state["actor_scheduler"], cfg.actor.optim
     )
     if trainer.critic_opt is not None:
-        _load_weights(roles.critic, folder / "critic", "critic")
+        _load_role(roles.critic, folder, "critic")
         _load_optimizer(
             trainer.critic_opt,
             state["critic_optimizer"],

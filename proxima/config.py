@@ -70,6 +70,26 @@ class ModelConfig:
     )
     dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
     device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
+    lora_rank: int = _f(
+        0,
+        "LoRA rank r (0 = full fine-tuning). With r > 0 only low-rank adapters are trained and "
+        "the reference is the actor with its adapters disabled (no second copy of the weights).",
+    )
+    lora_alpha: float = _f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / r) B A x.")
+    lora_dropout: float = _f(
+        0.0,
+        "Dropout on the LoRA input; keep 0 for PPO (dropout makes the first ratio differ from 1).",
+    )
+    lora_target_modules: list = _f(
+        [],
+        "Module names that get adapters (e.g. [q_proj, v_proj]); empty = every linear layer "
+        "of the backbone (peft's all-linear, heads excluded).",
+    )
+    critic_lora: bool = _f(
+        True,
+        "With lora_rank > 0, train the critic's backbone through LoRA too; its value head "
+        "stays fully trainable. False trains the whole critic.",
+    )
 
 
 @dataclass
@@ -428,6 +448,19 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
+def _check_lora(m: ModelConfig) -> None:
+    if m.lora_rank < 0:
+        raise ConfigError(
+            f"`model.lora_rank` must be >= 0 (0 = full fine-tuning), got {m.lora_rank}."
+        )
+    if m.lora_alpha <= 0:
+        raise ConfigError(
+            f"`model.lora_alpha` must be > 0 (e.g. 16 or 2 x rank), got {m.lora_alpha}."
+        )
+    if not 0 <= m.lora_dropout < 1:
+        raise ConfigError(f"`model.lora_dropout` must be in [0, 1), got {m.lora_dropout}.")
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError naming the key for anything that cannot run."""
     for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
@@ -448,6 +481,7 @@ def validate(cfg: Config) -> None:
     ):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
+    _check_lora(cfg.model)
     if cfg.trainer.iterations < 0:
         raise ConfigError("`trainer.iterations` must be >= 0.")
     if cfg.rollout.temperature <= 0:

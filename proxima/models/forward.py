@@ -17,7 +17,10 @@ from proxima.models.loading import position_ids_from_mask
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     cached = getattr(model, "_proxima_logits_to_keep", None)
     if cached is None:
-        cached = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # a peft model (and the LoRA reference view) passes **kwargs on to the HF model it
+        # wraps: the wrapped model's signature decides
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        cached = "logits_to_keep" in inspect.signature(inner.forward).parameters
         model._proxima_logits_to_keep = cached
     return cached
 

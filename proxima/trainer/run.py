@@ -13,6 +13,7 @@ import torch
 from proxima.checkpoint import load_checkpoint, preserve_rng, resume_point, save_periodic
 from proxima.config import Config, batch_plan
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
+from proxima.models.lora import save_role
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
@@ -63,12 +64,12 @@ def new_run_dir(path: str | Path) -> Path:
 
 
 def _save_models(trainer: PPOTrainer, out: Path) -> None:
+    """actor/ and critic/ as plain HF folders (LoRA merged in), plus actor_adapter/ and
+    critic_adapter/ (peft folders) for a LoRA run."""
     roles = trainer.roles
-    roles.actor.save_pretrained(out / "actor")
-    roles.tokenizer.save_pretrained(out / "actor")
+    save_role(roles.actor, roles.tokenizer, out, "actor")
     if roles.critic is not None:  # USERS.md #8: the value model is kept, not thrown away
-        roles.critic.save_pretrained(out / "critic")
-        roles.tokenizer.save_pretrained(out / "critic")
+        save_role(roles.critic, roles.tokenizer, out, "critic")
 
 
 def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:

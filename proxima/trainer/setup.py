@@ -17,6 +17,7 @@ from proxima.models import (
     load_tokenizer,
     reward_model_scores,
 )
+from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,6 +51,9 @@ class Roles:
             model = getattr(self, name)
             if model is None:
                 lines.append(f"  {name:9s}: not loaded")
+                continue
+            if isinstance(model, AdapterDisabled):
+                lines.append(f"  {name:9s}: {model.describe()}")
                 continue
             d = describe_model(model)
             train_mib = d["grad_and_adam_bytes"] / 2**20
@@ -92,21 +96,28 @@ def critic_source(cfg: Config) -> str:
 
 
 def load_roles(cfg: Config, device: torch.device) -> Roles:
-    """Actor (trained), reference (frozen), critic (trained, GAE only), reward source."""
+    """Actor (trained), reference (frozen), critic (trained, GAE only), reward source.
+
+    With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
+    adapters, and the reference is the actor with its adapters disabled unless
+    model.reference_path names another model (USERS.md #9)."""
     dtype = _DTYPES[cfg.model.dtype]
+    lora = cfg.model.lora_rank > 0
     tok = load_tokenizer(cfg.model.actor_path)
     actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
+    if lora:
+        actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
     needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
-    reference = (
-        load_causal_lm(
+    reference = None
+    if needs_ref and lora and not cfg.model.reference_path:
+        reference = AdapterDisabled(actor)
+    elif needs_ref:
+        reference = load_causal_lm(
             cfg.model.reference_path or cfg.model.actor_path,
             dtype=dtype,
             device=device,
             trainable=False,
         )
-        if needs_ref
-        else None
-    )
     critic = None
     if cfg.algorithm.adv_estimator == "gae":
         critic = load_critic(
@@ -116,6 +127,8 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
             init_from=cfg.model.critic_init,
             seed=cfg.trainer.seed,
         )
+        if lora and cfg.model.critic_lora:
+            critic = add_lora(critic, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
     return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device))
 
 
