@@ -1,4 +1,4 @@
-"""`proxima train | sft | eval | init-model | config`."""
+"""`proxima train | config | sft | rm | eval | init-model`."""
 
 from __future__ import annotations
 
@@ -126,6 +126,65 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm(ns: argparse.Namespace) -> int:
+    import torch
+
+    from proxima.data import load_records
+    from proxima.data.preferences import PreferenceDataset
+    from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
+    from proxima.trainer.rm import CURVES, rm_train
+    from proxima.trainer.run import seed_everything
+    from proxima.trainer.setup import resolve_device
+
+    out = Path(ns.out)
+    if (out / "config.json").exists():
+        raise FileExistsError(f"{out} already holds a model (config.json); choose another --out.")
+    seed_everything(ns.seed)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    device = resolve_device(ns.device)
+    tok = load_tokenizer(ns.model)
+    opts = {
+        "prompt_key": ns.prompt_key,
+        "chosen_key": ns.chosen_key,
+        "rejected_key": ns.rejected_key,
+        "margin_key": ns.margin_key or None,
+        "max_length": ns.max_length,
+        "overlong": ns.overlong,
+    }
+    train = PreferenceDataset(load_records(ns.data), tok, **opts)
+    held = PreferenceDataset(load_records(ns.eval_data), tok, **opts) if ns.eval_data else None
+    model = init_reward_model(ns.model, device=device, seed=ns.seed, pad_token_id=tok.pad_token_id)
+    res = rm_train(
+        model,
+        tok,
+        train,
+        steps=ns.steps,
+        lr=ns.lr,
+        batch_size=ns.batch_size,
+        seed=ns.seed,
+        eval_dataset=held,
+        device=device,
+    )
+    with quiet_transformers():
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    evals = {k: v for k, v in res.items() if k not in CURVES}
+    summary = {"args": {k: v for k, v in vars(ns).items() if k != "fn"}, "pairs": len(train)}
+    summary.update(dropped=train.num_dropped, eval_pairs=len(held) if held else 0, **evals)
+    summary["curves"] = {k: res[k] for k in CURVES}
+    (out / "rm_summary.json").write_text(json.dumps(summary, indent=2))
+    for name in ("train", "eval"):
+        if f"{name}_before" in res:
+            before, after = res[f"{name}_before"], res[f"{name}_after"]
+            print(
+                f"{name} preference accuracy: before {before['accuracy']:.4f} -> after "
+                f"{after['accuracy']:.4f} (mean margin {after['margin']:.4f}, {after['n']} pairs)"
+            )
+    print(f"rm: {ns.steps} steps, final loss {res['loss'][-1]:.4f}; saved to {out}")
+    return 0
+
+
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.config import Config
     from proxima.models import load_causal_lm, load_tokenizer
@@ -186,6 +245,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto")
     s.set_defaults(fn=cmd_sft)
+    r = sub.add_parser("rm", help="train a reward model on prompt/chosen/rejected pairs")
+    r.add_argument("--model", required=True, help="causal-LM (e.g. SFT) or reward-model folder")
+    r.add_argument("--data", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--eval-data", help="held-out pairs, evaluated before and after")
+    r.add_argument("--steps", type=int, default=200)
+    r.add_argument("--lr", type=float, default=1e-5)
+    r.add_argument("--batch-size", type=int, default=16, help="pairs per step")
+    r.add_argument("--max-length", type=int, default=512, help="tokens of prompt + response")
+    r.add_argument("--overlong", default="error", choices=["error", "drop"])
+    r.add_argument("--prompt-key", default="prompt")
+    r.add_argument("--chosen-key", default="chosen")
+    r.add_argument("--rejected-key", default="rejected")
+    r.add_argument("--margin-key", default="", help="optional numeric margin column")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--device", default="auto")
+    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    r.set_defaults(fn=cmd_rm)
     e = sub.add_parser("eval", help="mean reward (and accuracy for 0/1 rewards) on prompts")
     e.add_argument("--model", required=True)
     e.add_argument("--data", required=True)

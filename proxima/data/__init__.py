@@ -1,5 +1,6 @@
 """Datasets: load records from disk, render and tokenize prompts, batch them."""
 
+from proxima.data.preferences import PreferenceDataset, PreferenceItem, collate_preferences
 from proxima.data.prompts import (
     PromptDataset,
     PromptItem,
@@ -11,6 +12,9 @@ from proxima.data.records import load_records
 from proxima.data.sft import SFTDataset, SFTItem, collate_sft
 
 __all__ = [
+    "PreferenceDataset",
+    "PreferenceItem",
+    "collate_preferences",
     "PromptDataset",
     "PromptItem",
     "PromptLoader",

@@ -5,6 +5,7 @@ from proxima.models.loading import (
     CRITIC_INIT,
     critic_values,
     describe_model,
+    init_reward_model,
     last_token_index,
     load_causal_lm,
     load_critic,
@@ -26,6 +27,7 @@ from proxima.models.tiny import (
 from proxima.models.tokenizers import SPECIAL_TOKENS, build_bpe_tokenizer, build_char_tokenizer
 
 __all__ = [
+    "init_reward_model",
     "ARCHITECTURES",
     "CRITIC_INIT",
     "SIZES",

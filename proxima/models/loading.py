@@ -362,3 +362,30 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
         "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
         "device": str(first.device) if first is not None else None,
     }
+
+
+def init_reward_model(
+    path: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    pad_token_id: int | None = None,
+) -> PreTrainedModel:
+    """A trainable reward model (AutoModelForSequenceClassification, num_labels=1).
+
+    From a reward-model folder: continue from it as saved. From a causal-LM folder (e.g. an
+    SFT model): its backbone plus a new head drawn like the critic's value head
+    (N(0, 1/sqrt(hidden+1)), bias 0, seeded). Dropout is off (a deterministic score).
+    """
+    folder = _check_folder(path, "model")
+    config = _config_without_dropout(folder)
+    if any(a.endswith("ForSequenceClassification") for a in config.architectures or []):
+        return _finish(load_reward_model(folder, dtype=dtype), device, trainable=True)
+    config.num_labels = 1
+    if getattr(config, "pad_token_id", None) is None and pad_token_id is not None:
+        config.pad_token_id = pad_token_id  # HF's own forward needs it for batches > 1
+    model, info = _load(AutoModelForSequenceClassification, folder, config, dtype)
+    _require_loaded(info, folder, "model", allowed=_HEAD_NAMES)
+    _set_head(model, None, seed)
+    return _finish(model, device, trainable=True)

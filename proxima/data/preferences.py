@@ -1,0 +1,170 @@
+"""Preference pairs for reward-model training: (prompt, chosen, rejected) records.
+
+Each side is tokenized exactly like an SFT example (prompt + response + EOS, prompt rendered
+with :func:`render_prompt`), so the reward model sees the same token layout it will score
+during PPO, where a finished response ends with EOS and the score is read at that last real
+token (seed 003; DeepSpeed-Chat step 2 scores chosen and rejected in one batch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from proxima.data.prompts import missing_column_error, render_prompt, tokenize_text
+
+PREFERENCE_OVERLONG = ("error", "drop")  # truncation would cut the EOS the score is read at
+
+
+@dataclass
+class PreferenceItem:
+    """One tokenized pair: both sides start with the same ``prompt_length`` prompt ids.
+
+    ``margin`` is the optional per-pair margin m of Llama 2's ranking loss (0 = plain
+    Bradley-Terry)."""
+
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    prompt_length: int
+    margin: float = 0.0
+
+
+class PreferenceDataset:
+    """Tokenized preference pairs; ``dataset[i]`` is a :class:`PreferenceItem`.
+
+    ``overlong`` handles pairs whose longer side exceeds ``max_length`` tokens: ``"error"``
+    stops with the index, ``"drop"`` skips the pair (counted in ``num_dropped``).
+    ``margin_key`` names an optional numeric column added as a margin to the loss.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[Mapping[str, Any]],
+        tokenizer: Any,
+        prompt_key: str = "prompt",
+        chosen_key: str = "chosen",
+        rejected_key: str = "rejected",
+        margin_key: str | None = None,
+        max_length: int = 1024,
+        overlong: str = "error",
+        add_bos: bool = False,
+    ) -> None:
+        if overlong not in PREFERENCE_OVERLONG:
+            raise ValueError(f"overlong={overlong!r} is not one of {PREFERENCE_OVERLONG}.")
+        if len(records) == 0:
+            raise ValueError(
+                "the preference dataset is empty; point --data at (prompt, chosen, rejected) "
+                "records."
+            )
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                "the tokenizer has no eos token, which marks where the score is read; "
+                "set tokenizer.eos_token in the model folder."
+            )
+        keys = {"--prompt-key": prompt_key, "--chosen-key": chosen_key}
+        keys["--rejected-key"] = rejected_key
+        if margin_key:
+            keys["--margin-key"] = margin_key
+        self.items: list[PreferenceItem] = []
+        self.num_dropped = 0
+        for i, record in enumerate(records):
+            item = _make_item(i, record, tokenizer, keys, add_bos)
+            if _longest(item) <= max_length:
+                self.items.append(item)
+            elif overlong == "drop":
+                self.num_dropped += 1
+            else:
+                raise _overlong_error(i, item, max_length)
+        if not self.items:
+            raise ValueError(
+                f"all {len(records)} pairs are longer than max_length={max_length} tokens and "
+                "were dropped; raise --max-length."
+            )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> PreferenceItem:
+        return self.items[index]
+
+
+def _longest(item: PreferenceItem) -> int:
+    return max(len(item.chosen_ids), len(item.rejected_ids))
+
+
+def _overlong_error(i: int, item: PreferenceItem, limit: int) -> ValueError:
+    return ValueError(
+        f"pair {i} has {_longest(item)} tokens (prompt {item.prompt_length}, chosen "
+        f"{len(item.chosen_ids)}, rejected {len(item.rejected_ids)} with the prompt), more "
+        f"than max_length={limit}; raise --max-length or drop long pairs (--overlong drop)."
+    )
+
+
+def _make_item(
+    i: int, record: Mapping[str, Any], tokenizer: Any, keys: dict[str, str], add_bos: bool
+) -> PreferenceItem:
+    """Tokenize record ``i``; ``keys`` maps each CLI option to the column it names."""
+    for option, key in keys.items():
+        if key not in record:
+            raise missing_column_error(key, record, i, f"proxima rm {option}")
+    try:
+        prompt = render_prompt(record[keys["--prompt-key"]], tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"record {i}, column {keys['--prompt-key']!r}: {exc}") from exc
+    prompt_ids = tokenize_text(prompt, tokenizer, add_bos)
+    sides = []
+    for option in ("--chosen-key", "--rejected-key"):
+        text = record[keys[option]]
+        if not isinstance(text, str):
+            raise ValueError(
+                f"record {i}: column {keys[option]!r} holds a {type(text).__name__}, expected "
+                f"the response text (a string); point `proxima rm {option}` at the text column."
+            )
+        sides.append(prompt_ids + tokenize_text(text, tokenizer) + [tokenizer.eos_token_id])
+    margin = _margin(i, record, keys.get("--margin-key"))
+    return PreferenceItem(sides[0], sides[1], len(prompt_ids), margin)
+
+
+def _margin(i: int, record: Mapping[str, Any], key: str | None) -> float:
+    if not key:
+        return 0.0
+    value = record[key]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value):
+        raise ValueError(
+            f"record {i}: margin column {key!r} holds {value!r:.50}, expected a finite number; "
+            "fix the record or drop --margin-key."
+        )
+    return float(value)
+
+
+def collate_preferences(
+    items: Sequence[PreferenceItem], pad_token_id: int | None
+) -> dict[str, torch.Tensor]:
+    """Right-pad both sides of a batch to one common width.
+
+    Returns ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids``,
+    ``rejected_attention_mask``, each [B, L] long (L = longest of all 2B sequences, so the
+    two halves stack into one [2B, L] forward pass), and ``margin`` [B] float32. The score is
+    read at the last position with attention_mask == 1 (``reward_model_scores``).
+    """
+    if pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
+        )
+    width = max(_longest(item) for item in items)
+    batch: dict[str, torch.Tensor] = {}
+    for side in ("chosen", "rejected"):
+        ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, item in enumerate(items):
+            seq = item.chosen_ids if side == "chosen" else item.rejected_ids
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = ids, mask
+    batch["margin"] = torch.tensor([item.margin for item in items], dtype=torch.float32)
+    return batch

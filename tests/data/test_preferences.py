@@ -1,0 +1,116 @@
+"""Preference pairs: prompt + chosen/rejected + EOS, right padding to one width, clear errors."""
+
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from proxima.data.preferences import PreferenceDataset, PreferenceItem, collate_preferences
+
+WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "user", ":", "hi", "assistant", "a", "b", "c", "d"]
+VOCAB = {w: i for i, w in enumerate(WORDS)}  # <pad>=0 <bos>=1 <eos>=2 user=4 a=8 b=9 c=10 d=11
+
+
+def make_tokenizer():
+    core = Tokenizer(models.WordLevel(vocab=VOCAB, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"
+    )
+
+
+def test_items_are_prompt_response_eos_on_both_sides():
+    records = [
+        {"prompt": "a b", "chosen": "c", "rejected": "d d"},
+        {"prompt": [{"role": "user", "content": "hi"}], "chosen": "a", "rejected": "b"},
+    ]
+    ds = PreferenceDataset(records, make_tokenizer(), max_length=16)
+    assert ds[0] == PreferenceItem([8, 9, 10, 2], [8, 9, 11, 11, 2], prompt_length=2)
+    # no chat template: "user: hi\nassistant: " -> user : hi assistant : (5 tokens)
+    assert ds[1] == PreferenceItem([4, 5, 6, 7, 5, 8, 2], [4, 5, 6, 7, 5, 9, 2], 5)
+    assert len(ds) == 2 and ds.num_dropped == 0
+
+
+def test_collate_right_pads_both_sides_to_one_width():
+    items = [PreferenceItem([8, 10, 2], [8, 11, 11, 2], 1), PreferenceItem([9, 2], [9, 8, 2], 1)]
+    batch = collate_preferences(items, pad_token_id=0)
+    # width 4 = longest of all four sequences, so chosen and rejected stack into [4, 4]
+    assert torch.equal(batch["chosen_input_ids"], torch.tensor([[8, 10, 2, 0], [9, 2, 0, 0]]))
+    assert torch.equal(batch["chosen_attention_mask"], torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]))
+    assert torch.equal(batch["rejected_input_ids"], torch.tensor([[8, 11, 11, 2], [9, 8, 2, 0]]))
+    expected_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    assert torch.equal(batch["rejected_attention_mask"], expected_mask)
+    assert torch.equal(batch["margin"], torch.tensor([0.0, 0.0]))
+    assert batch["margin"].dtype == torch.float32
+    with pytest.raises(ValueError, match="no pad token"):
+        collate_preferences(items, pad_token_id=None)
+
+
+def test_custom_keys_and_margin_column():
+    records = [{"q": "a", "good": "b", "bad": "c", "m": 1.5}]
+    ds = PreferenceDataset(
+        records, make_tokenizer(), prompt_key="q", chosen_key="good", rejected_key="bad"
+    )
+    assert ds[0] == PreferenceItem([8, 9, 2], [8, 10, 2], 1, margin=0.0)  # margin unused
+    ds = PreferenceDataset(
+        records,
+        make_tokenizer(),
+        prompt_key="q",
+        chosen_key="good",
+        rejected_key="bad",
+        margin_key="m",
+    )
+    assert ds[0].margin == 1.5
+    assert collate_preferences(ds.items, 0)["margin"].tolist() == [1.5]
+
+
+def test_missing_column_names_the_columns_found_and_the_option():
+    with pytest.raises(ValueError) as err:
+        PreferenceDataset([{"prompt": "a", "chosen": "b", "loser": "c"}], make_tokenizer())
+    msg = str(err.value)
+    assert "record 0 has no column 'rejected'" in msg
+    assert "['chosen', 'loser', 'prompt']" in msg and "--rejected-key" in msg
+    with pytest.raises(ValueError, match="--prompt-key"):
+        PreferenceDataset([{"question": "a", "chosen": "b", "rejected": "c"}], make_tokenizer())
+    with pytest.raises(ValueError, match=r"no column 'score'.*--margin-key"):
+        PreferenceDataset(
+            [{"prompt": "a", "chosen": "b", "rejected": "c"}], make_tokenizer(), margin_key="score"
+        )
+
+
+def test_overlong_pairs_error_with_index_and_length_or_are_dropped():
+    records = [
+        {"prompt": "a", "chosen": "b", "rejected": "c"},  # 3 tokens each side
+        {"prompt": "a", "chosen": "b", "rejected": "c d d"},  # rejected: 1 + 3 + eos = 5
+    ]
+    with pytest.raises(ValueError) as err:
+        PreferenceDataset(records, make_tokenizer(), max_length=4)
+    msg = str(err.value)
+    assert "pair 1 has 5 tokens" in msg and "max_length=4" in msg and "--max-length" in msg
+    kept = PreferenceDataset(records, make_tokenizer(), max_length=4, overlong="drop")
+    assert len(kept) == 1 and kept.num_dropped == 1 and kept[0].rejected_ids == [8, 10, 2]
+    with pytest.raises(ValueError, match="all 2 pairs are longer than max_length=2"):
+        PreferenceDataset(records, make_tokenizer(), max_length=2, overlong="drop")
+    with pytest.raises(ValueError, match="overlong='truncate' is not one of"):
+        PreferenceDataset(records, make_tokenizer(), overlong="truncate")
+
+
+@pytest.mark.parametrize(
+    ("record", "match"),
+    [
+        ({"prompt": "a", "chosen": 3, "rejected": "c"}, r"'chosen' holds a int.*--chosen-key"),
+        ({"prompt": 5, "chosen": "b", "rejected": "c"}, r"record 0, column 'prompt'"),
+        ({"prompt": "a", "chosen": "b", "rejected": "c", "m": "x"}, r"'m' holds 'x'"),
+        ({"prompt": "a", "chosen": "b", "rejected": "c", "m": math.nan}, r"'m' holds nan"),
+    ],
+)
+def test_bad_values_are_named(record, match):
+    with pytest.raises(ValueError, match=match):
+        PreferenceDataset([record], make_tokenizer(), margin_key="m" if "m" in record else None)
+
+
+def test_empty_dataset_rejected():
+    with pytest.raises(ValueError, match="preference dataset is empty"):
+        PreferenceDataset([], make_tokenizer())
