@@ -96,6 +96,14 @@ def cmd_init_model(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _fresh_out(path: str) -> Path:
+    """An --out folder that holds no model yet: nothing already written is overwritten."""
+    out = Path(path)
+    if (out / "config.json").exists():
+        raise FileExistsError(f"{out} already holds a model (config.json); choose another --out.")
+    return out
+
+
 def cmd_sft(ns: argparse.Namespace) -> int:
     from proxima.config import Config
     from proxima.models import load_causal_lm, load_tokenizer
@@ -103,6 +111,7 @@ def cmd_sft(ns: argparse.Namespace) -> int:
     from proxima.trainer.setup import load_sft, resolve_device
     from proxima.trainer.sft import sft_train
 
+    out = _fresh_out(ns.out)
     seed_everything(ns.seed)
     device = resolve_device(ns.device)
     cfg = Config()
@@ -120,9 +129,9 @@ def cmd_sft(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         device=device,
     )
-    model.save_pretrained(ns.out)
-    tok.save_pretrained(ns.out)
-    print(f"sft: {ns.steps} steps, final loss {losses[-1]:.4f}; saved to {ns.out}")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"sft: {ns.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")
     return 0
 
 
@@ -136,9 +145,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     from proxima.trainer.run import seed_everything
     from proxima.trainer.setup import resolve_device
 
-    out = Path(ns.out)
-    if (out / "config.json").exists():
-        raise FileExistsError(f"{out} already holds a model (config.json); choose another --out.")
+    out = _fresh_out(ns.out)
     seed_everything(ns.seed)
     if ns.threads:
         torch.set_num_threads(ns.threads)

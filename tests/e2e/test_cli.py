@@ -225,3 +225,14 @@ def test_overrides_without_yaml_train_the_given_model(
     assert summary["config"]["data"]["train_path"] == str(prompt_file)
     actor = AutoModelForCausalLM.from_pretrained(out / "actor", local_files_only=True)
     assert actor.config.model_type == "gpt2"
+
+
+def test_sft_refuses_to_overwrite_a_model(make_model, sft_file, tmp_path, capsys):
+    model = make_model("llama")
+    # the init folder already holds a model: `proxima sft --out` there must not replace it
+    before = (model / "model.safetensors").read_bytes()
+    rc = main(
+        ["sft", "--model", str(model), "--data", str(sft_file), "--out", str(model), "--steps", "1"]
+    )
+    assert rc == 2 and "already holds a model" in capsys.readouterr().err
+    assert (model / "model.safetensors").read_bytes() == before
