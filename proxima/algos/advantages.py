@@ -20,16 +20,17 @@ from collections.abc import Callable
 
 import torch
 
-from .masked import _check_same_shape, _select, masked_whiten
+from ._checks import check_same_shape, select
+from .masked import masked_whiten
 
 # Added to the group std in grpo (verl's epsilon) so identical outcomes do not divide by 0.
 GRPO_EPS = 1e-6
 
 
 def _prepare(token_rewards: torch.Tensor, response_mask: torch.Tensor, where: str):
-    _check_same_shape(where, token_rewards=token_rewards, response_mask=response_mask)
+    check_same_shape(where, token_rewards=token_rewards, response_mask=response_mask)
     real = response_mask.detach() != 0
-    return _select(token_rewards.detach().float(), real), real
+    return select(token_rewards.detach().float(), real), real
 
 
 @torch.no_grad()
@@ -40,7 +41,7 @@ def compute_gae(
     gamma: float = 1.0,
     lam: float = 0.95,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438; seed 000).
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
 
     Backward over real tokens: delta_t = r_t + gamma V_{t+1} - V_t and
     A_t = delta_t + gamma lam A_{t+1}, with V and A after the last real token equal to 0.
@@ -52,8 +53,8 @@ def compute_gae(
     float32, zero where the mask is 0. No whitening here (see ``masked_whiten``).
     """
     rewards, real = _prepare(token_rewards, response_mask, "compute_gae")
-    _check_same_shape("compute_gae", token_rewards=token_rewards, values=values)
-    values = _select(values.detach().float(), real)
+    check_same_shape("compute_gae", token_rewards=token_rewards, values=values)
+    values = select(values.detach().float(), real)
     advantages = torch.zeros_like(rewards)
     next_value = rewards.new_zeros(rewards.shape[0])
     running = rewards.new_zeros(rewards.shape[0])
@@ -65,7 +66,7 @@ def compute_gae(
         advantages[:, t] = torch.where(here, advantage, 0.0)
         next_value = torch.where(here, values[:, t], next_value)
         running = torch.where(here, advantage, running)
-    returns = _select(advantages + values, real)
+    returns = select(advantages + values, real)
     return advantages, returns
 
 
@@ -118,7 +119,7 @@ def _outcome_and_groups(token_rewards, response_mask, group_ids, where):
 
 def _broadcast(per_row: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Put one value per row [B] on every real token [B, T]; returns (advantages, returns)."""
-    advantages = _select(per_row.unsqueeze(-1).expand(real.shape), real)
+    advantages = select(per_row.unsqueeze(-1).expand(real.shape), real)
     return advantages, advantages.clone()
 
 

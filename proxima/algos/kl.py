@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .losses import _check_temperature, _map_row_chunks
-from .masked import _check_same_shape
+from ._checks import check_same_shape, check_temperature, map_row_chunks
 
 # Every name accepted by `kl_penalty`, aliases included.
 KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
@@ -37,7 +36,7 @@ def kl_penalty(
     ``kind`` is one of ``KL_ESTIMATORS``. The exact ``full`` KL needs logits, not log-probs:
     use ``kl_full`` for it. Masking is left to the caller (values on padding are arbitrary).
     """
-    _check_same_shape("kl_penalty", logprobs=logprobs, ref_logprobs=ref_logprobs)
+    check_same_shape("kl_penalty", logprobs=logprobs, ref_logprobs=ref_logprobs)
     if kind == "full":
         raise ValueError(
             "kl_penalty: kind 'full' needs the full logits, not sampled log-probs; "
@@ -79,8 +78,8 @@ def kl_full(
 
     Returns [B, T] float32, >= 0.
     """
-    _check_same_shape("kl_full", logits=logits, ref_logits=ref_logits)
-    _check_temperature("kl_full", temperature)
+    check_same_shape("kl_full", logits=logits, ref_logits=ref_logits)
+    check_temperature("kl_full", temperature)
 
     def chunk_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
         log_p = torch.log_softmax(p_logits.float() / temperature, dim=-1)
@@ -88,7 +87,7 @@ def kl_full(
         # Clamp tiny negative round-off: KL is non-negative.
         return (log_p.exp() * (log_p - log_q)).sum(dim=-1).clamp(min=0.0)
 
-    return _map_row_chunks(chunk_kl, logits, ref_logits, chunk_size=chunk_size)
+    return map_row_chunks(chunk_kl, logits, ref_logits, chunk_size=chunk_size)
 
 
 class FixedKLController:

@@ -1,53 +1,23 @@
 """Log-probs and entropy from logits, the clipped PPO policy loss and the clipped value loss.
 
-Formulas: PPO (Schulman et al. 2017, arXiv:1707.06347) as written in seed 000
-(DeepSpeed-Chat); dual clip from Ye et al. 2020 (arXiv:1912.09729) as in verl's
-``clip_ratio_c``. Losses return ``(loss, stats)`` with detached 0-dim float stats.
+Formulas: PPO (Schulman et al. 2017, arXiv:1707.06347) as written in DeepSpeed-Chat's
+``actor_loss_fn`` / ``critic_loss_fn``
+(https://github.com/microsoft/DeepSpeedExamples/blob/master/applications/DeepSpeed-Chat/dschat/rlhf/ppo_trainer.py);
+the dual clip of Ye et al. 2020 (arXiv:1912.09729), the clamped log-ratio and the stats as
+in verl 0.9.1's ``compute_policy_loss_vanilla`` / ``compute_value_loss``
+(https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py).
+Losses return ``(loss, stats)`` with detached 0-dim float stats.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-
 import torch
 
-from .masked import _check_same_shape, _select, aggregate_loss, masked_mean, masked_var
-
-# Default chunk budget for the vocabulary-wide ops: about 16M float32 elements (64 MB) per
-# chunk of rows, whatever the vocabulary size.
-_CHUNK_ELEMENTS = 1 << 24
+from ._checks import check_same_shape, check_temperature, map_row_chunks, select
+from .masked import aggregate_loss, masked_mean, masked_var
 
 # The log-ratio is clamped before exp so exp never overflows (verl clamps to [-20, 20]).
 LOG_RATIO_BOUND = 20.0
-
-
-def _check_temperature(where: str, temperature: float) -> None:
-    if not temperature > 0:
-        raise ValueError(f"{where}: temperature must be > 0, got {temperature}")
-
-
-def _map_row_chunks(
-    fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk_size: int | None = None
-) -> torch.Tensor:
-    """Apply fn to chunks of rows of tensors shaped [..., V] (or [...] for index tensors).
-
-    The leading dims of the first tensor are flattened into rows; fn maps each chunk to one
-    value per row. Returns those values reshaped to the leading dims (float32).
-    """
-    lead = tensors[0].shape[:-1]
-    n_rows = math.prod(lead)
-    if chunk_size is None:
-        chunk_size = max(1, _CHUNK_ELEMENTS // max(1, tensors[0].shape[-1]))
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 (or None for automatic), got {chunk_size}")
-    flat = [t.reshape(n_rows, *t.shape[len(lead) :]) for t in tensors]
-    pieces = [
-        fn(*(f[start : start + chunk_size] for f in flat)) for start in range(0, n_rows, chunk_size)
-    ]
-    if not pieces:
-        return torch.zeros(lead, dtype=torch.float32, device=tensors[0].device)
-    return torch.cat(pieces).reshape(lead)
 
 
 def logprobs_from_logits(
@@ -68,7 +38,7 @@ def logprobs_from_logits(
     float32 [B, T, V] log-softmax copy is built in one piece (when autograd is recording,
     the float32 chunks are still kept for the backward pass).
     """
-    _check_temperature("logprobs_from_logits", temperature)
+    check_temperature("logprobs_from_logits", temperature)
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"logprobs_from_logits: shape mismatch: logits {list(logits.shape)} vs labels "
@@ -80,7 +50,7 @@ def logprobs_from_logits(
         picked = scaled.gather(-1, chunk_labels.long().unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(scaled, dim=-1)
 
-    return _map_row_chunks(chunk_logprobs, logits, labels, chunk_size=chunk_size)
+    return map_row_chunks(chunk_logprobs, logits, labels, chunk_size=chunk_size)
 
 
 def entropy_from_logits(
@@ -90,13 +60,13 @@ def entropy_from_logits(
 
     logits [B, T, V] (any float dtype) -> [B, T] float32, chunked like ``logprobs_from_logits``.
     """
-    _check_temperature("entropy_from_logits", temperature)
+    check_temperature("entropy_from_logits", temperature)
 
     def chunk_entropy(chunk: torch.Tensor) -> torch.Tensor:
         z = chunk.float() / temperature
         return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
-    return _map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
+    return map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
 
 
 def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -123,8 +93,8 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate loss with the dual clip for negative advantages.
 
-    Per token (seed 000): r = exp(logprobs - old_logprobs) with the log-ratio clamped to
-    [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high));
+    Per token (PPO, arXiv:1707.06347): r = exp(logprobs - old_logprobs) with the log-ratio
+    clamped to [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high));
     the low/high bounds default to ``clip_ratio``. Dual clip (arXiv:1912.09729): where
     A < 0 the loss is further capped at -A * clip_ratio_c (must be > 1; None disables).
     The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``.
@@ -135,7 +105,7 @@ def policy_loss(
     ``ppo_kl`` = mean(old - new), ``approx_kl`` = mean(0.5 (new - old)^2), ``ratio_mean``,
     ``ratio_max`` (means and max over real tokens).
     """
-    _check_same_shape(
+    check_same_shape(
         "policy_loss",
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -156,8 +126,8 @@ def policy_loss(
         )
     mask = response_mask
     # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
-    log_ratio = _select(logprobs - old_logprobs, mask)
-    adv = _select(advantages, mask)
+    log_ratio = select(logprobs - old_logprobs, mask)
+    adv = select(advantages, mask)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
@@ -197,7 +167,7 @@ def value_loss(
     cliprange_value: float | None = 0.2,
     agg: str = "token-mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss (seed 000): 0.5 max((V - R)^2, (clip(V, V_old -+ eps) - R)^2).
+    """Clipped value loss: 0.5 max((V - R)^2, (clip(V, V_old -+ eps) - R)^2).
 
     values (current critic), old_values (at rollout time), returns, response_mask: [B, T].
     ``cliprange_value=None`` disables the clip (plain 0.5 (V - R)^2). The per-token loss is
@@ -205,7 +175,7 @@ def value_loss(
     (share of real tokens where the clipped term is strictly larger), ``explained_variance``
     (1 - Var(R - V) / Var(R) over real tokens, 0 if Var(R) = 0), ``vpred_mean``.
     """
-    _check_same_shape(
+    check_same_shape(
         "value_loss",
         values=values,
         old_values=old_values,
@@ -218,7 +188,7 @@ def value_loss(
             "use e.g. 0.2, or None to disable value clipping"
         )
     mask = response_mask
-    v, v_old, target = _select(values, mask), _select(old_values, mask), _select(returns, mask)
+    v, v_old, target = select(values, mask), select(old_values, mask), select(returns, mask)
     err = (v - target).square()
     clipfrac = torch.zeros((), dtype=err.dtype, device=err.device)
     if cliprange_value is None:

@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from ._checks import check_same_shape, select
+
 # Loss aggregation modes accepted by `aggregate_loss` (names follow verl's `loss_agg_mode`).
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -21,32 +23,10 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 WHITEN_EPS = 1e-8
 
 
-def _check_same_shape(where: str, **tensors: torch.Tensor) -> None:
-    """Raise ValueError unless every tensor has the shape of the first one.
-
-    The message names both tensors and shapes, e.g. ``policy_loss: shape mismatch:
-    logprobs [2, 3] vs response_mask [2, 4]``.
-    """
-    items = list(tensors.items())
-    first_name, first = items[0]
-    for name, tensor in items[1:]:
-        if tensor.shape != first.shape:
-            raise ValueError(
-                f"{where}: shape mismatch: {first_name} {list(first.shape)} vs "
-                f"{name} {list(tensor.shape)}; pass tensors of the same shape "
-                "([B, T] aligned on response tokens for per-token inputs)"
-            )
-
-
-def _select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x where mask is nonzero, 0 elsewhere (safe against NaN/inf on masked positions)."""
-    return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of x over positions where mask is nonzero; [B, T] -> scalar, or reduced on dim."""
-    _check_same_shape("masked_sum", x=x, mask=mask)
-    selected = _select(x, mask)
+    check_same_shape("masked_sum", x=x, mask=mask)
+    selected = select(x, mask)
     return selected.sum() if dim is None else selected.sum(dim=dim)
 
 
@@ -61,7 +41,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
     Returns 0 (not NaN) where the mask is empty: globally, or per row when dim is given.
     """
-    _check_same_shape("masked_mean", x=x, mask=mask)
+    check_same_shape("masked_mean", x=x, mask=mask)
     count = (mask != 0).sum() if dim is None else (mask != 0).sum(dim=dim)
     total = masked_sum(x, mask, dim)
     return total / count.clamp(min=1).to(total.dtype)
@@ -74,7 +54,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     positions the unbiased variance is undefined; it is returned as 0 so that callers
     (whitening, explained variance) stay finite. The biased variance of an empty mask is 0.
     """
-    _check_same_shape("masked_var", x=x, mask=mask)
+    check_same_shape("masked_var", x=x, mask=mask)
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
     if not unbiased:
@@ -96,7 +76,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
     if not shift_mean:
         whitened = whitened + mean
-    return _select(whitened, mask)
+    return select(whitened, mask)
 
 
 def aggregate_loss(
@@ -113,7 +93,7 @@ def aggregate_loss(
     The mean over rows only counts rows with at least one real token, so empty rows neither
     produce NaN nor dilute the loss; an all-empty mask gives 0.
     """
-    _check_same_shape("aggregate_loss", loss_mat=loss_mat, mask=mask)
+    check_same_shape("aggregate_loss", loss_mat=loss_mat, mask=mask)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     if mode not in AGG_MODES:

@@ -1,14 +1,15 @@
 """Token rewards: a KL penalty on every response token plus the clipped score at the last one.
 
-Seed 000 (DeepSpeed-Chat): r_t = -beta * KL_t on response tokens, and at the final token
-r_T += clip(R(x, y), -c, c).
+As in DeepSpeed-Chat's ``compute_rewards``
+(https://github.com/microsoft/DeepSpeedExamples/blob/master/applications/DeepSpeed-Chat/dschat/rlhf/ppo_trainer.py):
+r_t = -beta * KL_t on response tokens, and at the final token r_T += clip(R(x, y), -c, c).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .masked import _check_same_shape, _select
+from ._checks import check_same_shape, select
 
 
 def last_token_index(response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,14 +41,14 @@ def token_rewards(
         scores: [B] sequence scores (reward model or reward function).
         kl: [B, T] per-token KL estimate (e.g. ``kl_penalty(old_logprobs, ref_logprobs)``).
         response_mask: [B, T], nonzero on real response tokens.
-        kl_coef: beta, the KL penalty coefficient (seed default 0.1).
-        clip_reward_value: c, scores are clipped to [-c, c] (seed default 5); None disables.
+        kl_coef: beta, the KL penalty coefficient (DeepSpeed-Chat default 0.1).
+        clip_reward_value: c, scores are clipped to [-c, c] (DeepSpeed-Chat: 5); None disables.
 
     Every real token gets -kl_coef * kl; the last real token of each row (the last position
     where the mask is nonzero, so holes do not matter) also gets the clipped score. Rows with
     an empty mask get nothing. Zero wherever the mask is 0.
     """
-    _check_same_shape("token_rewards", kl=kl, response_mask=response_mask)
+    check_same_shape("token_rewards", kl=kl, response_mask=response_mask)
     if scores.shape != kl.shape[:1]:
         raise ValueError(
             f"token_rewards: shape mismatch: scores {list(scores.shape)} vs kl "
@@ -58,7 +59,7 @@ def token_rewards(
             f"token_rewards: clip_reward_value must be > 0, got {clip_reward_value}; "
             "use e.g. 5.0, or None to disable score clipping"
         )
-    rewards = _select(-kl_coef * kl.float(), response_mask)
+    rewards = select(-kl_coef * kl.float(), response_mask)
     score = scores.float()
     if clip_reward_value is not None:
         score = score.clamp(-clip_reward_value, clip_reward_value)
