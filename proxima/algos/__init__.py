@@ -6,6 +6,7 @@ real response tokens. Nothing here imports the rest of proxima.
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    SingletonGroupWarning,
     compute_advantages,
     compute_gae,
     discounted_returns,
@@ -25,7 +26,7 @@ from .masked import (
     masked_var,
     masked_whiten,
 )
-from .rewards import last_token_index, token_rewards
+from .rewards import last_token_index, shape_rewards, token_rewards
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -34,6 +35,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "RunningMoments",
+    "SingletonGroupWarning",
     "aggregate_loss",
     "compute_advantages",
     "compute_gae",
@@ -52,6 +54,7 @@ __all__ = [
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "rloo",
+    "shape_rewards",
     "token_rewards",
     "value_loss",
 ]

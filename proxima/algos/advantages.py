@@ -9,13 +9,17 @@ of its token rewards over real tokens, and follow verl's ``core_algos``. They ha
 function, so their ``returns`` equal their ``advantages`` (there is no critic to regress).
 Group statistics (grpo, rloo, reinforce_plus_plus_baseline) use ``group_ids`` [B], the
 prompt id of each row; rows of a group need not be adjacent. Only rows with at least one
-real token count as group members. A group with a single member has no baseline to compare
-against, so its advantage is 0.
+real token count as group members. A group with a single member (rollout.n = 1) has no
+baseline to compare against; as in verl, its mean is taken as 0 and its std as 1, so its
+advantage is its raw outcome (REINFORCE without a baseline; grpo divides it by 1 + eps).
+That is rarely intended with a group estimator, so it warns (``SingletonGroupWarning``,
+shown once per calling line under Python's default warning filter).
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -25,6 +29,10 @@ from .masked import masked_whiten
 
 # Added to the group std in grpo (verl's epsilon) so identical outcomes do not divide by 0.
 GRPO_EPS = 1e-6
+
+
+class SingletonGroupWarning(UserWarning):
+    """A group estimator met groups of one response: their advantage is the raw outcome."""
 
 
 def _prepare(token_rewards: torch.Tensor, response_mask: torch.Tensor, where: str):
@@ -87,7 +95,9 @@ def discounted_returns(
 def _group_stats(outcome: torch.Tensor, group_ids: torch.Tensor, member: torch.Tensor):
     """Per-row (group mean, group unbiased std, group size) over the member rows [B] each.
 
-    std is 0 for groups with fewer than two members.
+    Groups with fewer than two members get mean 0 and std 1, as verl's
+    ``compute_grpo_outcome_advantage`` does for a group of one
+    (https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py).
     """
     _, group = torch.unique(group_ids, return_inverse=True)
     weight = member.to(outcome.dtype)
@@ -97,8 +107,23 @@ def _group_stats(outcome: torch.Tensor, group_ids: torch.Tensor, member: torch.T
     mean = total / size.clamp(min=1)
     sq_dev = ((outcome - mean[group]) ** 2) * weight
     ssd = outcome.new_zeros(n_groups).index_add_(0, group, sq_dev)
-    std = torch.where(size > 1, (ssd / (size - 1).clamp(min=1)).sqrt(), 0.0)
+    std = (ssd / (size - 1).clamp(min=1)).sqrt()
+    several = size > 1
+    mean = torch.where(several, mean, 0.0)
+    std = torch.where(several, std, 1.0)
     return mean[group], std[group], size[group]
+
+
+def _warn_singletons(where: str, size: torch.Tensor, member: torch.Tensor) -> None:
+    """Warn when some member row is alone in its group (size [B], member [B] bool)."""
+    if bool((member & (size == 1)).any()):
+        warnings.warn(
+            f"{where}: some groups hold a single response, so their advantage is the raw "
+            "outcome with no group baseline (as in verl: mean 0, std 1 for a group of one); "
+            "sample several responses per prompt (rollout.n > 1) for a group baseline",
+            SingletonGroupWarning,
+            stacklevel=4,  # past this helper, the estimator and its torch.no_grad wrapper
+        )
 
 
 def _outcome_and_groups(token_rewards, response_mask, group_ids, where):
@@ -134,11 +159,13 @@ def grpo(
     """GRPO (Shao et al. 2024, arXiv:2402.03300): (outcome - group mean) / (group std + eps).
 
     std is the unbiased group std; ``norm_by_std=False`` keeps only the mean subtraction
-    (Dr. GRPO, arXiv:2503.20783). Same value on every real token of a row; singleton
-    groups get 0. Returns (advantages, returns=advantages), [B, T].
+    (Dr. GRPO, arXiv:2503.20783). Same value on every real token of a row; a group of one
+    gets outcome / (1 + eps) (mean 0, std 1, as in verl). Returns
+    (advantages, returns=advantages), [B, T].
     """
     outcome, real, member = _outcome_and_groups(token_rewards, response_mask, group_ids, "grpo")
-    mean, std, _ = _group_stats(outcome, group_ids, member)
+    mean, std, size = _group_stats(outcome, group_ids, member)
+    _warn_singletons("grpo", size, member)
     advantage = outcome - mean
     if norm_by_std:
         advantage = advantage / (std + eps)
@@ -154,12 +181,15 @@ def rloo(
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
 
     A_i = outcome_i - mean of the other members' outcomes = n / (n - 1) (outcome_i - mean).
-    Same value on every real token of a row; singleton groups get 0. Returns
+    Same value on every real token of a row; a group of one has no other member and gets
+    its raw outcome (as verl's ``compute_rloo_outcome_advantage``). Returns
     (advantages, returns=advantages), [B, T].
     """
     outcome, real, member = _outcome_and_groups(token_rewards, response_mask, group_ids, "rloo")
     mean, _, size = _group_stats(outcome, group_ids, member)
-    scale = torch.where(size > 1, size / (size - 1).clamp(min=1), 0.0)
+    _warn_singletons("rloo", size, member)
+    # A group of one has mean 0 (see _group_stats) and scale 1: A = outcome.
+    scale = torch.where(size > 1, size / (size - 1).clamp(min=1), 1.0)
     return _broadcast(scale * (outcome - mean), real)
 
 
@@ -185,13 +215,13 @@ def reinforce_plus_plus_baseline(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline: outcome - group mean on every real token, whitened.
 
-    Singleton groups have outcome - mean = 0 before whitening. Returns
+    A group of one has mean 0 (as in verl), so its raw outcome enters the whitening. Returns
     (advantages, returns=advantages), [B, T].
     """
-    outcome, real, member = _outcome_and_groups(
-        token_rewards, response_mask, group_ids, "reinforce_plus_plus_baseline"
-    )
-    mean, _, _ = _group_stats(outcome, group_ids, member)
+    where = "reinforce_plus_plus_baseline"
+    outcome, real, member = _outcome_and_groups(token_rewards, response_mask, group_ids, where)
+    mean, _, size = _group_stats(outcome, group_ids, member)
+    _warn_singletons(where, size, member)
     centred, _ = _broadcast(outcome - mean, real)
     advantages = masked_whiten(centred, real)
     return advantages, advantages.clone()

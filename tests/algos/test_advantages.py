@@ -1,10 +1,12 @@
 import math
+import warnings
 
 import pytest
 import torch
 
 from proxima.algos import (
     ADVANTAGE_ESTIMATORS,
+    SingletonGroupWarning,
     compute_advantages,
     compute_gae,
     discounted_returns,
@@ -13,6 +15,10 @@ from proxima.algos import (
     reinforce_plus_plus_baseline,
     rloo,
 )
+
+# The shared fixture has a group of one on purpose; the tests that are about its warning
+# catch it explicitly (pytest.warns overrides this filter).
+pytestmark = pytest.mark.filterwarnings("ignore::proxima.algos.SingletonGroupWarning")
 
 
 def random_ragged_mask(batch: int, width: int, gen: torch.Generator) -> torch.Tensor:
@@ -56,7 +62,11 @@ def ref_discounted_returns(rewards, mask, gamma):
 
 
 def ref_group_advantages(name, rewards, mask, group_ids):
-    """Plain-loop group estimators with the statistics module (float64 on Python floats)."""
+    """Plain-loop group estimators with the statistics module (float64 on Python floats).
+
+    A group of one gets mean 0 and std 1 (verl), so its advantage is the raw outcome
+    (divided by 1 + 1e-6 in grpo, and whitened with the rest in reinforce_plus_plus_baseline).
+    """
     import statistics
 
     outcome = [
@@ -70,14 +80,17 @@ def ref_group_advantages(name, rewards, mask, group_ids):
     per_row = []
     for b, gid in enumerate(group_ids.tolist()):
         group = members.get(gid, [])
-        if not mask[b].any() or len(group) < 2:
+        if not mask[b].any():
             per_row.append(0.0)
             continue
-        mean = statistics.fmean(group)
+        alone = len(group) == 1
+        mean = 0.0 if alone else statistics.fmean(group)
         if name == "grpo":
-            per_row.append((outcome[b] - mean) / (statistics.stdev(group) + 1e-6))
+            std = 1.0 if alone else statistics.stdev(group)
+            per_row.append((outcome[b] - mean) / (std + 1e-6))
         elif name == "rloo":
-            per_row.append(outcome[b] - (sum(group) - outcome[b]) / (len(group) - 1))
+            others = 0.0 if alone else (sum(group) - outcome[b]) / (len(group) - 1)
+            per_row.append(outcome[b] - others)
         else:
             per_row.append(outcome[b] - mean)
     adv = torch.tensor(per_row).unsqueeze(-1) * (mask != 0)
@@ -234,18 +247,18 @@ def _row_values(adv: torch.Tensor) -> list[float]:
 def test_grpo_literal():
     # Group 0: outcomes 1, 3, 5 -> mean 3, unbiased std sqrt((4 + 0 + 4) / 2) = 2.
     # Group 1: outcomes 2, 4 -> mean 3, unbiased std sqrt((1 + 1) / 1) = sqrt 2.
-    # Group 2: one member -> 0.
+    # Group 2: one member, outcome 7 -> mean 0, std 1 (verl) -> 7 / (1 + 1e-6).
     adv, ret = grpo(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS)
     s2 = math.sqrt(2.0) + 1e-6
-    expected = [-2 / 2.000001, -1 / s2, 0.0, 1 / s2, 2 / 2.000001, 0.0]
+    expected = [-2 / 2.000001, -1 / s2, 0.0, 1 / s2, 2 / 2.000001, 7 / 1.000001]
     assert _row_values(adv) == pytest.approx(expected, rel=1e-6)
     torch.testing.assert_close(ret, adv)
 
 
 def test_grpo_without_std():
-    # Mean subtraction only: group 0 -> -2, 0, 2; group 1 -> -1, 1; singleton -> 0.
+    # Mean subtraction only: group 0 -> -2, 0, 2; group 1 -> -1, 1; singleton 7 - 0 = 7.
     adv, _ = grpo(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS, norm_by_std=False)
-    assert _row_values(adv) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 0.0])
+    assert _row_values(adv) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 7.0])
 
 
 def test_grpo_identical_outcomes_give_zero():
@@ -256,21 +269,99 @@ def test_grpo_identical_outcomes_give_zero():
 def test_rloo_literal():
     # A_i = outcome_i - mean of the other members.
     # Group 0: 1 - (3 + 5) / 2 = -3, 3 - (1 + 5) / 2 = 0, 5 - (1 + 3) / 2 = 3.
-    # Group 1: 2 - 4 = -2, 4 - 2 = 2. Singleton -> 0.
+    # Group 1: 2 - 4 = -2, 4 - 2 = 2. Singleton: no other member -> raw outcome 7 (verl).
     adv, ret = rloo(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS)
-    assert _row_values(adv) == pytest.approx([-3.0, -2.0, 0.0, 2.0, 3.0, 0.0])
+    assert _row_values(adv) == pytest.approx([-3.0, -2.0, 0.0, 2.0, 3.0, 7.0])
     torch.testing.assert_close(ret, adv)
 
 
 def test_reinforce_plus_plus_baseline_literal():
-    # outcome - group mean = -2, -1, 0, 1, 2, 0 on both real tokens of each row.
-    # Token values: each twice -> mean 0, sum of squares 2 * (4 + 1 + 0 + 1 + 4 + 0) = 20,
-    # unbiased var 20 / 11 -> advantage = centred / sqrt(20 / 11 + 1e-8).
+    # outcome - group mean = -2, -1, 0, 1, 2 and 7 - 0 = 7 for the singleton (mean 0, verl),
+    # on both real tokens of each row: 12 token values, sum 2 * 7 = 14, mean 7/6,
+    # sum of squares 2 * (4 + 1 + 0 + 1 + 4 + 49) = 118, squared deviations
+    # 118 - 12 * (7/6)^2 = 305/3, unbiased var (305/3) / 11 = 305/33
+    # -> advantage = (centred - 7/6) / sqrt(305/33 + 1e-8).
     adv, ret = reinforce_plus_plus_baseline(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS)
-    scale = 1.0 / math.sqrt(20.0 / 11.0 + 1e-8)
-    expected = [v * scale for v in (-2.0, -1.0, 0.0, 1.0, 2.0, 0.0)]
+    scale = 1.0 / math.sqrt(305.0 / 33.0 + 1e-8)
+    expected = [(v - 7.0 / 6.0) * scale for v in (-2.0, -1.0, 0.0, 1.0, 2.0, 7.0)]
     assert _row_values(adv) == pytest.approx(expected, rel=1e-6, abs=1e-7)
     torch.testing.assert_close(ret, adv)
+
+
+# rollout.n = 1: every prompt has one response. Outcomes (sums over real tokens):
+# row 0: 1 + 2 = 3, row 1: -4 (the 100 sits on padding), row 2: 0.5.
+SOLO_REWARDS = torch.tensor([[1.0, 2.0], [-4.0, 100.0], [0.5, 0.0]])
+SOLO_MASK = torch.tensor([[1, 1], [1, 0], [1, 1]])
+SOLO_IDS = torch.tensor([0, 1, 2])
+
+
+def test_grpo_group_of_one_is_raw_score_like_verl():
+    # verl: a group of one has mean 0 and std 1 -> A = (outcome - 0) / (1 + 1e-6);
+    # without std normalisation A = outcome - 0.
+    with pytest.warns(SingletonGroupWarning, match="grpo: some groups hold a single response"):
+        adv, ret = grpo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS)
+    expected = torch.tensor([[3.0, 3.0], [-4.0, 0.0], [0.5, 0.5]]) / 1.000001
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected)
+    with pytest.warns(SingletonGroupWarning):
+        adv, _ = grpo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS, norm_by_std=False)
+    torch.testing.assert_close(adv, torch.tensor([[3.0, 3.0], [-4.0, 0.0], [0.5, 0.5]]))
+
+
+def test_rloo_group_of_one_is_raw_score_like_verl():
+    # verl's rloo leaves a score alone when its group has one response: A = outcome.
+    with pytest.warns(SingletonGroupWarning, match="rloo: "):
+        adv, ret = rloo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS)
+    expected = torch.tensor([[3.0, 3.0], [-4.0, 0.0], [0.5, 0.5]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected)
+
+
+def test_reinforce_plus_plus_baseline_group_of_one_whitens_raw_scores():
+    # Baseline 0 for groups of one -> the raw outcomes 3, 3, -4, 0.5, 0.5 are whitened over
+    # the 5 real tokens: sum 3, mean 0.6; squared deviations 2 * 2.4^2 + 4.6^2 + 2 * 0.1^2
+    # = 11.52 + 21.16 + 0.02 = 32.7, unbiased var 32.7 / 4 = 8.175.
+    with pytest.warns(SingletonGroupWarning, match="reinforce_plus_plus_baseline: "):
+        adv, _ = reinforce_plus_plus_baseline(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS)
+    scale = 1.0 / math.sqrt(8.175 + 1e-8)
+    expected = torch.tensor([[2.4, 2.4], [-4.6, 0.0], [-0.1, -0.1]]) * scale
+    torch.testing.assert_close(adv, expected)
+
+
+def test_group_of_one_next_to_an_empty_row_is_still_a_group_of_one():
+    # Rows 0 and 1 share prompt 0 but row 1 is empty (not a member): row 0 (outcome 3) is
+    # alone -> raw score 3 in rloo; the empty row stays 0.
+    mask = torch.tensor([[1, 1], [0, 0]])
+    with pytest.warns(SingletonGroupWarning):
+        adv, _ = rloo(SOLO_REWARDS[:2], mask, group_ids=torch.tensor([0, 0]))
+    torch.testing.assert_close(adv, torch.tensor([[3.0, 3.0], [0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_group_estimators_do_not_warn_without_groups_of_one(name):
+    # Groups {0, 2} and {1, 3}; an all-empty group (rows 4, 5 of prompt 9) is not a group
+    # of one either.
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [0, 1], [0, 0], [0, 0]])
+    ids = torch.tensor([0, 1, 0, 1, 9, 9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ADVANTAGE_ESTIMATORS[name](torch.ones(6, 2), mask, group_ids=ids)
+
+
+def test_singleton_warning_is_shown_once_per_calling_line_and_points_at_the_caller():
+    # Under Python's default filter a warning with the same text from the same line is
+    # shown once: a training loop calling compute_advantages every step warns once.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            compute_advantages("grpo", SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS)
+    assert len(caught) == 1
+    assert issubclass(caught[0].category, SingletonGroupWarning)
+    assert caught[0].filename.endswith("advantages.py")  # the compute_advantages line
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        rloo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS)
+    assert caught[0].filename == __file__
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -298,7 +389,7 @@ def test_compute_advantages_dispatch():
     gae = compute_advantages("gae", GROUP_REWARDS, mask, values=values, gamma=0.9, lam=0.5)
     torch.testing.assert_close(gae[0], compute_gae(GROUP_REWARDS, values, mask, 0.9, 0.5)[0])
     g = compute_advantages("grpo", GROUP_REWARDS, mask, group_ids=GROUP_IDS, norm_by_std=False)
-    assert _row_values(g[0]) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 0.0])
+    assert _row_values(g[0]) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 7.0])
     # gamma is forwarded to reinforce_plus_plus; values are ignored by critic-free ones.
     rpp = compute_advantages("reinforce_plus_plus", GROUP_REWARDS, mask, values=values, gamma=0.5)
     torch.testing.assert_close(rpp[0], reinforce_plus_plus(GROUP_REWARDS, mask, gamma=0.5)[0])

@@ -1,5 +1,6 @@
 """Property tests (hypothesis) for the invariants the PPO math must keep."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,9 @@ from proxima.algos import (
 )
 
 SETTINGS = settings(max_examples=40, deadline=None)
+
+# Random group ids make groups of one; their warning is tested in test_advantages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::proxima.algos.SingletonGroupWarning")
 
 
 @st.composite
