@@ -5,8 +5,10 @@ All functions take per-token rewards [B, T] (from ``token_rewards``) and a respo
 and are computed without gradients (inputs are detached).
 
 Critic-free estimators (``ADVANTAGE_ESTIMATORS``) score a sequence by its outcome, the sum
-of its token rewards over real tokens, and follow verl's ``core_algos``. They have no value
-function, so their ``returns`` equal their ``advantages`` (there is no critic to regress).
+of its token rewards over real tokens, and follow verl 0.9.1's ``core_algos.py``
+(https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py). They have no
+value function; as in verl their ``returns`` equal their ``advantages``, except
+reinforce_plus_plus, whose returns are the discounted returns before whitening.
 Group statistics (grpo, rloo, reinforce_plus_plus_baseline) use ``group_ids`` [B], the
 prompt id of each row; rows of a group need not be adjacent. Only rows with at least one
 real token count as group members. A group with a single member (rollout.n = 1) has no
@@ -199,12 +201,13 @@ def reinforce_plus_plus(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted return-to-go, whitened over the batch.
 
-    G_t = r_t + gamma G_{t+1} over real tokens, then ``masked_whiten`` over all real tokens.
-    Returns (advantages, returns=advantages), [B, T].
+    G_t = r_t + gamma G_{t+1} over real tokens; advantages = ``masked_whiten`` of G over all
+    real tokens. Returns (advantages, returns=G), [B, T]: the returns are the discounted
+    returns before whitening, as verl's ``compute_reinforce_plus_plus_outcome_advantage``.
     """
     returns = discounted_returns(token_rewards, response_mask, gamma)
     advantages = masked_whiten(returns, response_mask != 0)
-    return advantages, advantages.clone()
+    return advantages, returns
 
 
 @torch.no_grad()

@@ -213,7 +213,23 @@ def test_reinforce_plus_plus_literal():
     scale = 1.0 / math.sqrt(1.25 + 1e-8)
     expected = torch.tensor([[-0.5, 0.25, -0.25], [1.75, 0.0, -1.25]]) * scale
     torch.testing.assert_close(adv, expected)
-    torch.testing.assert_close(ret, adv)
+    # Returns are the discounted returns before whitening (verl), 0 on the hole.
+    torch.testing.assert_close(ret, torch.tensor([[2.75, 3.5, 3.0], [5.0, 0.0, 2.0]]))
+
+
+def test_reinforce_plus_plus_returns_are_unwhitened_discounted_returns():
+    # gamma 1: row 0 rewards [0, 0, 1] -> G = [1, 1, 1]; row 1 [0, 2, pad 9] -> G = [2, 2, 0].
+    # Advantages whiten G over the 5 real tokens (mean 7/5, not the returns); the returns
+    # are G itself, as verl's reinforce_plus_plus returns them, also through the registry.
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    expected_returns = torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
+    adv, ret = compute_advantages("reinforce_plus_plus", rewards, mask, gamma=1.0)
+    torch.testing.assert_close(ret, expected_returns)
+    # Squared deviations from 7/5: 3 * (2/5)^2 + 2 * (3/5)^2 = 30/25, unbiased var 30/100.
+    scale = 1.0 / math.sqrt(0.3 + 1e-8)
+    expected_adv = torch.tensor([[-0.4, -0.4, -0.4], [0.6, 0.6, 0.0]]) * scale
+    torch.testing.assert_close(adv, expected_adv)
 
 
 # Six rows whose outcomes (sums of real-token rewards) are 1, 2, 3, 4, 5, 7; junk (50) sits on
