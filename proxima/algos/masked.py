@@ -16,7 +16,13 @@ import torch
 from ._checks import check_same_shape, select
 
 # Loss aggregation modes accepted by `aggregate_loss` (names follow verl's `loss_agg_mode`).
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
 
 # Added to the variance inside the rsqrt of `masked_whiten` so constant inputs do not divide
 # by zero (the value used by DeepSpeed-Chat / TRL whitening).
@@ -84,8 +90,11 @@ def aggregate_loss(
 ) -> torch.Tensor:
     """Reduce a per-token loss [B, T] to a scalar.
 
-    Modes (see verl ``agg_loss`` and the Dr. GRPO paper, arXiv:2503.20783):
+    Modes (see verl 0.9.1's ``agg_loss`` in ``verl/trainer/ppo/core_algos.py`` and the
+    Dr. GRPO paper, arXiv:2503.20783):
       - ``token-mean``: mean over all real tokens of the batch.
+      - ``token-sum``: sum over all real tokens of the batch (not normalised: the loss, and
+        so the gradient, grows with the number of tokens).
       - ``seq-mean-token-sum``: per-row sum over tokens, then mean over rows.
       - ``seq-mean-token-mean``: per-row mean over tokens, then mean over rows.
       - ``seq-mean-token-sum-norm``: per-row sum divided by the mask's width T (a constant,
@@ -96,6 +105,8 @@ def aggregate_loss(
     check_same_shape("aggregate_loss", loss_mat=loss_mat, mask=mask)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
+    if mode == "token-sum":
+        return masked_sum(loss_mat, mask)
     if mode not in AGG_MODES:
         raise ValueError(
             f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}"

@@ -172,6 +172,12 @@ def test_policy_loss_aggregation_mode_is_used():
     assert loss.item() == pytest.approx(0.7, rel=1e-6)
 
 
+def test_policy_loss_token_sum():
+    # token-sum: the six per-token losses summed, -2.2 - 1.2 - 0.5 + 0.8 + 1.5 + 3 = 1.4.
+    loss, _ = policy_loss(LOGPROBS, OLD, ADV, PMASK, agg="token-sum")
+    assert loss.item() == pytest.approx(1.4, rel=1e-6)
+
+
 def test_policy_loss_clamps_log_ratio():
     # log-ratio 100 is clamped to 20: ratio e^20 stays finite; A = 1 so the upper clip binds.
     loss, stats = policy_loss(
@@ -234,6 +240,12 @@ def test_value_loss_gradients_zero_where_clip_binds():
     value_loss(values, V_OLD, RET, VMASK)[0].backward()
     expected = torch.tensor([[-0.2, 2.0, 0.0], [0.0, -1.5, 0.0]]) / 5
     torch.testing.assert_close(values.grad, expected)
+
+
+def test_value_loss_token_sum():
+    # token-sum: 0.02 + 2 + 1.62 + 1.62 + 1.125 = 6.385 (0.5 inside each token's loss).
+    loss, _ = value_loss(V, V_OLD, RET, VMASK, agg="token-sum")
+    assert loss.item() == pytest.approx(6.385, rel=1e-6)
 
 
 def test_value_loss_without_clip():

@@ -99,6 +99,7 @@ def test_masked_whiten_constant_input_is_zero():
     ("mode", "expected"),
     [
         ("token-mean", 13.0 / 4.0),  # (1 + 3 + 4 + 5) / 4
+        ("token-sum", 13.0),  # 1 + 3 + 4 + 5 (verl token-sum; the empty row adds nothing)
         ("seq-mean-token-sum", (8.0 + 5.0) / 2.0),
         ("seq-mean-token-mean", (8.0 / 3.0 + 5.0) / 2.0),
         ("seq-mean-token-sum-norm", (8.0 / 4.0 + 5.0 / 4.0) / 2.0),  # width T = 4
@@ -106,6 +107,13 @@ def test_masked_whiten_constant_input_is_zero():
 )
 def test_aggregate_loss_modes(mode, expected):
     assert aggregate_loss(X, M, mode).item() == pytest.approx(expected)
+
+
+def test_aggregate_loss_token_sum_gradient_is_one_on_real_tokens():
+    # d/dx sum over real tokens = 1 on each real token, 0 elsewhere (no 1/N normalisation).
+    x = X.clone().requires_grad_(True)
+    aggregate_loss(x, M, "token-sum").backward()
+    torch.testing.assert_close(x.grad, M.float())
 
 
 def test_aggregate_loss_default_is_token_mean():
