@@ -9,6 +9,14 @@ d = log pi(token) - log ref(token):
 - ``k2`` (alias ``mse``): 0.5 d^2. Biased, always >= 0.
 - ``k3`` (alias ``low_var_kl``): r - 1 - log r with r = ref / pi = exp(-d), i.e.
   exp(-d) - 1 + d. Unbiased and always >= 0, low variance.
+
+Straight-through variants (any name above with a ``+`` suffix: ``k1+``, ``kl+``, ``abs+``,
+``k2+``, ``mse+``, ``k3+``, ``low_var_kl+``), as verl 0.9.1's ``kl_penalty``
+(https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py): the value is
+the base estimator's, the gradient is k2's (d, w.r.t. logprobs). k1 and k3 have the right
+expected value but not the right expected gradient of KL(pi || ref) as a loss; k2's
+gradient is the right one (same blog post). This only matters for a KL *loss*: as a reward
+penalty no gradient flows. ``k2+`` equals ``k2``.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import torch
 
 from ._checks import check_same_shape, check_temperature, map_row_chunks
 
-# Every name accepted by `kl_penalty`, aliases included.
-KL_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+_BASE_ESTIMATORS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+# Every name accepted by `kl_penalty`, aliases and straight-through (+) variants included.
+KL_ESTIMATORS = (*_BASE_ESTIMATORS, *(f"{name}+" for name in _BASE_ESTIMATORS))
 _CANONICAL = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 
 # k3 guards (the same bounds verl uses for low_var_kl): exp(-d) overflows float32 for
@@ -28,13 +37,30 @@ K3_LOG_RATIO_BOUND = 20.0
 K3_VALUE_BOUND = 10.0
 
 
+def _estimate(d: torch.Tensor, kind: str) -> torch.Tensor:
+    """The base estimator ``kind`` (canonical: k1, abs, k2 or k3) of d [B, T] -> [B, T]."""
+    if kind == "k1":
+        return d
+    if kind == "abs":
+        return d.abs()
+    if kind == "k2":
+        return 0.5 * d.square()
+    # For small |d| the result (~d^2 / 2) is far below float32 resolution of exp(-d) - 1, so
+    # the sum cancels; float64 with expm1 keeps it accurate ([B, T] only, so cheap).
+    d64 = d.double().clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    k3 = (torch.expm1(-d64) + d64).clamp(-K3_VALUE_BOUND, K3_VALUE_BOUND)
+    return k3.to(d.dtype)
+
+
 def kl_penalty(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1"
 ) -> torch.Tensor:
     """Per-token KL estimate [B, T] from the sampled tokens' log-probs [B, T] (see module doc).
 
-    ``kind`` is one of ``KL_ESTIMATORS``. The exact ``full`` KL needs logits, not log-probs:
-    use ``kl_full`` for it. Masking is left to the caller (values on padding are arbitrary).
+    ``kind`` is one of ``KL_ESTIMATORS``; a ``+`` suffix keeps the value of the base
+    estimator and takes the gradient of k2 (straight-through, as in verl). The exact
+    ``full`` KL needs logits, not log-probs: use ``kl_full`` for it. Masking is left to the
+    caller (values on padding are arbitrary).
     """
     check_same_shape("kl_penalty", logprobs=logprobs, ref_logprobs=ref_logprobs)
     if kind == "full":
@@ -47,19 +73,15 @@ def kl_penalty(
         raise ValueError(
             f"kl_penalty: unknown KL estimator {kind!r}; valid names: {', '.join(KL_ESTIMATORS)}"
         )
-    kind = _CANONICAL.get(kind, kind)
+    straight_through = kind.endswith("+")
+    base = _CANONICAL.get(kind.removesuffix("+"), kind.removesuffix("+"))
     d = logprobs - ref_logprobs
-    if kind == "k1":
-        return d
-    if kind == "abs":
-        return d.abs()
-    if kind == "k2":
-        return 0.5 * d.square()
-    # For small |d| the result (~d^2 / 2) is far below float32 resolution of exp(-d) - 1, so
-    # the sum cancels; float64 with expm1 keeps it accurate ([B, T] only, so cheap).
-    d64 = d.double().clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
-    k3 = (torch.expm1(-d64) + d64).clamp(-K3_VALUE_BOUND, K3_VALUE_BOUND)
-    return k3.to(d.dtype)
+    value = _estimate(d, base)
+    if not straight_through or base == "k2":
+        return value
+    # k2 - k2.detach() is exactly 0 in the forward pass and carries k2's gradient.
+    k2 = 0.5 * d.square()
+    return k2 - k2.detach() + value.detach()
 
 
 def kl_full(

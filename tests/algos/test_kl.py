@@ -61,6 +61,85 @@ def test_k3_is_accurate_for_tiny_log_ratios():
     assert out.dtype == torch.float32
 
 
+# Straight-through names: base estimator and the name with its "+" suffix.
+PLUS = [
+    ("k1", "k1+"),
+    ("kl", "kl+"),
+    ("abs", "abs+"),
+    ("k2", "k2+"),
+    ("mse", "mse+"),
+    ("k3", "k3+"),
+    ("low_var_kl", "low_var_kl+"),
+]
+
+
+def test_straight_through_names_are_accepted():
+    for _, plus in PLUS:
+        assert plus in KL_ESTIMATORS
+
+
+@pytest.mark.parametrize(
+    ("plus", "expected"),
+    [
+        # Values are the base estimator's, on d = [0.5, -1, 0] (see the tests above).
+        ("k1+", [0.5, -1.0, 0.0]),
+        ("kl+", [0.5, -1.0, 0.0]),
+        ("abs+", [0.5, 1.0, 0.0]),
+        ("k2+", [0.125, 0.5, 0.0]),
+        ("mse+", [0.125, 0.5, 0.0]),
+        ("k3+", [math.exp(-0.5) - 0.5, math.e - 2.0, 0.0]),
+        ("low_var_kl+", [math.exp(-0.5) - 0.5, math.e - 2.0, 0.0]),
+    ],
+)
+def test_straight_through_value_is_the_base_estimators(plus, expected):
+    out = kl_penalty(LOGP, REF, plus)
+    torch.testing.assert_close(out, torch.tensor([expected]))
+    base = plus[:-1]
+    assert torch.equal(out, kl_penalty(LOGP, REF, base))  # bit for bit
+
+
+@pytest.mark.parametrize(("base", "plus"), PLUS)
+def test_straight_through_gradient_is_k2s(base, plus):
+    # Gradient of k2 = 0.5 d^2: d/d logprobs = d = [0.5, -1, 0], d/d ref_logprobs = -d.
+    logp = LOGP.clone().requires_grad_(True)
+    ref = REF.clone().requires_grad_(True)
+    kl_penalty(logp, ref, plus).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.5, -1.0, 0.0]]))
+    torch.testing.assert_close(ref.grad, torch.tensor([[-0.5, 1.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        # d/dd of d is 1; of |d| is sign(d) (0 at 0); of exp(-d) - 1 + d is 1 - exp(-d):
+        # 1 - e^-0.5 = 0.39346934, 1 - e = -1.71828183, 0.
+        ("k1", [1.0, 1.0, 1.0]),
+        ("abs", [1.0, -1.0, 0.0]),
+        ("k2", [0.5, -1.0, 0.0]),
+        ("k3", [1.0 - math.exp(-0.5), 1.0 - math.e, 0.0]),
+    ],
+)
+def test_plain_estimators_keep_their_own_gradient(kind, expected):
+    logp = LOGP.clone().requires_grad_(True)
+    kl_penalty(logp, REF, kind).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([expected]))
+
+
+def test_k3_plus_keeps_the_clamped_value_and_the_unclamped_k2_gradient():
+    # d = -3: k3 = e^3 - 4 = 16.09 -> clamped to 10, gradient still d = -3;
+    # d = 1000: k3 clamped to 10 (d clamped to 20 first), gradient d = 1000.
+    d = torch.tensor([-3.0, 1000.0], requires_grad=True)
+    out = kl_penalty(d, torch.zeros(2), "k3+")
+    assert out.tolist() == [10.0, 10.0]
+    out.sum().backward()
+    assert d.grad.tolist() == [-3.0, 1000.0]
+
+
+def test_full_plus_is_unknown():
+    with pytest.raises(ValueError, match="unknown KL estimator 'full\\+'"):
+        kl_penalty(LOGP, REF, "full+")
+
+
 def test_full_points_to_kl_full():
     with pytest.raises(ValueError, match="kl_full"):
         kl_penalty(LOGP, REF, "full")

@@ -162,10 +162,11 @@ def test_logprobs_and_entropy_equal_naive_float64(
 def test_kl_estimators_nonnegative(d):
     logp = torch.tensor(d)
     ref = torch.zeros_like(logp)
-    for kind in ("abs", "k2", "mse", "k3", "low_var_kl"):
+    for kind in ("abs", "k2", "mse", "k3", "low_var_kl", "abs+", "k2+", "k3+", "low_var_kl+"):
         out = kl_penalty(logp, ref, kind)
         assert torch.all(out >= 0) and torch.all(torch.isfinite(out)), kind
     assert torch.all(kl_penalty(logp, ref, "k3") <= 10.0)
+    assert torch.all(kl_penalty(logp, ref, "k3+") <= 10.0)
 
 
 @SETTINGS
