@@ -102,7 +102,8 @@ def policy_loss(
     All of logprobs, old_logprobs, advantages, response_mask are [B, T]. Returns
     (0-dim loss, stats) with detached 0-dim stats: ``clipfrac`` (share of tokens where the
     clipped term is strictly larger), ``clipfrac_lower`` (share where the dual clip binds),
-    ``ppo_kl`` = mean(old - new), ``approx_kl`` = mean(0.5 (new - old)^2), ``ratio_mean``,
+    ``ppo_kl`` = mean(-clamp(new - old, -20, 20)) (the clamped log-ratio the loss uses, as
+    verl's ``ppo_kl``), ``approx_kl`` = mean(0.5 (new - old)^2) (unclamped), ``ratio_mean``,
     ``ratio_max`` (means and max over real tokens).
     """
     check_same_shape(
@@ -128,7 +129,8 @@ def policy_loss(
     # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
     log_ratio = select(logprobs - old_logprobs, mask)
     adv = select(advantages, mask)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    clamped_log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = torch.exp(clamped_log_ratio)
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
     loss_mat = torch.maximum(loss_unclipped, loss_clipped)
@@ -141,7 +143,7 @@ def policy_loss(
     stats = _detached_stats(
         clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),
         clipfrac_lower=masked_mean(dual_binds.float(), mask),
-        ppo_kl=masked_mean(-log_ratio, mask),
+        ppo_kl=masked_mean(-clamped_log_ratio, mask),
         approx_kl=masked_mean(0.5 * log_ratio.square(), mask),
         ratio_mean=masked_mean(ratio, mask),
         ratio_max=_masked_max(ratio, mask),

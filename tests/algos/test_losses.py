@@ -187,6 +187,23 @@ def test_policy_loss_clamps_log_ratio():
     assert stats["ratio_max"].item() == pytest.approx(math.exp(20.0), rel=1e-6)
 
 
+def test_policy_loss_ppo_kl_uses_the_clamped_log_ratio():
+    # Log-ratios 100, -50, ln 2 are clamped to 20, -20, ln 2 before exp (verl clamps
+    # negative_approx_kl to [-20, 20] and takes ppo_kl = mean(-clamped)):
+    # ppo_kl = -(20 - 20 + ln 2) / 3 = -ln(2) / 3, not -(100 - 50 + ln 2) / 3.
+    # approx_kl stays on the unclamped log-ratio: 0.5 (100^2 + 50^2 + ln(2)^2) / 3.
+    logprobs = torch.tensor([[100.0, -50.0, LN(2.0)]])
+    zeros = torch.zeros(1, 3)
+    _, stats = policy_loss(logprobs, zeros, torch.ones(1, 3), torch.ones(1, 3))
+    assert stats["ppo_kl"].item() == pytest.approx(-LN(2.0) / 3, rel=1e-6)
+    assert stats["approx_kl"].item() == pytest.approx(
+        0.5 * (100.0**2 + 50.0**2 + LN(2.0) ** 2) / 3, rel=1e-6
+    )
+    # ratio_mean = (e^20 + e^-20 + 2) / 3.
+    expected_ratio_mean = (math.exp(20.0) + math.exp(-20.0) + 2.0) / 3
+    assert stats["ratio_mean"].item() == pytest.approx(expected_ratio_mean, rel=1e-6)
+
+
 def test_policy_loss_errors_and_inputs_untouched():
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
         policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=1.0)
