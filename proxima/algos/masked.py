@@ -75,14 +75,20 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     """Normalise x to zero mean and unit (unbiased) variance over the masked positions.
 
     [B, T] -> [B, T]: (x - mean) * rsqrt(var + 1e-8); with ``shift_mean=False`` the mean is
-    added back (only the scale changes, as in TRL's whiten). Zero on masked-out positions.
+    added back (only the scale changes, as in TRL's whiten). Zero on masked-out positions;
+    same dtype as x.
+
+    Computed in float64: the rsqrt(1e-8) = 1e4 factor magnifies rounding in x - mean, and a
+    constant input (e.g. one outcome broadcast over a row's tokens) must give exactly 0
+    whatever the padding; n equal float32 values sum and divide back exactly in float64.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
-    whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
+    x64 = x.double()
+    mean = masked_mean(x64, mask)
+    var = masked_var(x64, mask, unbiased=True)
+    whitened = (x64 - mean) * torch.rsqrt(var + WHITEN_EPS)
     if not shift_mean:
         whitened = whitened + mean
-    return select(whitened, mask)
+    return select(whitened, mask).to(x.dtype)
 
 
 def aggregate_loss(

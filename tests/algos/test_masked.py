@@ -93,6 +93,15 @@ def test_masked_whiten_constant_input_is_zero():
     assert torch.equal(out, torch.zeros(2, 3))
 
 
+def test_masked_whiten_constant_is_exactly_zero_when_float32_mean_rounds():
+    # 0.7 on 7 tokens: in float32, sum / 7 misses 0.7 by 6e-8, which rsqrt(1e-8) = 1e4
+    # would turn into 6e-4; in float64 7 * 0.7f / 7 is exactly 0.7f, so the result is 0.
+    x = torch.full((2, 5), 0.7)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    out = masked_whiten(x, mask)
+    assert torch.equal(out, torch.zeros(2, 5)) and out.dtype == torch.float32
+
+
 # Per-token losses for aggregate_loss: row 0 real (1, 3, 4) -> sum 8, mean 8/3;
 # row 1 real (5) -> sum 5, mean 5; row 2 empty and not counted in the seq modes.
 @pytest.mark.parametrize(
