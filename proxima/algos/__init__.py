@@ -16,7 +16,13 @@ from .advantages import (
     rloo,
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
-from .losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from .losses import (
+    EmptyMaskWarning,
+    entropy_from_logits,
+    logprobs_from_logits,
+    policy_loss,
+    value_loss,
+)
 from .masked import (
     AGG_MODES,
     RunningMoments,
@@ -33,6 +39,7 @@ __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
+    "EmptyMaskWarning",
     "FixedKLController",
     "RunningMoments",
     "SingletonGroupWarning",

@@ -11,6 +11,8 @@ Losses return ``(loss, stats)`` with detached 0-dim float stats.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ._checks import check_same_shape, check_temperature, map_row_chunks, select
@@ -69,6 +71,21 @@ def entropy_from_logits(
     return map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
 
 
+class EmptyMaskWarning(UserWarning):
+    """policy_loss or value_loss got a response_mask with no real token: the loss is 0."""
+
+
+def _warn_if_empty(where: str, mask: torch.Tensor) -> None:
+    """Warn once per call when the mask has no real token (the loss is then 0, gradient 0)."""
+    if not bool((mask != 0).any()):
+        warnings.warn(
+            f"{where}: response_mask has no real token; the loss is 0 with a zero gradient "
+            "and the stats are 0 (check the micro-batch: every response may be empty)",
+            EmptyMaskWarning,
+            stacklevel=3,  # the caller of policy_loss / value_loss
+        )
+
+
 def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Max of x over real positions; 0 when the mask is empty."""
     if not (mask != 0).any():
@@ -105,6 +122,9 @@ def policy_loss(
     ``ppo_kl`` = mean(-clamp(new - old, -20, 20)) (the clamped log-ratio the loss uses, as
     verl's ``ppo_kl``), ``approx_kl`` = mean(0.5 (new - old)^2) (unclamped), ``ratio_mean``,
     ``ratio_max`` (means and max over real tokens).
+
+    A response_mask with no real token gives loss 0 (finite, zero gradient, in every ``agg``
+    mode; verl gives NaN), all stats 0, and an ``EmptyMaskWarning`` per call.
     """
     check_same_shape(
         "policy_loss",
@@ -126,6 +146,7 @@ def policy_loss(
             f"{clip_ratio_c}; use e.g. 3.0, or None to disable the dual clip"
         )
     mask = response_mask
+    _warn_if_empty("policy_loss", mask)
     # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
     log_ratio = select(logprobs - old_logprobs, mask)
     adv = select(advantages, mask)
@@ -154,11 +175,17 @@ def policy_loss(
 def _explained_variance(
     values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """1 - Var(returns - values) / Var(returns) over real tokens; 0 when Var(returns) is 0."""
+    """1 - Var(returns - values) / Var(returns) over real tokens; 0 when Var(returns) is 0.
+
+    In float64, then clamped to float32's range: a tiny but nonzero Var(returns) (say 1e-40)
+    gives a very negative finite number instead of -inf from a float32 overflow.
+    """
+    returns = returns.double()
     var_returns = masked_var(returns, mask)
     if var_returns == 0:
         return torch.zeros_like(var_returns)
-    return 1 - masked_var(returns - values, mask) / var_returns
+    explained = 1 - masked_var(returns - values.double(), mask) / var_returns
+    return explained.clamp(min=torch.finfo(torch.float32).min)
 
 
 def value_loss(
@@ -176,6 +203,9 @@ def value_loss(
     reduced with ``aggregate_loss(..., agg)``. Stats (detached, 0-dim): ``vf_clipfrac``
     (share of real tokens where the clipped term is strictly larger), ``explained_variance``
     (1 - Var(R - V) / Var(R) over real tokens, 0 if Var(R) = 0), ``vpred_mean``.
+
+    A response_mask with no real token gives loss 0 (finite, zero gradient, in every ``agg``
+    mode), all stats 0, and an ``EmptyMaskWarning`` per call.
     """
     check_same_shape(
         "value_loss",
@@ -190,6 +220,7 @@ def value_loss(
             "use e.g. 0.2, or None to disable value clipping"
         )
     mask = response_mask
+    _warn_if_empty("value_loss", mask)
     v, v_old, target = select(values, mask), select(old_values, mask), select(returns, mask)
     err = (v - target).square()
     clipfrac = torch.zeros((), dtype=err.dtype, device=err.device)

@@ -106,7 +106,9 @@ def aggregate_loss(
       - ``seq-mean-token-sum-norm``: per-row sum divided by the mask's width T (a constant,
         so long and short answers are not re-weighted: Dr. GRPO), then mean over rows.
     The mean over rows only counts rows with at least one real token, so empty rows neither
-    produce NaN nor dilute the loss; an all-empty mask gives 0.
+    produce NaN nor dilute the loss. An all-empty mask gives 0 with a zero gradient in every
+    mode (verl's ``agg_loss`` divides 0 by 0 there and gives NaN in token-mean and the
+    seq-mean modes).
     """
     check_same_shape("aggregate_loss", loss_mat=loss_mat, mask=mask)
     if mode == "token-mean":

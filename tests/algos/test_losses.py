@@ -1,10 +1,18 @@
 import math
 import statistics
+import warnings
 
 import pytest
 import torch
 
-from proxima.algos import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from proxima.algos import (
+    AGG_MODES,
+    EmptyMaskWarning,
+    entropy_from_logits,
+    logprobs_from_logits,
+    policy_loss,
+    value_loss,
+)
 
 LN = math.log
 # Position 0: logits [0, ln 3, 0] -> p = [1/5, 3/5, 1/5];
@@ -219,6 +227,7 @@ def test_policy_loss_errors_and_inputs_untouched():
         torch.testing.assert_close(copy, original, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.filterwarnings("ignore::proxima.algos.EmptyMaskWarning")
 def test_policy_loss_empty_mask():
     loss, stats = policy_loss(LOGPROBS, OLD, ADV, torch.zeros_like(PMASK))
     assert loss.item() == 0.0
@@ -288,3 +297,78 @@ def test_value_loss_errors():
         value_loss(V, V_OLD, RET[:, :2], VMASK)
     with pytest.raises(ValueError, match="cliprange_value must be >= 0"):
         value_loss(V, V_OLD, RET, VMASK, cliprange_value=-0.1)
+
+
+# All-zero masks: the padding holds NaN / inf everywhere, so any leak shows up as NaN.
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("clip_ratio_c", [3.0, None])
+def test_policy_loss_all_zero_mask_every_mode(agg, clip_ratio_c):
+    # Nothing to average: loss exactly 0 (verl: 0 / 0 = NaN), gradient exactly 0, stats 0.
+    logprobs = torch.tensor([[NEG_INF, 1.0, NAN], [0.0, 5.0, 100.0]], requires_grad=True)
+    old = torch.tensor([[NEG_INF, NAN, 0.0], [float("inf"), -5.0, 0.0]])
+    adv = torch.tensor([[NAN, 1.0, -1.0], [float("inf"), -2.0, 3.0]])
+    with pytest.warns(EmptyMaskWarning, match="policy_loss: response_mask has no real token"):
+        loss, stats = policy_loss(
+            logprobs, old, adv, torch.zeros(2, 3), agg=agg, clip_ratio_c=clip_ratio_c
+        )
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(logprobs.grad, torch.zeros(2, 3))
+    assert {name: value.item() for name, value in stats.items()} == dict.fromkeys(stats, 0.0)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+@pytest.mark.parametrize("cliprange_value", [0.2, None])
+def test_value_loss_all_zero_mask_every_mode(agg, cliprange_value):
+    values = torch.tensor([[NAN, 1.0, 1e30], [float("inf"), -2.0, 0.0]], requires_grad=True)
+    old = torch.tensor([[0.0, NAN, 1.0], [NEG_INF, 0.0, 0.0]])
+    returns = torch.tensor([[float("inf"), 3.0, NAN], [1.0, 1e-20, 0.0]])
+    with pytest.warns(EmptyMaskWarning, match="value_loss: response_mask has no real token"):
+        loss, stats = value_loss(
+            values, old, returns, torch.zeros(2, 3), cliprange_value=cliprange_value, agg=agg
+        )
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(values.grad, torch.zeros(2, 3))
+    assert {name: value.item() for name, value in stats.items()} == dict.fromkeys(stats, 0.0)
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_zero_width_mask_every_mode(agg):
+    # No response tokens at all ([B, 0]): the same finite zeros, for both losses.
+    logprobs = torch.zeros(2, 0, requires_grad=True)
+    empty = torch.zeros(2, 0)
+    with pytest.warns(EmptyMaskWarning):
+        loss, _ = policy_loss(logprobs, empty, empty, empty, agg=agg)
+    loss.backward()
+    assert loss.item() == 0.0 and logprobs.grad.shape == (2, 0)
+    with pytest.warns(EmptyMaskWarning):
+        vloss, vstats = value_loss(empty, empty, empty, empty, agg=agg)
+    assert vloss.item() == 0.0 and all(v.item() == 0.0 for v in vstats.values())
+
+
+def test_empty_mask_warning_points_at_the_caller_and_not_for_empty_rows():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        policy_loss(LOGPROBS, OLD, ADV, torch.zeros_like(PMASK))
+        value_loss(V, V_OLD, RET, torch.zeros_like(VMASK))
+    assert [w.category for w in caught] == [EmptyMaskWarning, EmptyMaskWarning]
+    assert all(w.filename == __file__ for w in caught)
+    # Some empty rows, but not all: no warning (empty rows are handled by the aggregation).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy_loss(LOGPROBS, OLD, ADV, torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0]]))
+        value_loss(V, V_OLD, RET, torch.tensor([[0, 0, 0], [1, 1, 0]]))
+
+
+def test_explained_variance_stays_finite_for_a_tiny_return_variance():
+    # R = [0, 1e-20], V = [0, 10]: Var(R) = (1e-20)^2 / 2 = 5e-41 (unbiased, n = 2) and
+    # Var(R - V) = (10 - 1e-20)^2 / 2 ~ 50, so 1 - 50 / 5e-41 = -1e42, beyond float32
+    # (a float32 division gives -inf); it is clamped to float32's lowest value.
+    _, stats = value_loss(
+        torch.tensor([[0.0, 10.0]]),
+        torch.tensor([[0.0, 10.0]]),
+        torch.tensor([[0.0, 1e-20]]),
+        torch.ones(1, 2),
+    )
+    assert stats["explained_variance"].item() == -torch.finfo(torch.float32).max

@@ -135,6 +135,18 @@ def test_aggregate_loss_all_empty_is_zero_not_nan(mode):
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
+def test_aggregate_loss_all_empty_has_zero_gradient_despite_nan(mode):
+    # verl's agg_loss gives 0 / 0 = NaN here; proxima gives 0 and a zero gradient.
+    x = X.clone()
+    x[0, 0], x[1, 1] = float("nan"), float("inf")
+    x.requires_grad_(True)
+    loss = aggregate_loss(x, torch.zeros_like(M), mode)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(x.grad, torch.zeros_like(X))
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
 def test_aggregate_loss_gradient_only_on_real_tokens(mode):
     x = X.clone().requires_grad_(True)
     aggregate_loss(x, M, mode).backward()

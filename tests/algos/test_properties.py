@@ -25,8 +25,12 @@ from proxima.algos import (
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
-# Random group ids make groups of one; their warning is tested in test_advantages.py.
-pytestmark = pytest.mark.filterwarnings("ignore::proxima.algos.SingletonGroupWarning")
+# Random group ids make groups of one and random masks can be all-zero; those warnings are
+# tested in test_advantages.py and test_losses.py.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::proxima.algos.SingletonGroupWarning"),
+    pytest.mark.filterwarnings("ignore::proxima.algos.EmptyMaskWarning"),
+]
 
 
 @st.composite
