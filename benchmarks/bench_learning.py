@@ -15,7 +15,7 @@ import statistics
 
 from proxima.cli import default_config_path
 from proxima.config import load_config
-from proxima.trainer.run import train
+from proxima.recipes import train
 
 
 def main() -> None:

@@ -18,16 +18,71 @@ def default_config_path() -> Path:
     return Path(str(resources.files("proxima") / "configs" / DEFAULT_EXAMPLE))
 
 
-def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+# Flags of `sft`, `rm` and `eval`: short names of config keys, nothing more (no defaults of
+# their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
+FLAGS: dict[str, dict[str, str]] = {
+    "sft": {
+        "--model": "model.actor_path",
+        "--data": "data.sft_path",
+        "--out": "sft.out",
+        "--steps": "sft.steps",
+        "--lr": "sft.lr",
+        "--batch-size": "sft.batch_size",
+        "--max-length": "sft.max_length",
+        "--prompt-key": "data.prompt_key",
+        "--response-key": "data.response_key",
+        "--seed": "trainer.seed",
+        "--device": "model.device",
+        "--threads": "trainer.threads",
+    },
+    "rm": {
+        "--model": "model.actor_path",
+        "--data": "rm.train_path",
+        "--eval-data": "rm.eval_path",
+        "--out": "rm.out",
+        "--steps": "rm.steps",
+        "--lr": "rm.lr",
+        "--batch-size": "rm.batch_size",
+        "--max-length": "rm.max_length",
+        "--overlong": "rm.overlong",
+        "--prompt-key": "data.prompt_key",
+        "--chosen-key": "rm.chosen_key",
+        "--rejected-key": "rm.rejected_key",
+        "--margin-key": "rm.margin_key",
+        "--seed": "trainer.seed",
+        "--device": "model.device",
+        "--threads": "trainer.threads",
+    },
+    "eval": {
+        "--model": "model.actor_path",
+        "--data": "data.eval_path",
+        "--reward": "reward.function",
+        "--reward-model": "reward.model_path",
+        "--prompt-key": "data.prompt_key",
+        "--max-new-tokens": "rollout.max_response_length",
+        "--temperature": "rollout.temperature",
+        "--max-prompts": "eval.max_prompts",
+        "--sampled": "eval.sampled",
+        "--out": "eval.out",
+        "--device": "model.device",
+        "--threads": "trainer.threads",
+    },
+}
+SWITCHES = {"--sampled"}  # flags that take no value: they set their key to true
+
+
+def _split_config_args(args: list[str], default_example: bool) -> tuple[str | None, list[str]]:
     """`[CONFIG.yaml] [key=value ...]`.
 
-    Without a YAML file the built-in default example is the base, unless the overrides name
-    your own model (`model.actor_path=...`) or a checkpoint to resume (then its saved config
-    is the base, see `_resume_base`): then the plain defaults are.
+    Without a YAML file `proxima train` starts from the built-in default example, unless the
+    overrides name your own model (`model.actor_path=...`) or a checkpoint to resume (then
+    its saved config is the base, see `_resume_base`): then, as for every other command,
+    from the plain defaults.
     """
     if args and "=" not in args[0]:
         return args[0], args[1:]
-    if any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args):
+    named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
+    if not default_example or named:
         return None, args
     return str(default_config_path()), args
 
@@ -44,15 +99,40 @@ def _resume_base(path: str | None, overrides: list[str]) -> dict | None:
     return read_meta(find_checkpoint(resume[-1]))["config"]
 
 
-def cmd_train(ns: argparse.Namespace) -> int:
+def _load(ns: argparse.Namespace, default_example: bool = False):
+    """The command's config: YAML and/or `key=value` overrides, the command's flags as
+    overrides after them; validated for the command."""
     from proxima.config import load_config
-    from proxima.trainer.run import train
 
-    path, overrides = _split_config_args(ns.args)
-    base = _resume_base(path, overrides)
+    overrides = list(ns.args)
+    for flag, key in FLAGS.get(ns.command, {}).items():
+        value = getattr(ns, flag[2:].replace("-", "_"))
+        if value is not None and value is not False:
+            overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
+    path, overrides = _split_config_args(overrides, default_example)
+    base = _resume_base(path, overrides) if ns.command == "train" else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    summary = train(load_config(path, overrides, base=base))
+    if ns.command == "train":
+        print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
+    return load_config(path, overrides, base=base, command=ns.command)
+
+
+def _threads_and_device(cfg):
+    import torch
+
+    from proxima.rng import seed_everything
+    from proxima.trainer.setup import resolve_device
+
+    seed_everything(cfg.trainer.seed)
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    return resolve_device(cfg.model.device)
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from proxima.recipes import train
+
+    summary = train(_load(ns, default_example=True))
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before and after:
         key = "accuracy" if "accuracy" in before else "mean_reward"
@@ -65,10 +145,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
-    from proxima.config import batch_plan, load_config
+    from proxima.config import batch_plan
 
-    path, overrides = _split_config_args(ns.args)
-    cfg = load_config(path, overrides)
+    cfg = _load(ns, default_example=True)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
     return 0
@@ -105,71 +184,65 @@ def _fresh_out(path: str) -> Path:
 
 
 def cmd_sft(ns: argparse.Namespace) -> int:
-    from proxima.config import Config
     from proxima.models import load_causal_lm, load_tokenizer
-    from proxima.trainer.run import seed_everything
-    from proxima.trainer.setup import load_sft, resolve_device
+    from proxima.trainer.setup import load_sft
     from proxima.trainer.sft import sft_train
 
-    out = _fresh_out(ns.out)
-    seed_everything(ns.seed)
-    device = resolve_device(ns.device)
-    cfg = Config()
-    cfg.data.prompt_key, cfg.data.response_key = ns.prompt_key, ns.response_key
-    tok = load_tokenizer(ns.model)
-    model = load_causal_lm(ns.model, device=device)
-    data = load_sft(cfg, ns.data, tok, ns.max_length)
+    cfg = _load(ns)
+    out = _fresh_out(cfg.sft.out)
+    device = _threads_and_device(cfg)
+    tok = load_tokenizer(cfg.model.actor_path)
+    model = load_causal_lm(cfg.model.actor_path, device=device)
+    data = load_sft(cfg, cfg.data.sft_path, tok, cfg.sft.max_length)
+    s = cfg.sft
     losses = sft_train(
         model,
         tok,
         data,
-        steps=ns.steps,
-        lr=ns.lr,
-        batch_size=ns.batch_size,
-        seed=ns.seed,
+        steps=s.steps,
+        lr=s.lr,
+        batch_size=s.batch_size,
+        seed=cfg.trainer.seed,
         device=device,
     )
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    print(f"sft: {ns.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")
+    print(f"sft: {s.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")
     return 0
 
 
 def cmd_rm(ns: argparse.Namespace) -> int:
-    import torch
-
     from proxima.data import load_records
     from proxima.data.preferences import PreferenceDataset
     from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
     from proxima.trainer.rm import CURVES, rm_train
-    from proxima.trainer.run import seed_everything
-    from proxima.trainer.setup import resolve_device
 
-    out = _fresh_out(ns.out)
-    seed_everything(ns.seed)
-    if ns.threads:
-        torch.set_num_threads(ns.threads)
-    device = resolve_device(ns.device)
-    tok = load_tokenizer(ns.model)
+    cfg = _load(ns)
+    r = cfg.rm
+    out = _fresh_out(r.out)
+    device = _threads_and_device(cfg)
+    tok = load_tokenizer(cfg.model.actor_path)
     opts = {
-        "prompt_key": ns.prompt_key,
-        "chosen_key": ns.chosen_key,
-        "rejected_key": ns.rejected_key,
-        "margin_key": ns.margin_key or None,
-        "max_length": ns.max_length,
-        "overlong": ns.overlong,
+        "prompt_key": cfg.data.prompt_key,
+        "chosen_key": r.chosen_key,
+        "rejected_key": r.rejected_key,
+        "margin_key": r.margin_key or None,
+        "max_length": r.max_length,
+        "overlong": r.overlong,
     }
-    train = PreferenceDataset(load_records(ns.data), tok, **opts)
-    held = PreferenceDataset(load_records(ns.eval_data), tok, **opts) if ns.eval_data else None
-    model = init_reward_model(ns.model, device=device, seed=ns.seed, pad_token_id=tok.pad_token_id)
+    train = PreferenceDataset(load_records(r.train_path), tok, **opts)
+    held = PreferenceDataset(load_records(r.eval_path), tok, **opts) if r.eval_path else None
+    model = init_reward_model(
+        cfg.model.actor_path, device=device, seed=cfg.trainer.seed, pad_token_id=tok.pad_token_id
+    )
     res = rm_train(
         model,
         tok,
         train,
-        steps=ns.steps,
-        lr=ns.lr,
-        batch_size=ns.batch_size,
-        seed=ns.seed,
+        steps=r.steps,
+        lr=r.lr,
+        batch_size=r.batch_size,
+        seed=cfg.trainer.seed,
         eval_dataset=held,
         device=device,
     )
@@ -177,7 +250,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
         model.save_pretrained(out)
         tok.save_pretrained(out)
     evals = {k: v for k, v in res.items() if k not in CURVES}
-    summary = {"args": {k: v for k, v in vars(ns).items() if k != "fn"}, "pairs": len(train)}
+    summary = {"config": cfg.to_dict(), "pairs": len(train)}
     summary.update(dropped=train.num_dropped, eval_pairs=len(held) if held else 0, **evals)
     summary["curves"] = {k: res[k] for k in CURVES}
     (out / "rm_summary.json").write_text(json.dumps(summary, indent=2))
@@ -188,47 +261,61 @@ def cmd_rm(ns: argparse.Namespace) -> int:
                 f"{name} preference accuracy: before {before['accuracy']:.4f} -> after "
                 f"{after['accuracy']:.4f} (mean margin {after['margin']:.4f}, {after['n']} pairs)"
             )
-    print(f"rm: {ns.steps} steps, final loss {res['loss'][-1]:.4f}; saved to {out}")
+    print(f"rm: {r.steps} steps, final loss {res['loss'][-1]:.4f}; saved to {out}")
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from proxima.config import Config
     from proxima.models import load_causal_lm, load_tokenizer
     from proxima.trainer.evaluate import evaluate
-    from proxima.trainer.setup import build_reward, load_prompts, resolve_device
+    from proxima.trainer.setup import build_reward, load_prompts
 
-    cfg = Config()
-    cfg.model.actor_path = ns.model
-    cfg.reward.function, cfg.reward.model_path = ns.reward or "", ns.reward_model or ""
-    cfg.data.prompt_key = ns.prompt_key
-    cfg.rollout.max_response_length = ns.max_new_tokens
-    cfg.rollout.temperature = ns.temperature
-    device = resolve_device(ns.device)
-    tok = load_tokenizer(ns.model)
-    items = list(load_prompts(cfg, ns.data, tok))[: ns.max_prompts or None]
-    actor = load_causal_lm(ns.model, device=device, trainable=False)
+    cfg = _load(ns)
+    device = _threads_and_device(cfg)
+    tok = load_tokenizer(cfg.model.actor_path)
+    items = list(load_prompts(cfg, cfg.data.eval_path, tok))[: cfg.eval.max_prompts or None]
+    actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
     reward = build_reward(cfg, tok, device)
-    results = {"greedy": evaluate(actor, tok, items, reward, cfg.rollout, device, greedy=True)}
-    if ns.sampled:
-        results["sampled"] = evaluate(actor, tok, items, reward, cfg.rollout, device, greedy=False)
+    modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
+    results = {
+        mode: evaluate(
+            actor, tok, items, reward, cfg.rollout, device, greedy=g, batch_size=cfg.eval.batch_size
+        )
+        for mode, g in modes.items()
+    }
     for mode, res in results.items():
         acc = f", accuracy {res['accuracy']:.2%}" if "accuracy" in res else ""
         print(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
-    if ns.out:
-        Path(ns.out).write_text(json.dumps(results, indent=2))
+    if cfg.eval.out:
+        Path(cfg.eval.out).write_text(json.dumps(results, indent=2))
     return 0
+
+
+def _config_command(sub, name: str, help_text: str, fn) -> argparse.ArgumentParser:
+    """A subcommand that takes `[CONFIG.yaml] [section.key=value ...]` and its flags."""
+    p = sub.add_parser(name, help=help_text)
+    p.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
+    for flag, key in FLAGS.get(name, {}).items():
+        if flag in SWITCHES:
+            p.add_argument(flag, action="store_true", help=f"sets {key}=true")
+        else:
+            p.add_argument(flag, metavar=key.rsplit(".", 1)[-1].upper(), help=f"= {key}")
+    p.set_defaults(fn=fn)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="proxima", description="PPO for RLHF on Hugging Face models")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="PPO training (no arguments: the built-in default example)")
-    t.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
-    t.set_defaults(fn=cmd_train)
-    c = sub.add_parser("config", help="print the resolved config and batch plan, then exit")
-    c.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
-    c.set_defaults(fn=cmd_config)
+    _config_command(
+        sub, "train", "PPO training (no arguments: the built-in default example)", cmd_train
+    )
+    _config_command(
+        sub, "config", "print the resolved config and batch plan, then exit", cmd_config
+    )
+    _config_command(sub, "sft", "supervised fine-tuning on prompt/response records", cmd_sft)
+    _config_command(sub, "rm", "train a reward model on prompt/chosen/rejected pairs", cmd_rm)
+    _config_command(sub, "eval", "mean reward (and accuracy for 0/1 rewards) on prompts", cmd_eval)
     i = sub.add_parser("init-model", help="build a tiny model + tokenizer as a HF folder")
     i.add_argument("--out", required=True)
     i.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2", "gpt_neox"])
@@ -239,64 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-positions", type=int, default=256)
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=cmd_init_model)
-    s = sub.add_parser("sft", help="supervised fine-tuning on prompt/response records")
-    s.add_argument("--model", required=True)
-    s.add_argument("--data", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--steps", type=int, default=200)
-    s.add_argument("--lr", type=float, default=1e-4)
-    s.add_argument("--batch-size", type=int, default=16)
-    s.add_argument("--max-length", type=int, default=512)
-    s.add_argument("--prompt-key", default="prompt")
-    s.add_argument("--response-key", default="response")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--device", default="auto")
-    s.set_defaults(fn=cmd_sft)
-    r = sub.add_parser("rm", help="train a reward model on prompt/chosen/rejected pairs")
-    r.add_argument("--model", required=True, help="causal-LM (e.g. SFT) or reward-model folder")
-    r.add_argument("--data", required=True)
-    r.add_argument("--out", required=True)
-    r.add_argument("--eval-data", help="held-out pairs, evaluated before and after")
-    r.add_argument("--steps", type=int, default=200)
-    r.add_argument("--lr", type=float, default=1e-5)
-    r.add_argument("--batch-size", type=int, default=16, help="pairs per step")
-    r.add_argument("--max-length", type=int, default=512, help="tokens of prompt + response")
-    r.add_argument("--overlong", default="error", choices=["error", "drop"])
-    r.add_argument("--prompt-key", default="prompt")
-    r.add_argument("--chosen-key", default="chosen")
-    r.add_argument("--rejected-key", default="rejected")
-    r.add_argument("--margin-key", default="", help="optional numeric margin column")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--device", default="auto")
-    r.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    r.set_defaults(fn=cmd_rm)
-    e = sub.add_parser("eval", help="mean reward (and accuracy for 0/1 rewards) on prompts")
-    e.add_argument("--model", required=True)
-    e.add_argument("--data", required=True)
-    e.add_argument("--reward", help="reward function path.py:fn or module:fn")
-    e.add_argument("--reward-model", help="reward model folder")
-    e.add_argument("--prompt-key", default="prompt")
-    e.add_argument("--max-new-tokens", type=int, default=128)
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--max-prompts", type=int, default=0)
-    e.add_argument("--sampled", action="store_true", help="also evaluate with sampling")
-    e.add_argument("--out", help="write the results as JSON here")
-    e.add_argument("--device", default="auto")
-    e.set_defaults(fn=cmd_eval)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    # `key=value` overrides may also follow the flags (argparse leaves them over)
+    unknown = [a for a in extra if a.startswith("-") or "=" not in a]
+    if unknown or (extra and not hasattr(ns, "args")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        ns.args = [*ns.args, *extra]
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
-    if ns.command == "eval" and bool(ns.reward) == bool(ns.reward_model):
-        print(
-            "error: give exactly one of --reward (path.py:fn) and --reward-model (folder)",
-            file=sys.stderr,
-        )
-        return 2
     try:
         return ns.fn(ns)
     except (ValueError, OSError, RuntimeError) as err:

@@ -1,7 +1,7 @@
 """The run's configuration: one tree of dataclasses, a help text per field.
 
 Loaded from YAML, overridden on the command line as ``section.key=value``, validated
-before anything heavy happens. Defaults are the seeds' (DeepSpeed-Chat values: kl 0.1,
+before anything heavy happens. Defaults are DeepSpeed-Chat's step-3 values (kl 0.1,
 clip 0.2, value clip 0.2, reward clip 5, gamma 1.0, lam 0.95; learning rates from the
 PPO-tricks seed: actor 5e-7, critic 9e-6).
 """
@@ -29,7 +29,7 @@ def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the
     return field(default=default, metadata={"help": help})
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskConfig:
     name: str = _f(
         "",
@@ -55,7 +55,7 @@ class TaskConfig:
     sft_batch_size: int = _f(64, "Batch size of the SFT warm start.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
     reference_path: str = _f(
@@ -65,7 +65,7 @@ class ModelConfig:
     critic_init: str = _f(
         "actor",
         "How the critic starts: actor (backbone + new value head), "
-        "reward_model (backbone and head of a reward model, seed 003) or "
+        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises) or "
         "critic (a critic saved by proxima).",
     )
     dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
@@ -92,7 +92,7 @@ class ModelConfig:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     train_path: str = _f(
         "", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder."
@@ -108,9 +108,13 @@ class DataConfig:
     response_key: str = _f("response", "Column holding the response in SFT records.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
-    n: int = _f(1, "Samples per prompt.")
+    n: int = _f(
+        1,
+        "Samples per prompt. grpo / rloo / reinforce_plus_plus_baseline want > 1: with 1, as "
+        "in verl, the advantage is the raw score (no baseline) and a warning says so.",
+    )
     max_response_length: int = _f(128, "Most new tokens per response.")
     temperature: float = _f(
         1.0, "Sampling temperature; log-probs are computed from logits / temperature."
@@ -126,7 +130,7 @@ class RolloutConfig:
     micro_batch_size: int = _f(64, "Sequences per generation call and per scoring forward pass.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class KLControlConfig:
     type: str = _f("fixed", "fixed|adaptive (Ziegler et al. 2019).")
     kl_coef: float = _f(0.1, "(Initial) coefficient of the in-reward KL penalty (beta).")
@@ -134,7 +138,7 @@ class KLControlConfig:
     horizon: int = _f(10000, "Adaptive controller: horizon in samples.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = _f(
         "gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline."
@@ -149,7 +153,9 @@ class AlgorithmConfig:
     kl_penalty: str = _f(
         "k1",
         "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl) | full "
-        "(exact over the vocabulary; one more forward pass pair per scoring micro-batch).",
+        "(exact over the vocabulary; one more forward pass pair per scoring micro-batch); "
+        "a `+` suffix (k3+, ...) keeps the value with k2's gradient (verl), which only "
+        "matters in a loss.",
     )
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     normalize_scores: bool = _f(
@@ -157,10 +163,12 @@ class AlgorithmConfig:
         "Standardise scores by the running mean and std of every score seen so far "
         "(OpenRLHF's normalize_reward), before clipping; the logged `score` stays raw.",
     )
-    clip_reward_value: float = _f(5.0, "Scores are clipped to [-c, c] (seed 000); 0 disables.")
+    clip_reward_value: float = _f(
+        5.0, "Scores are clipped to [-c, c] (DeepSpeed-Chat's clip_reward_value); 0 disables."
+    )
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     lr: float = _f(5e-7, "AdamW learning rate.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -172,7 +180,7 @@ class OptimConfig:
     grad_clip: float = _f(1.0, "Max global gradient norm (0 disables).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
@@ -190,20 +198,22 @@ class ActorConfig:
         3.0, "Dual-clip bound for negative advantages (0 disables; must be > 1)."
     )
     loss_agg_mode: str = _f(
-        "token-mean", "token-mean|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm."
+        "token-mean",
+        "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm.",
     )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (c2).")
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(actor || reference) to the actor loss.")
     kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss.")
     kl_loss_type: str = _f(
         "low_var_kl",
-        "KL estimator of the KL loss: k1|abs|k2|k3 (or their aliases) or full (exact over "
-        "the vocabulary; one more reference forward pass per micro-batch).",
+        "KL estimator of the KL loss: k1|abs|k2|k3 (or their aliases), their straight-through "
+        "forms k1+|k2+|k3+ (the value of the estimator, the gradient of k2; verl), or full "
+        "(exact over the vocabulary; one more reference forward pass per micro-batch).",
     )
     ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=9e-6))
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
@@ -211,11 +221,11 @@ class CriticConfig:
     ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
-    loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss.")
+    loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss (as actor.loss_agg_mode).")
     warmup_iterations: int = _f(0, "First iterations train only the critic (actor frozen).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardConfig:
     function: str = _f(
         "",
@@ -226,15 +236,44 @@ class RewardConfig:
     batch_size: int = _f(64, "Sequences per reward model forward.")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = _f(0, "Evaluate on data.eval_path every N iterations (0 = only before and after).")
     max_prompts: int = _f(0, "Evaluate on at most this many prompts (0 = all).")
     sampled: bool = _f(False, "Also evaluate with sampling at rollout.temperature.")
     batch_size: int = _f(128, "Prompts per evaluation generate call.")
+    out: str = _f("", "`proxima eval`: also write the results as JSON to this file.")
 
 
-@dataclass
+@dataclass(frozen=True)
+class SFTConfig:
+    out: str = _f(
+        "", "`proxima sft`: folder the fine-tuned model is written to (must not hold one)."
+    )
+    steps: int = _f(200, "`proxima sft`: optimizer steps.")
+    lr: float = _f(1e-4, "`proxima sft`: peak learning rate (cosine to 10% after warm-up).")
+    batch_size: int = _f(16, "`proxima sft`: records per step.")
+    max_length: int = _f(512, "`proxima sft`: most tokens of prompt + response.")
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    train_path: str = _f("", "`proxima rm`: preference pairs (prompt, chosen, rejected[, margin]).")
+    eval_path: str = _f("", "`proxima rm`: held-out pairs, evaluated before and after.")
+    out: str = _f("", "`proxima rm`: folder the reward model is written to (must not hold one).")
+    steps: int = _f(200, "`proxima rm`: optimizer steps.")
+    lr: float = _f(1e-5, "`proxima rm`: peak learning rate (cosine to 10% after warm-up).")
+    batch_size: int = _f(16, "`proxima rm`: pairs per step.")
+    max_length: int = _f(512, "`proxima rm`: most tokens of prompt + response.")
+    overlong: str = _f("error", "`proxima rm`: pairs longer than max_length: error|drop.")
+    chosen_key: str = _f("chosen", "`proxima rm`: column of the preferred response.")
+    rejected_key: str = _f("rejected", "`proxima rm`: column of the other response.")
+    margin_key: str = _f(
+        "", "`proxima rm`: optional numeric column added as Llama 2's margin (empty = none)."
+    )
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     iterations: int = _f(100, "PPO iterations (each: generate, score, update).")
     seed: int = _f(42, "Seed of everything (offset by rank).")
@@ -260,7 +299,7 @@ class TrainerConfig:
     threads: int = _f(0, "torch CPU threads (0 = torch's default).")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -271,6 +310,8 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     @property
@@ -278,8 +319,28 @@ class Config:
         """Sequences per iteration: prompts x samples per prompt."""
         return self.data.train_batch_size * self.rollout.n
 
+    def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
+        """The config section of each role PPO trains, by role name."""
+        return {"actor": self.actor, "critic": self.critic}
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def replace(self, changes: dict[str, Any]) -> Config:
+        """A new config with `{"section.key": value}` changed (the config is frozen)."""
+        return _replace_dotted(self, changes)
+
+
+def _replace_dotted(node: Any, changes: dict[str, Any]) -> Any:
+    direct = {k: v for k, v in changes.items() if "." not in k}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        if "." in key:
+            head, rest = key.split(".", 1)
+            nested.setdefault(head, {})[rest] = value
+    for head, sub in nested.items():
+        direct[head] = _replace_dotted(getattr(node, head), sub)
+    return dataclasses.replace(node, **direct)
 
 
 # --------------------------------------------------------------------------- building
@@ -374,10 +435,13 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict | None = None,
+    command: str = "train",
 ) -> Config:
     """Read YAML (or start from `base`, e.g. a checkpoint's saved config), apply `a.b=c`
-    overrides, build and validate the config."""
+    overrides, build and validate the config for `command` (train|sft|rm|eval)."""
     tree: dict = dict(base or {})
     if path is not None:
         path = Path(path)
@@ -390,6 +454,8 @@ def load_config(
     tree = _merge(tree, parse_overrides(overrides or []))
     cfg = _build(Config, tree, "")
     validate(cfg)
+    if command != "train" or not cfg.task.name:  # a task names its sources when prepared
+        check_sources(cfg, command)
     return cfg
 
 
@@ -402,6 +468,7 @@ _CHOICES = {
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor.optim.schedule": ("constant", "cosine"),
     "critic.optim.schedule": ("constant", "cosine"),
+    "rm.overlong": ("error", "drop"),
 }
 
 
@@ -414,8 +481,7 @@ def _get(cfg: Config, dotted: str) -> Any:
 
 def _check_batch_sizes(cfg: Config) -> None:
     rollout = cfg.rollout_batch_size
-    for role in ("actor", "critic"):
-        sec = getattr(cfg, role)
+    for role, sec in cfg.trained_roles().items():
         mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
         if mini <= 0 or micro <= 0:
             raise ConfigError(
@@ -462,7 +528,7 @@ def _check_lora(m: ModelConfig) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Raise ConfigError naming the key for anything that cannot run."""
+    """Raise ConfigError naming the key for anything that cannot run (any command)."""
     for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
         if _get(cfg, key) not in choices:
             raise ConfigError(
@@ -478,12 +544,19 @@ def validate(cfg: Config) -> None:
         "data.max_prompt_length",
         "reward.batch_size",
         "eval.batch_size",
+        "sft.steps",
+        "sft.batch_size",
+        "sft.max_length",
+        "rm.steps",
+        "rm.batch_size",
+        "rm.max_length",
     ):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
+    for key in ("trainer.iterations", "trainer.save_every", "trainer.keep_checkpoints"):
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
     _check_lora(cfg.model)
-    if cfg.trainer.iterations < 0:
-        raise ConfigError("`trainer.iterations` must be >= 0.")
     if cfg.rollout.temperature <= 0:
         raise ConfigError(
             "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
@@ -500,31 +573,58 @@ def validate(cfg: Config) -> None:
             "`critic.warmup_iterations` needs a critic; the estimator "
             f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
         )
-    if not cfg.task.name:
-        if not cfg.model.actor_path:
-            raise ConfigError(
-                "`model.actor_path` is empty. Point it to a Hugging Face model "
-                "folder, or set `task.name=arithmetic` for the built-in example."
-            )
-        if not cfg.data.train_path:
-            raise ConfigError("`data.train_path` is empty. Point it to a prompt file (.jsonl ...).")
-        if bool(cfg.reward.function) == bool(cfg.reward.model_path):
-            raise ConfigError(
-                "Set exactly one of `reward.function` (path.py:fn or module:fn) "
-                "and `reward.model_path` (a reward model folder)."
-            )
     _check_batch_sizes(cfg)
 
 
+def _require(cfg: Config, key: str, what: str) -> None:
+    if not _get(cfg, key):
+        raise ConfigError(f"`{key}` is empty. Set it to {what}.")
+
+
+def _require_one_reward(cfg: Config, flags: bool = False) -> None:
+    if bool(cfg.reward.function) == bool(cfg.reward.model_path):
+        fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
+        raise ConfigError(
+            f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
+            f"and `reward.model_path`{rm} (a reward model folder)."
+        )
+
+
+def check_sources(cfg: Config, command: str = "train") -> None:
+    """The model, data and reward a command reads must be named (a built-in task names
+    them when it is prepared, before training starts)."""
+    model = "a Hugging Face model folder"
+    if command == "train":
+        if cfg.task.name and not cfg.model.actor_path:
+            raise ConfigError(
+                f"`task.name`={cfg.task.name!r} is not prepared yet: run it with "
+                "`proxima train` or proxima.recipes.train(cfg), which prepare the task first."
+            )
+        _require(cfg, "model.actor_path", model + ", or set `task.name=arithmetic` for the example")
+        _require(cfg, "data.train_path", "a prompt file (.jsonl, .json, .parquet, .csv)")
+        _require_one_reward(cfg)
+    elif command == "sft":
+        _require(cfg, "model.actor_path", model + " (--model)")
+        _require(cfg, "data.sft_path", "a file of prompt/response records (--data)")
+        _require(cfg, "sft.out", "a new folder for the fine-tuned model (--out)")
+    elif command == "rm":
+        _require(cfg, "model.actor_path", model + ", the model to start from (--model)")
+        _require(cfg, "rm.train_path", "a file of preference pairs (--data)")
+        _require(cfg, "rm.out", "a new folder for the reward model (--out)")
+    elif command == "eval":
+        _require(cfg, "model.actor_path", model + " (--model)")
+        _require(cfg, "data.eval_path", "a prompt file (--data)")
+        _require_one_reward(cfg, flags=True)
+
+
 def batch_plan(cfg: Config) -> str:
-    """Human-readable batch plan, printed at start-up (USERS.md #6: one unit, sequences)."""
+    """Human-readable batch plan, printed at start-up: one unit (sequences), every count."""
     rollout = cfg.rollout_batch_size
     lines = [
         f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
         f"{rollout} sequences per iteration"
     ]
-    for role in ("actor", "critic"):
-        sec = getattr(cfg, role)
+    for role, sec in cfg.trained_roles().items():
         n_mini = rollout // sec.ppo_mini_batch_size
         n_micro = sec.ppo_mini_batch_size // sec.ppo_micro_batch_size
         lines.append(

@@ -21,12 +21,15 @@ class Experience:
     old_logprobs: torch.Tensor  # [B, R] actor log-probs at rollout time (logits / temperature)
     ref_logprobs: torch.Tensor | None = None  # [B, R] reference log-probs
     values: torch.Tensor | None = None  # [B, R] critic values at rollout time
-    scores: torch.Tensor | None = None  # [B] reward (after the no-stop penalty, before clipping)
+    scores: torch.Tensor | None = None  # [B] raw score of the reward source
+    stopped: torch.Tensor | None = None  # [B] bool: the response ended with a stop token
+    kl: torch.Tensor | None = (
+        None  # [B, R] per-token KL(actor || reference), the reward's estimator
+    )
     token_rewards: torch.Tensor | None = None  # [B, R]
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     group_ids: torch.Tensor | None = None  # [B] prompt index of each sequence (rollout.n groups)
-    full_kl: torch.Tensor | None = None  # [B, R] exact KL(actor || reference) (kl_penalty=full)
 
     @property
     def batch_size(self) -> int:

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from proxima import checkpoint as ckpt
+from proxima import rng
 from proxima.config import ConfigError, load_config
-from proxima.models import ARCHITECTURES, init_model, load_causal_lm, load_critic
+from proxima.models import ARCHITECTURES, init_model, load_causal_lm, load_critic, saving
+from proxima.tasks import resumed_task_config
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft
 
@@ -104,7 +106,7 @@ def saved(files, tmp_path_factory):
         trainer.step()
     folder = tmp_path_factory.mktemp("saved") / "iter_2"
     ckpt.save_checkpoint(folder, trainer, {"note": "unit"})
-    return trainer, folder, ckpt.rng_state()
+    return trainer, folder, rng.rng_state()
 
 
 def test_round_trip_restores_every_piece_of_state(files, saved):
@@ -119,12 +121,13 @@ def test_round_trip_restores_every_piece_of_state(files, saved):
     for role in ("actor", "critic"):
         ours, theirs = getattr(trainer.roles, role), getattr(fresh.roles, role)
         assert _tensors_equal(ours.state_dict(), theirs.state_dict()), role
-    for name in ("actor_opt", "critic_opt"):
-        (opt_a, sched_a), (opt_b, sched_b) = getattr(trainer, name), getattr(fresh, name)
-        assert _tensors_equal(opt_a.state_dict(), opt_b.state_dict()), name
-        assert sched_a.state_dict() == sched_b.state_dict(), name
+    for name in ("actor", "critic"):
+        a, b = trainer.trained[name], fresh.trained[name]
+        assert _tensors_equal(a.optimizer.state_dict(), b.optimizer.state_dict()), name
+        assert a.scheduler.state_dict() == b.scheduler.state_dict(), name
     # optimizer steps per iteration: actor 8 sequences / mini-batch 4 = 2, critic 8 / 8 = 1
-    assert fresh.actor_opt[1].last_epoch == 4 and fresh.critic_opt[1].last_epoch == 2
+    assert fresh.trained["actor"].scheduler.last_epoch == 4
+    assert fresh.trained["critic"].scheduler.last_epoch == 2
     # the adaptive controller moved: 0.1 -> 0.1 * (1 + e1 * 8/10) * (1 + e2 * 8/10) != 0.1
     assert fresh.kl_ctl.value == trainer.kl_ctl.value != 0.1
     assert (
@@ -140,7 +143,7 @@ def test_round_trip_restores_every_piece_of_state(files, saved):
     assert fresh.sft_loader.state_dict() == trainer.sft_loader.state_dict()
     assert fresh.sft_loader.state_dict() == {"epoch": 0, "position": 4, "seed": 43}
     assert torch.equal(fresh.generator.get_state(), trainer.generator.get_state())
-    restored = ckpt.rng_state()
+    restored = rng.rng_state()
     assert torch.equal(restored["torch"], rng_after_save["torch"])
     assert torch.equal(restored["numpy"]["keys"], rng_after_save["numpy"]["keys"])
     assert restored["python"] == rng_after_save["python"]
@@ -152,7 +155,7 @@ def test_step_after_load_equals_step_after_save(files, saved):
     fresh = make_trainer(make_cfg(files))
     ckpt.load_checkpoint(folder, fresh)
     resumed, _ = fresh.step()
-    ckpt.set_rng_state(rng_after_save)  # the saved trainer continues from the same point
+    rng.set_rng_state(rng_after_save)  # the saved trainer continues from the same point
     original, _ = trainer.step()
     timing = {k for k in original if k.startswith("time/")} | {"tokens_per_s"}
     assert {k: v for k, v in resumed.items() if k not in timing} == {
@@ -191,7 +194,7 @@ def test_weights_load_in_place_for_every_architecture(arch, tmp_path):
         target = loader(other, **kwargs)
         assert not _tensors_equal(model.state_dict(), target.state_dict())
         params_before = [id(p) for p in target.parameters()]
-        ckpt._load_weights(target, tmp_path / f"saved-{loader.__name__}", "actor")
+        saving._load_weights(target, tmp_path / f"saved-{loader.__name__}", "actor")
         assert _tensors_equal(model.state_dict(), target.state_dict())
         assert [id(p) for p in target.parameters()] == params_before  # in place
 
@@ -273,25 +276,25 @@ def test_changed_learning_rate_takes_effect(files, saved):
     _, folder, _ = saved
     trainer = make_trainer(make_cfg(files, "actor.optim.lr=5e-4"))
     ckpt.load_checkpoint(folder, trainer)
-    opt, sched = trainer.actor_opt
+    opt, sched = trainer.trained["actor"].optimizer, trainer.trained["actor"].scheduler
     expected = 5e-4 * 0.5 * (1 + np.cos(np.pi * 3 / 11))
     assert sched.last_epoch == 4
     assert opt.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
     assert sched.get_last_lr() == [opt.param_groups[0]["lr"]]
 
 
-def test_resume_point_nothing_to_do(files, saved):
+def test_check_resume_nothing_to_do(files, saved):
     _, folder, _ = saved
     cfg = make_cfg(files, f"trainer.resume_from={folder}", "trainer.iterations=2")
     with pytest.raises(ValueError, match=r"nothing to do.*iteration 2.*Raise trainer\.iterations"):
-        ckpt.resume_point(cfg)
-    assert ckpt.resume_point(make_cfg(files, f"trainer.resume_from={folder}")) == folder
-    assert ckpt.resume_point(make_cfg(files)) is None
+        ckpt.check_resume(cfg)
+    assert ckpt.check_resume(make_cfg(files, f"trainer.resume_from={folder}")) == folder
+    assert ckpt.check_resume(make_cfg(files)) is None
     with pytest.raises(ConfigError, match="trainer.keep_checkpoints"):
-        ckpt.resume_point(make_cfg(files, "trainer.keep_checkpoints=-1"))
+        make_cfg(files, "trainer.keep_checkpoints=-1")
 
 
-def test_resume_point_task_run_takes_paths_from_checkpoint(files, saved, tmp_path):
+def test_resumed_task_run_takes_paths_from_checkpoint(files, saved, tmp_path):
     """A task run is not prepared again: the checkpoint's resolved paths are used, so the
     reference stays the original initial actor (model.actor_path), not the checkpoint's."""
     _, folder, _ = saved
@@ -300,11 +303,18 @@ def test_resume_point_task_run_takes_paths_from_checkpoint(files, saved, tmp_pat
     task_ckpt = tmp_path / "checkpoints" / "iter_2"
     task_ckpt.mkdir(parents=True)
     (task_ckpt / "checkpoint.json").write_text(json.dumps(meta))
-    (task_ckpt / "state.pt").write_bytes(b"")  # resume_point reads checkpoint.json only
+    (task_ckpt / "state.pt").write_bytes(b"")  # only checkpoint.json is read
     cfg = make_cfg(files, f"trainer.resume_from={tmp_path}")  # the run folder
-    cfg.task.name = "arithmetic"
-    cfg.model.actor_path = cfg.data.train_path = cfg.reward.function = ""
-    assert ckpt.resume_point(cfg) == task_ckpt
+    cfg = cfg.replace(
+        {
+            "task.name": "arithmetic",
+            "model.actor_path": "",
+            "data.train_path": "",
+            "reward.function": "",
+        }
+    )
+    cfg = resumed_task_config(cfg)
+    assert ckpt.check_resume(cfg) == task_ckpt
     assert cfg.model.actor_path == str(files["model"])
     assert cfg.data.train_path == str(files["prompts"])
     assert cfg.reward.function == f"{REWARD}:fn"
@@ -312,18 +322,18 @@ def test_resume_point_task_run_takes_paths_from_checkpoint(files, saved, tmp_pat
 
 def test_rng_state_survives_weights_only_load(tmp_path):
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
-    state = ckpt.rng_state()
+    state = rng.rng_state()
     torch.save(state, tmp_path / "rng.pt")
     expected = (torch.rand(2), np.random.rand(2), random.random())
-    ckpt.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    rng.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert torch.equal(torch.rand(2), expected[0])
     assert np.array_equal(np.random.rand(2), expected[1])
     assert random.random() == expected[2]
-    snapshot = ckpt.rng_state()
-    with ckpt.preserve_rng():  # draws inside the block leave the streams where they were
+    snapshot = rng.rng_state()
+    with rng.preserve_rng():  # draws inside the block leave the streams where they were
         torch.rand(5), np.random.rand(5), random.random()
     after = (torch.rand(2), np.random.rand(2), random.random())
-    ckpt.set_rng_state(snapshot)
+    rng.set_rng_state(snapshot)
     assert torch.equal(torch.rand(2), after[0])
     assert np.array_equal(np.random.rand(2), after[1])
     assert random.random() == after[2]

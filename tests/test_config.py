@@ -120,3 +120,35 @@ def test_readme_config_table_is_the_generated_one():
 def test_algorithm_names_checked_before_anything_loads(override, key):
     with pytest.raises(ConfigError, match=f"`{key}` must be one of"):
         load_config(None, BASE + [override])
+
+
+def test_config_is_frozen_and_replace_returns_a_new_one():
+    import dataclasses
+
+    cfg = Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.actor_path = "x"
+    new = cfg.replace({"model.actor_path": "m", "algorithm.kl_ctrl.kl_coef": 0.5, "rm.lr": 1.0})
+    assert (new.model.actor_path, new.algorithm.kl_ctrl.kl_coef, new.rm.lr) == ("m", 0.5, 1.0)
+    assert cfg.model.actor_path == "" and cfg.algorithm.kl_ctrl.kl_coef == 0.1  # untouched
+    assert new.actor is cfg.actor  # sections that did not change are shared, not copied
+
+
+@pytest.mark.parametrize(
+    ("command", "overrides", "key"),
+    [
+        ("sft", [], "model.actor_path"),
+        ("sft", ["model.actor_path=m"], "data.sft_path"),
+        ("sft", ["model.actor_path=m", "data.sft_path=d"], "sft.out"),
+        ("rm", ["model.actor_path=m"], "rm.train_path"),
+        ("rm", ["model.actor_path=m", "rm.train_path=p"], "rm.out"),
+        ("eval", ["model.actor_path=m"], "data.eval_path"),
+        ("eval", ["model.actor_path=m", "data.eval_path=e"], "reward.function"),
+    ],
+)
+def test_each_command_names_the_keys_it_needs(command, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, overrides, command=command)
+    # what one command needs, another does not: train's sources are not asked of sft
+    if command == "sft" and len(overrides) == 2:
+        load_config(None, [*overrides, "sft.out=o"], command="sft")

@@ -68,3 +68,52 @@ def token_rewards(
     index, has_tokens = last_token_index(response_mask)
     score = torch.where(has_tokens, score, torch.zeros_like(score))
     return rewards.scatter_add(-1, index.unsqueeze(-1), score.unsqueeze(-1))
+
+
+def shape_rewards(
+    scores: torch.Tensor,
+    stopped: torch.Tensor,
+    kl: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    kl_coef: float,
+    clip_reward_value: float | None,
+    no_stop_penalty: float = 0.0,
+    score_mean: float = 0.0,
+    score_std: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Everything between the reward source's raw scores and the token rewards, in order:
+
+    1. standardise: s = (score - score_mean) / score_std (OpenRLHF's ``normalize_reward``;
+       the defaults 0 and 1 leave the score as it is);
+    2. s += no_stop_penalty for responses that never produced a stop token (TRL's
+       ``missing_eos_penalty``), in the units of the standardised score;
+    3. token rewards: -kl_coef * kl on every response token, clip(s, -c, c) added at the
+       last one (`token_rewards`).
+
+    Args:
+        scores: [B] raw scores; stopped: [B] bool, the response ended with a stop token;
+        kl: [B, T] per-token KL estimate; response_mask: [B, T].
+    Returns:
+        (token rewards [B, T] float32, stats) with detached 0-d tensors: ``kl`` (KL summed
+        over each response, mean over rows: the KL an adaptive controller steers),
+        ``reward`` (token rewards summed over each response, mean over rows) and
+        ``no_stop_fraction``.
+    """
+    if scores.shape != stopped.shape:
+        raise ValueError(
+            f"shape_rewards: shape mismatch: scores {list(scores.shape)} vs stopped "
+            f"{list(stopped.shape)}; both are one value per row, shape [B]"
+        )
+    if not score_std > 0:
+        raise ValueError(f"shape_rewards: score_std must be > 0, got {score_std}")
+    no_stop = (~stopped.bool()).float()
+    score = (scores.float() - score_mean) / score_std + no_stop_penalty * no_stop
+    rewards = token_rewards(score, kl, response_mask, kl_coef, clip_reward_value)
+    kl_real = select(kl.float(), response_mask)
+    stats = {
+        "kl": kl_real.sum(-1).mean().detach(),
+        "reward": rewards.sum(-1).mean().detach(),
+        "no_stop_fraction": no_stop.mean(),
+    }
+    return rewards, stats

@@ -3,7 +3,7 @@
 Each side is tokenized exactly like an SFT example (prompt + response + EOS, prompt rendered
 with :func:`render_prompt`), so the reward model sees the same token layout it will score
 during PPO, where a finished response ends with EOS and the score is read at that last real
-token (seed 003; DeepSpeed-Chat step 2 scores chosen and rejected in one batch).
+token (DeepSpeed-Chat step 2 scores chosen and rejected in one batch).
 """
 
 from __future__ import annotations

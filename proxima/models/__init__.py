@@ -1,19 +1,16 @@
 """Models of the four PPO roles, loaded from local Hugging Face folders, and tiny models
 built locally for tests and examples."""
 
+from proxima.models.forward import position_ids_from_mask, reward_model_scores
 from proxima.models.loading import (
     CRITIC_INIT,
-    critic_values,
     describe_model,
     init_reward_model,
-    last_token_index,
     load_causal_lm,
     load_critic,
     load_reward_model,
     load_tokenizer,
-    position_ids_from_mask,
     quiet_transformers,
-    reward_model_scores,
     scalar_head,
 )
 from proxima.models.tiny import (
@@ -36,10 +33,8 @@ __all__ = [
     "build_char_tokenizer",
     "build_tiny_model",
     "build_tiny_reward_model",
-    "critic_values",
     "describe_model",
     "init_model",
-    "last_token_index",
     "load_causal_lm",
     "load_critic",
     "load_reward_model",

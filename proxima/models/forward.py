@@ -1,8 +1,9 @@
-"""Forward passes shared by rollout scoring and training: logits of response tokens, values.
+"""Every forward pass of the four roles: logits of response tokens (actor, reference),
+values (critic), sequence scores (reward model), for rollout scoring and training alike.
 
 Prompts are left-padded, so positions are counted from each row's first real token
 (`position_ids_from_mask`); without that, padding would shift positions and change
-log-probs (tested in tests/trainer/test_forward.py).
+log-probs and values (tested in tests/trainer/test_forward.py).
 """
 
 from __future__ import annotations
@@ -10,8 +11,19 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import PreTrainedModel
 
-from proxima.models.loading import position_ids_from_mask
+from proxima.algos import last_token_index
+from proxima.models.loading import scalar_head
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token of each row.
+
+    attention_mask: [B, L] of 0/1. Returns [B, L] long; pads get 0 (they are masked anyway),
+    so a left-padded row sees the same positions as the unpadded sequence.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -49,7 +61,8 @@ def response_logits(
         **kwargs,
     )
     logits = out.logits[:, -response_length - 1 : -1]
-    # seed 001: divide by the sampling temperature, else the KL rises faster than it should
+    # divide by the sampling temperature (lm-human-preferences policy.py; "The N Implementation
+    # Details of RLHF with PPO"), else the KL rises faster than it should
     return logits / temperature if temperature != 1.0 else logits
 
 
@@ -70,3 +83,25 @@ def response_values(
         position_ids=position_ids_from_mask(attention_mask),
     )
     return out.logits[:, -response_length - 1 : -1, 0].float()
+
+
+def reward_model_scores(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Score of each sequence, read at its last real token (as DeepSpeed-Chat's reward model
+    reads it at the last token of the sequence). Returns [B] float32.
+
+    input_ids, attention_mask: [B, L]. The model's own pad-token pooling is bypassed: it
+    breaks when pad == eos or with left padding. Gradients flow if the caller enables them
+    (reward-model training reuses this).
+    """
+    out = model.base_model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state  # [B, L, H]
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    last, _ = last_token_index(attention_mask)
+    return scalar_head(model)(hidden[rows, last])[:, 0].float()

@@ -2,14 +2,14 @@
 
 - actor and reference: `AutoModelForCausalLM` (`load_causal_lm`, trainable or frozen);
 - critic: `AutoModelForTokenClassification` with one label, so a saved critic is a normal
-  Hugging Face folder (`load_critic`, `critic_values`);
-- reward model: `AutoModelForSequenceClassification` with one label (`load_reward_model`,
-  `reward_model_scores`).
+  Hugging Face folder (`load_critic`);
+- reward model: `AutoModelForSequenceClassification` with one label (`load_reward_model`).
+
+Every forward pass (logits, values, scores) is in `proxima.models.forward`; this module
+loads only.
 
 Dropout is switched off everywhere: PPO's ratio pi/pi_old must be exactly 1 on the first
-mini-batch, and dropout noise breaks that. Values and scores are computed from the backbone's
-hidden states and the head, with position ids taken from the attention mask, so left or
-right padding changes nothing (seed 003: the score is read at the last real token).
+mini-batch, and dropout noise breaks that.
 """
 
 from __future__ import annotations
@@ -48,15 +48,6 @@ _FIX = {
     "reward model": "point the reward model path at a folder saved from an "
     "AutoModelForSequenceClassification with num_labels=1 (train one with `proxima rm`)",
 }
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that start at 0 on the first real token of each row.
-
-    attention_mask: [B, L] of 0/1. Returns [B, L] long; pads get 0 (they are masked anyway),
-    so a left-padded row sees the same positions as the unpadded sequence.
-    """
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def _check_folder(path: str | Path, role: str, needs: str = "config.json") -> Path:
@@ -211,56 +202,6 @@ def scalar_head(model: PreTrainedModel) -> nn.Module:
     )
 
 
-def _hidden_states(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """Last hidden states [B, L, H] of the backbone, positions counted from the first real
-    token so that padding on either side does not shift them."""
-    out = model.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
-    return out.last_hidden_state
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index [B] of the last position with attention_mask == 1 in each row (0 if none).
-
-    Works for left padding, right padding, and pad_token_id == eos_token_id.
-    """
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    return (positions * (attention_mask != 0)).argmax(dim=-1)
-
-
-def reward_model_scores(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """Score of each sequence, read at its last real token (seed 003). Returns [B] float32.
-
-    input_ids, attention_mask: [B, L]. The model's own pad-token pooling is bypassed: it
-    breaks when pad == eos or with left padding. Gradients flow if the caller enables them
-    (reward-model training reuses this).
-    """
-    hidden = _hidden_states(model, input_ids, attention_mask)  # [B, L, H]
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    last = hidden[rows, last_token_index(attention_mask)]  # [B, H]
-    return scalar_head(model)(last)[:, 0].float()
-
-
-def critic_values(
-    critic: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """Value of every position. input_ids, attention_mask: [B, L] -> [B, L] float32.
-
-    Position ids come from the mask, so real tokens get the same values however the batch
-    is padded. Values at padded positions are meaningless; mask them downstream.
-    """
-    hidden = _hidden_states(critic, input_ids, attention_mask)  # [B, L, H]
-    return scalar_head(critic)(hidden)[..., 0].float()
-
-
 def _read_head_weights(folder: Path) -> dict[str, torch.Tensor]:
     """`weight` (and `bias` when present) of the one-label head saved in a reward-model folder,
     read straight from its safetensors files without building a second model."""
@@ -295,8 +236,9 @@ def _head_from_reward_model(folder: Path, dtype: torch.dtype) -> dict[str, torch
 @torch.no_grad()
 def _set_head(critic: PreTrainedModel, weights: dict[str, torch.Tensor] | None, seed: int) -> None:
     """Copy a head (bias 0 when absent), or with `weights=None` draw a new one:
-    weight ~ N(0, 1/sqrt(hidden+1)), bias 0 (the value-head init of TRL's ValueHead /
-    OpenAI's lm-human-preferences), reproducible given `seed`."""
+    weight ~ N(0, 1/sqrt(hidden+1)), bias 0, reproducible given `seed`. This is the init of
+    the *reward* head in OpenAI's lm-human-preferences (there the value head starts at zero);
+    a random head gives the critic distinct initial values to learn from."""
     head = scalar_head(critic)
     if weights is None:
         fan_in = head.weight.shape[-1]
@@ -322,7 +264,8 @@ def load_critic(
 
     init_from="actor": backbone from a causal-LM folder, new seeded head.
     init_from="reward_model": backbone and head from a sequence-classification folder, so
-    the critic starts as the reward model (seed 003). init_from="critic": a saved critic.
+    the critic starts as the reward model (as the PPO-tricks write-up and OpenRLHF advise).
+    init_from="critic": a saved critic.
     """
     if init_from not in CRITIC_INIT:
         raise ValueError(f"unknown critic init_from={init_from!r}; choose one of {CRITIC_INIT}")

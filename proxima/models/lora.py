@@ -6,7 +6,7 @@ zero, so a fresh adapter leaves the model's output exactly unchanged.
 
 The reference policy of a LoRA run is the actor itself with its adapters switched off
 (`AdapterDisabled`): the frozen base weights ARE the initial policy, so no second copy of
-the weights is loaded (USERS.md #9; OpenRLHF #1081 and #1349 kept a full reference model).
+the weights is loaded (OpenRLHF issues #1081 and #1349 kept a full reference model).
 
 peft is imported only when LoRA is used: a full fine-tuning run never pays for it.
 """
@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -137,28 +135,6 @@ def merged_copy(model: nn.Module) -> PreTrainedModel:
     restore the base weights bit for bit, and they are the reference. Costs one model copy
     while it lives."""
     return copy.deepcopy(model).merge_and_unload()
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    from proxima.models.loading import quiet_transformers
-
-    with quiet_transformers():
-        yield
-
-
-def save_role(model: nn.Module, tokenizer, parent: Path, name: str) -> None:
-    """Write `parent/name/`: a plain HF folder with the tokenizer (merged for LoRA), and for
-    LoRA also `parent/name_adapter/`: the peft adapter (adapter_config.json + weights)."""
-    parent = Path(parent)
-    if is_lora(model):
-        with _quiet():
-            merged_copy(model).save_pretrained(parent / name)
-        # the base embeddings are never resized, so only the adapter weights are saved
-        model.save_pretrained(parent / f"{name}_adapter", save_embedding_layers=False)
-    else:
-        model.save_pretrained(parent / name)
-    tokenizer.save_pretrained(parent / name)
 
 
 def load_adapter_weights(model: nn.Module, folder: Path, role: str) -> None:

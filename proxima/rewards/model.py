@@ -2,7 +2,7 @@
 
 When the reward model shares the policy's vocabulary, the policy's token ids are scored
 as they are (no decode/encode round trip). Otherwise the prompt + response text is
-re-tokenized with the reward model's own tokenizer (USERS.md #7: TRL required a shared
+re-tokenized with the reward model's own tokenizer (TRL required a shared
 tokenizer; here it is optional).
 """
 

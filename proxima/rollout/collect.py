@@ -1,4 +1,6 @@
-"""Prompts -> responses -> scores: the part of phase 1 shared by training and evaluation."""
+"""Prompts -> responses (`generate_rollout`) -> raw scores (`score_rollout`): phase 1, shared by
+training and evaluation (`collect` does both). Scores are the reward source's own output:
+every shaping (normalisation, no-stop penalty, clipping, KL) is `algos.shape_rewards`."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ class Rollout:
     prompts: list[str]  # [B] prompt text of each sequence
     responses: list[str]  # [B] decoded response (special tokens skipped)
     columns: dict[str, list]  # extra dataset columns, one entry per sequence
-    scores: torch.Tensor  # [B] reward score, with the no-stop penalty applied
     group_ids: torch.Tensor  # [B] index of the prompt within the batch
+    scores: torch.Tensor | None = None  # [B] raw reward score (set by score_rollout)
 
 
 def stop_token_ids(tokenizer, cfg: RolloutConfig) -> list[int]:
@@ -50,18 +52,17 @@ def _cat_generations(parts: list[Generation], pad_id: int) -> Generation:
     )
 
 
-def collect(
+def generate_rollout(
     actor: torch.nn.Module,
     tokenizer,
     items: list,
-    reward,
     cfg: RolloutConfig,
     device: torch.device,
     *,
     greedy: bool = False,
     n: int | None = None,
 ) -> Rollout:
-    """Generate `n` responses per prompt item (greedy or sampled) and score them."""
+    """Generate `n` responses per prompt item (greedy or sampled), decoded; not scored."""
     n = cfg.n if n is None else n
     items = [it for it in items for _ in range(n)]
     group_ids = torch.arange(len(items) // n).repeat_interleave(n)
@@ -87,7 +88,28 @@ def collect(
     responses = tokenizer.batch_decode(gen.response_ids.cpu(), skip_special_tokens=True)
     prompts = [it.text for it in items]
     columns = {k: [it.columns.get(k) for it in items] for k in items[0].columns}
-    scores = reward(prompts, responses, columns, gen.input_ids, gen.attention_mask).float()
-    if cfg.no_stop_penalty:
-        scores = scores + cfg.no_stop_penalty * (~gen.stopped.cpu()).float()
-    return Rollout(gen, prompts, responses, columns, scores, group_ids)
+    return Rollout(gen, prompts, responses, columns, group_ids)
+
+
+def score_rollout(ro: Rollout, reward) -> Rollout:
+    """Set `ro.scores` [B] float32: the reward source's raw score of each sequence."""
+    gen = ro.gen
+    ro.scores = reward(ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask)
+    ro.scores = ro.scores.float()
+    return ro
+
+
+def collect(
+    actor: torch.nn.Module,
+    tokenizer,
+    items: list,
+    reward,
+    cfg: RolloutConfig,
+    device: torch.device,
+    *,
+    greedy: bool = False,
+    n: int | None = None,
+) -> Rollout:
+    """`generate_rollout` then `score_rollout` (evaluation; training times them apart)."""
+    ro = generate_rollout(actor, tokenizer, items, cfg, device, greedy=greedy, n=n)
+    return score_rollout(ro, reward)

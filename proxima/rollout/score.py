@@ -1,7 +1,7 @@
 """Phase 1b: scoring passes without gradients -> Experience.
 
 Old log-probs (actor, logits / temperature), reference log-probs, critic values and the
-reward score of each generated sequence, computed in micro-batches.
+per-token KL estimate of each generated sequence, computed in micro-batches.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import kl_full, logprobs_from_logits
+from proxima.algos import kl_full, kl_penalty, logprobs_from_logits
 from proxima.models.forward import response_logits, response_values
 from proxima.rollout.generate import Generation
 from proxima.types import Experience
@@ -79,21 +79,24 @@ def build_experience(
     temperature: float,
     micro_batch_size: int,
     group_ids: torch.Tensor,
-    full_kl: bool = False,
+    kl_estimator: str = "k1",
 ) -> Experience:
     """Run the scoring passes and pack everything into one Experience.
 
-    `reference` may be None when no KL is used (saves a forward pass); `critic` is None for
-    critic-free estimators; `full_kl` also computes the exact per-token KL (kl_penalty=full).
+    `reference` may be None when no KL is used (saves a forward pass; the KL is then 0);
+    `critic` is None for critic-free estimators. `kl_estimator` names how the per-token
+    KL(actor || reference) is estimated: one of `algos.KL_ESTIMATORS` from the two
+    log-probs, or `full`, exact over the vocabulary (one more pair of forward passes).
     """
     old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
     ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
     values = sequence_values(critic, gen, micro_batch_size) if critic is not None else None
-    kl = (
-        sequence_kl_full(actor, reference, gen, temperature, micro_batch_size)
-        if full_kl and reference is not None
-        else None
-    )
+    if reference is None:
+        kl = torch.zeros_like(old)
+    elif kl_estimator == "full":
+        kl = sequence_kl_full(actor, reference, gen, temperature, micro_batch_size)
+    else:
+        kl = kl_penalty(old, ref, kl_estimator) * gen.response_mask
     return Experience(
         input_ids=gen.input_ids,
         attention_mask=gen.attention_mask,
@@ -102,6 +105,7 @@ def build_experience(
         ref_logprobs=ref,
         values=values,
         scores=scores.to(old.device, torch.float32),
+        stopped=gen.stopped.to(old.device),
+        kl=kl,
         group_ids=group_ids,
-        full_kl=kl,
     )

@@ -1,20 +1,45 @@
 """Built-in tasks: each writes its prompt files, builds and warm-starts its tiny model, and
-points the config at them, so `proxima train` runs end to end with nothing downloaded."""
+returns a config that names them, so `proxima train` runs end to end with nothing
+downloaded. Tasks sit above the trainer: they use it, it never imports them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from proxima.checkpoint import saved_config
 from proxima.config import Config, ConfigError
 
+# A task fills these itself; a resumed task run takes them from its checkpoint instead of
+# preparing the task (and its SFT) again, so the reference stays the original initial actor.
+TASK_PATHS = ("model.actor_path", "data.train_path", "data.eval_path")
 
-def prepare_task(cfg: Config, run_dir: Path) -> dict:
-    """Prepare cfg.task.name in run_dir/task; fills the model/data/reward paths of cfg."""
+
+def _tasks() -> dict:
     from proxima.tasks import arithmetic
 
-    tasks = {"arithmetic": arithmetic.prepare}
-    if cfg.task.name not in tasks:
+    return {"arithmetic": arithmetic.prepare}
+
+
+def check_task(cfg: Config) -> None:
+    if cfg.task.name and cfg.task.name not in _tasks():
         raise ConfigError(
-            f"Unknown `task.name` {cfg.task.name!r}. Built-in tasks: {', '.join(tasks)}."
+            f"Unknown `task.name` {cfg.task.name!r}. Built-in tasks: {', '.join(_tasks())}."
         )
-    return tasks[cfg.task.name](cfg, run_dir / "task")
+
+
+def prepare_task(cfg: Config, run_dir: Path) -> tuple[Config, dict]:
+    """Prepare cfg.task.name in run_dir/task; returns the config that names its model, data
+    and reward, and what the preparation did (for summary.json)."""
+    check_task(cfg)
+    return _tasks()[cfg.task.name](cfg, Path(run_dir) / "task")
+
+
+def resumed_task_config(cfg: Config) -> Config:
+    """A task run resumed from a checkpoint: the task's paths (and its reward, unless this
+    config names one) as the checkpoint's config resolved them."""
+    saved = saved_config(cfg.trainer.resume_from)
+    changes = {key: saved.get(key, "") for key in TASK_PATHS}
+    if not cfg.reward.function and not cfg.reward.model_path:
+        changes["reward.function"] = saved.get("reward.function", "")
+        changes["reward.model_path"] = saved.get("reward.model_path", "")
+    return cfg.replace(changes)

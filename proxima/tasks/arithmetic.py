@@ -1,8 +1,8 @@
 """Multi-digit addition with a verifiable 0/1 reward: the default example.
 
-The small-scale analogue of verl's GSM8K example (seed 002): a prompt "37+48=", the answer
-"85", reward 1 for an exact answer. The operand pairs are split once, by seed, into
-disjoint held-out, SFT and RL sets, so the evaluation measures generalisation.
+The small-scale analogue of verl's GSM8K example (verl's PPO documentation): a prompt
+"37+48=", the answer "85", reward 1 for an exact answer. The operand pairs are split once,
+by seed, into disjoint held-out, SFT and RL sets, so the evaluation measures generalisation.
 """
 
 from __future__ import annotations
@@ -13,6 +13,11 @@ import time
 from pathlib import Path
 
 from proxima.config import Config
+from proxima.models import init_model, load_causal_lm, load_tokenizer
+from proxima.rewards import FunctionReward
+from proxima.trainer.evaluate import evaluate
+from proxima.trainer.setup import load_prompts, load_sft
+from proxima.trainer.sft import sft_train
 
 ALPHABET = "0123456789+="
 REWARD_FN = "proxima.tasks.arithmetic:reward"
@@ -61,10 +66,6 @@ def write_data(folder: Path, splits: dict[str, list[tuple[int, int]]]) -> dict[s
 
 def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
     """SFT stopping rule: greedy accuracy on the validation split reaches the target."""
-    from proxima.rewards import FunctionReward
-    from proxima.trainer.evaluate import evaluate
-    from proxima.trainer.setup import load_prompts
-
     items = list(load_prompts(cfg, str(val_path), tok))
     source = FunctionReward(reward, REWARD_FN)
     history: list[tuple[int, float]] = []
@@ -81,16 +82,14 @@ def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
     return should_stop, history
 
 
-def prepare(cfg: Config, folder: Path) -> dict:
-    """Write the data, build the tiny model, SFT warm start; point cfg at the results.
+def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
+    """Write the data, build the tiny model, SFT warm start; return the config pointed at
+    the results, and what was done.
 
     The warm start stops once greedy accuracy on a validation split (disjoint from every
     other split) reaches `task.sft_target_accuracy`, or after `task.sft_steps`: a real,
     partly trained starting point whatever the machine's numerics.
     """
-    from proxima.models import init_model, load_causal_lm, load_tokenizer
-    from proxima.trainer.setup import load_sft
-    from proxima.trainer.sft import sft_train
 
     t = cfg.task
     start = time.perf_counter()
@@ -127,11 +126,14 @@ def prepare(cfg: Config, folder: Path) -> dict:
         )
     model.save_pretrained(folder / "sft")
     tok.save_pretrained(folder / "sft")
-    cfg.model.actor_path = str(folder / "sft")
-    cfg.data.train_path, cfg.data.eval_path = str(paths["train"]), str(paths["eval"])
+    changes = {
+        "model.actor_path": str(folder / "sft"),
+        "data.train_path": str(paths["train"]),
+        "data.eval_path": str(paths["eval"]),
+    }
     if not cfg.reward.function and not cfg.reward.model_path:
-        cfg.reward.function = REWARD_FN
-    return {
+        changes["reward.function"] = REWARD_FN
+    return cfg.replace(changes), {
         "name": t.name,
         "sft_steps": len(losses),
         "sft_final_loss": losses[-1] if losses else None,

@@ -1,8 +1,6 @@
-"""In-loop evaluation on held-out prompts (USERS.md #11): before, during and after."""
+"""Evaluation on held-out prompts: before, during and after training, and `proxima eval`."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 
@@ -31,11 +29,10 @@ def evaluate(
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
     The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
     """
-    raw = dataclasses.replace(cfg, no_stop_penalty=0.0)
     scores, lengths, samples = [], [], []
     for i in range(0, len(items), batch_size):
         ro = collect(
-            actor, tokenizer, items[i : i + batch_size], reward, raw, device, greedy=greedy, n=1
+            actor, tokenizer, items[i : i + batch_size], reward, cfg, device, greedy=greedy, n=1
         )
         scores.append(ro.scores)
         lengths.append(ro.gen.response_mask.sum(1).float().cpu())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -30,3 +31,78 @@ def build_optimizer(
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, cfg))
     return opt, sched
+
+
+def finetune_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup_steps: int = 0):
+    """The SFT and reward-model schedule: AdamW (betas 0.9, 0.99, no weight decay), linear
+    warm-up, then cosine to 10% of lr over `steps`."""
+    cfg = OptimConfig(
+        lr=lr,
+        schedule="cosine",
+        betas=[0.9, 0.99],
+        warmup_steps=warmup_steps,
+        weight_decay=0.0,
+        min_lr_ratio=0.1,
+    )
+    return build_optimizer(model, cfg, steps)
+
+
+def optimizer_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
+) -> tuple[float, bool]:
+    """Clip and step, for every training loop (PPO, SFT, reward model). A step whose
+    gradient is not finite is skipped, and does not advance the learning-rate schedule
+    either: it did not happen. Returns (gradient norm before clipping, stepped)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    ok = bool(torch.isfinite(norm))
+    if ok:
+        opt.step()
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return float(norm), ok
+
+
+class TrainedRole:
+    """A model PPO trains (actor or critic) with its optimizer, schedule and config section.
+
+    `state_dict()` / `load_state_dict()` follow torch's protocol; the weights themselves are
+    saved as Hugging Face folders (`proxima.models.saving`).
+    """
+
+    def __init__(self, name: str, model: torch.nn.Module, cfg, total_steps: int) -> None:
+        self.name, self.model, self.cfg = name, model, cfg
+        self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, total_steps)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step(self) -> tuple[float, bool]:
+        return optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore optimizer + schedule position, then apply this config's hyper-parameters
+        (a resumed run may change the lr, betas, eps, weight decay; the same config leaves
+        every value as saved)."""
+        ocfg = self.cfg.optim
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group in self.optimizer.param_groups:
+            group.update(
+                betas=tuple(ocfg.betas),
+                eps=ocfg.eps,
+                weight_decay=ocfg.weight_decay,
+                initial_lr=ocfg.lr,
+            )
+        base_lrs = [ocfg.lr for _ in self.optimizer.param_groups]
+        if self.scheduler.base_lrs != base_lrs:  # the lr changed since the checkpoint:
+            # recompute lr = base_lr * factor(step) at the restored step, the scheduler's way
+            self.scheduler.base_lrs = base_lrs
+            self.scheduler.last_epoch -= 1
+            with warnings.catch_warnings():  # "step() before optimizer.step()": not a new step
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()

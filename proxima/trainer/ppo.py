@@ -1,4 +1,10 @@
-"""The PPO loop. `step()` reads as the numbered phases of DESIGN.md, one call each."""
+"""The PPO loop. `step()` reads as the numbered phases of DESIGN.md, one call each.
+
+The trainer owns every piece of state that changes while it trains (the trained roles with
+their optimizers and schedules, the KL controller, the score statistics, the prompt loaders,
+the shuffle generator, the global RNG, the iteration) and exposes it through torch's
+`state_dict()` / `load_state_dict()`; `proxima.checkpoint` only writes and finds folders.
+"""
 
 from __future__ import annotations
 
@@ -13,17 +19,18 @@ from proxima.algos import (
     FixedKLController,
     RunningMoments,
     compute_advantages,
-    kl_penalty,
     masked_mean,
     masked_var,
     masked_whiten,
-    token_rewards,
+    shape_rewards,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader, collate_sft
-from proxima.rollout.collect import Rollout, collect
+from proxima.models.saving import load_role, save_role
+from proxima.rng import rng_state, set_rng_state
+from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.score import build_experience
-from proxima.trainer.optim import build_optimizer
+from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
 from proxima.types import Experience
@@ -65,15 +72,12 @@ class PPOTrainer:
         self.iteration = 0
         self.timer = PhaseTimer()
         n_seq = cfg.rollout_batch_size
-        steps = lambda sec: (
-            cfg.trainer.iterations * sec.ppo_epochs * (n_seq // sec.ppo_mini_batch_size)
-        )
-        self.actor_opt = build_optimizer(roles.actor, cfg.actor.optim, steps(cfg.actor))
-        self.critic_opt = (
-            build_optimizer(roles.critic, cfg.critic.optim, steps(cfg.critic))
-            if roles.critic is not None
-            else None
-        )
+        self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained
+        for name, sec in cfg.trained_roles().items():
+            model = getattr(roles, name)
+            if model is not None:
+                steps = cfg.trainer.iterations * sec.ppo_epochs * (n_seq // sec.ppo_mini_batch_size)
+                self.trained[name] = TrainedRole(name, model, sec, steps)
         self.sft_loader = (
             PromptLoader(sft_data, cfg.actor.ppo_micro_batch_size, seed=cfg.trainer.seed + 1)
             if sft_data
@@ -85,29 +89,26 @@ class PPOTrainer:
     def step(self) -> tuple[dict[str, float], Rollout]:
         t = self.timer
         with t("generate"):
-            ro = self.generate()  # 1. the actor writes responses; the reward scores them
+            ro = self.generate()  # 1. the actor writes responses
+        with t("reward"):
+            score_rollout(ro, self.roles.reward)  # 2. the reward model / function scores them
         with t("score"):
-            exp = self.score(ro)  # 2. old / reference log-probs and values
+            exp = self.score(ro)  # 3. old / reference log-probs, values, per-token KL
         with t("rewards"):
-            kl = self.compute_token_rewards(exp)  # 3. -kl_coef * KL + clipped score
+            shaping = self.shape_rewards(exp)  # 4. -kl_coef * KL + shaped, clipped score
         with t("advantages"):
-            self.compute_advantages(exp)  # 4. GAE or a critic-free estimator
+            self.compute_advantages(exp)  # 5. GAE or a critic-free estimator
         with t("update"):
-            train_stats = self.update(exp)  # 5. PPO epochs over shuffled mini-batches
-        metrics = self.metrics(exp, kl, train_stats)  # 6. metrics; KL controller update
-        self.kl_ctl.update(metrics["kl"], exp.batch_size)
+            train_stats = self.update(exp)  # 6. PPO epochs over shuffled mini-batches
+        metrics = self.metrics(exp, shaping, train_stats)  # 7. metrics; KL controller
+        self.kl_ctl.update(shaping["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro
 
     def generate(self) -> Rollout:
-        items = next(self.loader)
-        return collect(
-            self.roles.actor,
-            self.roles.tokenizer,
-            items,
-            self.roles.reward,
-            self.cfg.rollout,
-            self.device,
+        cfg = self.cfg
+        return generate_rollout(
+            self.roles.actor, self.roles.tokenizer, next(self.loader), cfg.rollout, self.device
         )
 
     def score(self, ro: Rollout) -> Experience:
@@ -120,26 +121,28 @@ class PPOTrainer:
             temperature=self.cfg.rollout.temperature,
             micro_batch_size=self.cfg.rollout.micro_batch_size,
             group_ids=ro.group_ids,
-            full_kl=self.cfg.algorithm.kl_penalty == "full",
+            kl_estimator=self.cfg.algorithm.kl_penalty,
         )
 
-    def compute_token_rewards(self, exp: Experience) -> torch.Tensor:
-        """Fill exp.token_rewards; return the per-token KL estimate [B, R] (0 without a ref)."""
+    def shape_rewards(self, exp: Experience) -> dict[str, float]:
+        """Fill exp.token_rewards; return the shaping stats (kl, reward, no_stop_fraction)."""
         a = self.cfg.algorithm
-        mask = exp.response_mask
-        if exp.full_kl is not None:
-            kl = exp.full_kl * mask
-        elif exp.ref_logprobs is not None:
-            kl = kl_penalty(exp.old_logprobs, exp.ref_logprobs, a.kl_penalty) * mask
-        else:
-            kl = torch.zeros_like(exp.old_logprobs)
-        coef = self.kl_ctl.value if a.use_kl_in_reward else 0.0
-        scores = exp.scores
+        mean, std = 0.0, 1.0
         if a.normalize_scores:
-            self.score_moments.update(scores)
-            scores = (scores - self.score_moments.mean) / self.score_moments.std
-        exp.token_rewards = token_rewards(scores, kl, mask, coef, a.clip_reward_value or None)
-        return kl
+            self.score_moments.update(exp.scores)
+            mean, std = self.score_moments.mean, self.score_moments.std
+        exp.token_rewards, stats = shape_rewards(
+            exp.scores,
+            exp.stopped,
+            exp.kl,
+            exp.response_mask,
+            kl_coef=self.kl_ctl.value if a.use_kl_in_reward else 0.0,
+            clip_reward_value=a.clip_reward_value or None,
+            no_stop_penalty=self.cfg.rollout.no_stop_penalty,
+            score_mean=mean,
+            score_std=std,
+        )
+        return {k: float(v) for k, v in stats.items()}
 
     def compute_advantages(self, exp: Experience) -> None:
         a = self.cfg.algorithm
@@ -160,52 +163,44 @@ class PPOTrainer:
 
     def update(self, exp: Experience) -> dict[str, float]:
         stats = {}
-        if self.roles.critic is not None:
+        critic = self.trained.get("critic")
+        if critic is not None:
             stats.update(
                 self._update_role(
-                    "critic",
-                    exp,
-                    lambda mb: critic_micro_loss(self.roles.critic, mb, self.cfg.critic),
+                    critic, exp, lambda mb: critic_micro_loss(critic.model, mb, critic.cfg)
                 )
             )
         if self.iteration < self.cfg.critic.warmup_iterations:
             return stats  # critic warm-up: the actor waits for a useful baseline
-        a, temperature = self.cfg.actor, self.cfg.rollout.temperature
+        actor, temperature = self.trained["actor"], self.cfg.rollout.temperature
         stats.update(
             self._update_role(
-                "actor",
+                actor,
                 exp,
                 lambda mb: actor_micro_loss(
-                    self.roles.actor, mb, a, temperature, self.roles.reference
+                    actor.model, mb, actor.cfg, temperature, self.roles.reference
                 ),
-                extra_loss=self._ptx_loss if a.ptx_coef else None,
+                extra_loss=self._ptx_loss if actor.cfg.ptx_coef else None,
             )
         )
         return stats
 
     def _update_role(
-        self, role: str, exp: Experience, micro_loss, extra_loss=None
+        self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None
     ) -> dict[str, float]:
         """Epochs x mini-batches of one trained role, as its config section says."""
-        sec = getattr(self.cfg, role)
         stats = run_updates(
-            getattr(self.roles, role),
-            *getattr(self, f"{role}_opt"),
+            role,
             exp,
-            epochs=sec.ppo_epochs,
-            mini_size=sec.ppo_mini_batch_size,
-            micro_size=sec.ppo_micro_batch_size,
-            shuffle=sec.shuffle,
-            agg=sec.loss_agg_mode,
-            grad_clip=sec.optim.grad_clip,
             micro_loss=micro_loss,
             generator=self.generator,
             extra_loss=extra_loss,
         )
-        return {f"{role}/{k}": v for k, v in stats.items()}
+        return {f"{role.name}/{k}": v for k, v in stats.items()}
 
     def _ptx_loss(self) -> torch.Tensor:
-        """ptx_coef x next-token cross-entropy on one SFT micro-batch (seed 003)."""
+        """ptx_coef x next-token cross-entropy on one SFT micro-batch (InstructGPT's PPO-ptx,
+        arXiv:2203.02155 eq. 2)."""
         batch = collate_sft(next(self.sft_loader), self.roles.tokenizer.pad_token_id)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         out = self.roles.actor(**batch)
@@ -213,27 +208,67 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ metrics
 
-    def metrics(self, exp: Experience, kl: torch.Tensor, train_stats: dict) -> dict[str, float]:
+    def metrics(self, exp: Experience, shaping: dict, train_stats: dict) -> dict[str, float]:
         mask = exp.response_mask
         lengths = mask.sum(1).float()
         gen_s = self.timer.last["generate"]
         m = {
             "score": float(exp.scores.mean()),
             "score_std": float(exp.scores.std()) if exp.batch_size > 1 else 0.0,
-            "reward": float((exp.token_rewards * mask).sum(1).mean()),
             # the KL that is optimised: the configured estimator, summed over each response
-            "kl": float((kl * mask).sum(1).mean()),
+            **shaping,
             "kl_coef": float(self.kl_ctl.value),
             "response_length": float(lengths.mean()),
             "advantages_mean": float(masked_mean(exp.advantages, mask)),
             "advantages_std": float(masked_var(exp.advantages, mask).sqrt()),
             "returns_mean": float(masked_mean(exp.returns, mask)),
-            "actor/lr": self.actor_opt[1].get_last_lr()[0],
             "tokens_per_s": float(lengths.sum()) / max(gen_s, 1e-9),
         }
         if exp.values is not None:
             m["values_mean"] = float(masked_mean(exp.values, mask))
-            m["critic/lr"] = self.critic_opt[1].get_last_lr()[0]
+        m.update({f"{name}/lr": role.lr for name, role in self.trained.items()})
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
         return m
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        """Everything but the weights that a resumed run needs to continue exactly; only
+        types `torch.load(weights_only=True)` reads back."""
+        return {
+            "iteration": int(self.iteration),
+            "roles": {name: role.state_dict() for name, role in self.trained.items()},
+            "kl_coef": float(self.kl_ctl.value),
+            "score_moments": self.score_moments.state_dict(),
+            "loader": self.loader.state_dict(),
+            "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
+            "generator": self.generator.get_state(),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`. The KL coefficient is restored for an adaptive controller
+        only (a fixed one keeps the config's value, which a resumed run may change)."""
+        for name, role in self.trained.items():
+            role.load_state_dict(state["roles"][name])
+        if self.cfg.algorithm.kl_ctrl.type == "adaptive":
+            self.kl_ctl.value = float(state["kl_coef"])
+        self.score_moments.load_state_dict(state["score_moments"])
+        self.loader.load_state_dict(state["loader"])
+        if self.sft_loader is not None and state["sft_loader"] is not None:
+            self.sft_loader.load_state_dict(state["sft_loader"])
+        self.generator.set_state(state["generator"])
+        set_rng_state(state["rng"])
+        self.iteration = int(state["iteration"])
+
+    def save_models(self, folder) -> None:
+        """Each trained role as a plain Hugging Face folder (`actor/`, `critic/`; LoRA
+        merged in, plus `actor_adapter/`, `critic_adapter/`)."""
+        for name, role in self.trained.items():
+            save_role(role.model, self.roles.tokenizer, folder, name)
+
+    def load_models(self, folder) -> None:
+        """Weights written by `save_models`, in place (the optimizers keep their tensors)."""
+        for name, role in self.trained.items():
+            load_role(role.model, folder, name)

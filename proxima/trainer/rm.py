@@ -17,12 +17,11 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from proxima.config import OptimConfig
 from proxima.data import PromptLoader
 from proxima.data.preferences import PreferenceItem, collate_preferences
 from proxima.logging import progress
-from proxima.models.loading import reward_model_scores
-from proxima.trainer.optim import build_optimizer
+from proxima.models.forward import reward_model_scores
+from proxima.trainer.optim import finetune_optimizer, optimizer_step
 
 CURVES = ("loss", "accuracy", "margin")
 
@@ -132,10 +131,7 @@ def rm_train(
     if eval_dataset is not None:
         probes["eval"] = eval_dataset
     result: dict[str, Any] = _evaluate_all(model, probes, pad, device, "before")
-    # The SFT loop's schedule: cosine to 10 % of lr, no weight decay.
-    cfg = OptimConfig(lr=lr, schedule="cosine", betas=[0.9, 0.99], warmup_steps=warmup_steps)
-    cfg.weight_decay, cfg.min_lr_ratio = 0.0, 0.1
-    opt, sched = build_optimizer(model, cfg, steps)
+    opt, sched = finetune_optimizer(model, lr, steps, warmup_steps)
     loader = PromptLoader(dataset, batch_size, seed=seed)
     curves: dict[str, list[float]] = {k: [] for k in CURVES}
     model.train()
@@ -149,10 +145,7 @@ def rm_train(
                 f"the reward-model loss is {stats['loss']} at step {step}; lower --lr."
             )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
+        optimizer_step(model, opt, sched, grad_clip=1.0)  # a non-finite step is skipped
         for key in CURVES:
             curves[key].append(stats[key])
         bar.update(1)

@@ -1,19 +1,18 @@
-"""A whole run: set-up, evaluation before, the PPO iterations, evaluation after, outputs."""
+"""A whole PPO run from a complete config: set-up, evaluation before, the iterations,
+evaluation after, outputs. (A built-in task is prepared above this, in proxima.recipes.)"""
 
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from proxima.checkpoint import load_checkpoint, preserve_rng, resume_point, save_periodic
-from proxima.config import Config, batch_plan
+from proxima.checkpoint import check_resume, load_checkpoint, save_periodic
+from proxima.config import Config, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
-from proxima.models.lora import save_role
+from proxima.rng import preserve_rng, seed_everything
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
@@ -46,12 +45,6 @@ PLOT_KEYS = [
 ]
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def new_run_dir(path: str | Path) -> Path:
     """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten."""
     base = Path(path)
@@ -61,15 +54,6 @@ def new_run_dir(path: str | Path) -> Path:
         candidate = base.with_name(f"{base.name}-{k}")
     candidate.mkdir(parents=True, exist_ok=True)
     return candidate
-
-
-def _save_models(trainer: PPOTrainer, out: Path) -> None:
-    """actor/ and critic/ as plain HF folders (LoRA merged in), plus actor_adapter/ and
-    critic_adapter/ (peft folders) for a LoRA run."""
-    roles = trainer.roles
-    save_role(roles.actor, roles.tokenizer, out, "actor")
-    if roles.critic is not None:  # USERS.md #8: the value model is kept, not thrown away
-        save_role(roles.critic, roles.tokenizer, out, "critic")
 
 
 def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
@@ -110,20 +94,18 @@ def _load_data(cfg: Config, tokenizer) -> tuple:
     return prompts, eval_items, sft
 
 
-def train(cfg: Config, run_dir: Path | None = None) -> dict:
-    """Run PPO as configured; returns (and writes) the run's summary."""
+def train_ppo(cfg: Config, run_dir: Path | None = None, summary: dict | None = None) -> dict:
+    """Run PPO as configured into `run_dir` (default: a new folder at trainer.output_dir);
+    returns (and writes) the run's summary, which starts from `summary`."""
     start = time.perf_counter()
-    resume = resume_point(cfg)  # checked before anything is written
+    check_sources(cfg)
+    resume = check_resume(cfg)  # checked before anything is written
     run_dir = run_dir or new_run_dir(cfg.trainer.output_dir)
     seed_everything(cfg.trainer.seed)
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     device = resolve_device(cfg.model.device)
-    summary: dict = {"run_dir": str(run_dir)}
-    if cfg.task.name and resume is None:  # a resumed task run reuses the checkpoint's paths
-        from proxima.tasks import prepare_task
-
-        summary["task"] = prepare_task(cfg, run_dir)
+    summary = {"run_dir": str(run_dir), **(summary or {})}
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     print(batch_plan(cfg))
     roles = load_roles(cfg, device)
@@ -139,7 +121,7 @@ def train(cfg: Config, run_dir: Path | None = None) -> dict:
         summary.update(_loop(trainer, cfg, logger, eval_items, run_dir))
     finally:
         logger.close()
-    _save_models(trainer, run_dir)
+    trainer.save_models(run_dir)  # the value model too: kept, not thrown away
     summary.update(
         config=cfg.to_dict(),
         iterations=trainer.iteration,

@@ -36,7 +36,7 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclass
 class Roles:
-    """The four models of PPO-RLHF (seed 000) and the policy's tokenizer."""
+    """The four models of PPO-RLHF (InstructGPT, DeepSpeed-Chat) and the policy's tokenizer."""
 
     tokenizer: object
     actor: torch.nn.Module
@@ -45,7 +45,7 @@ class Roles:
     reward: object  # callable reward source, see proxima.rewards
 
     def report(self) -> str:
-        """What each role costs (USERS.md #2): parameters, trainable, bytes."""
+        """What each role costs in memory: parameters, trainable, bytes."""
         lines = []
         for name in ("actor", "reference", "critic"):
             model = getattr(self, name)
@@ -100,7 +100,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
 
     With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
     adapters, and the reference is the actor with its adapters disabled unless
-    model.reference_path names another model (USERS.md #9)."""
+    model.reference_path names another model (no second copy of the weights)."""
     dtype = _DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
     tok = load_tokenizer(cfg.model.actor_path)

@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.config import OptimConfig
 from proxima.data import PromptLoader, collate_sft
 from proxima.logging import progress
-from proxima.trainer.optim import build_optimizer
+from proxima.trainer.optim import finetune_optimizer, optimizer_step
 
 
 def sft_train(
@@ -31,18 +30,7 @@ def sft_train(
     `stop_fn(step)` is asked every `check_every` steps whether to stop early (e.g. a target
     validation accuracy). Returns the loss of every step taken.
     """
-    opt, sched = build_optimizer(
-        model,
-        OptimConfig(
-            lr=lr,
-            schedule="cosine",
-            betas=[0.9, 0.99],
-            warmup_steps=warmup_steps,
-            weight_decay=0.0,
-            min_lr_ratio=0.1,
-        ),
-        steps,
-    )
+    opt, sched = finetune_optimizer(model, lr, steps, warmup_steps)
     loader = PromptLoader(dataset, batch_size, seed=seed)
     model.train()
     losses = []
@@ -51,10 +39,7 @@ def sft_train(
         batch = collate_sft(next(loader), tokenizer.pad_token_id)
         out = model(**{k: v.to(device) for k, v in batch.items()})
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
+        optimizer_step(model, opt, sched, grad_clip=1.0)  # a non-finite step is skipped
         losses.append(float(out.loss.detach()))
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.4f}")

@@ -2,7 +2,8 @@
 
 Micro-batches accumulate gradients with weights chosen so that a mini-batch's gradient is
 the same whatever the micro-batch size (token-mean: each micro-batch's mean is weighted
-by its share of the mini-batch's tokens; seq modes: by its share of sequences).
+by its share of the mini-batch's tokens; seq modes: by its share of sequences; token-sum:
+each sum counts once).
 """
 
 from __future__ import annotations
@@ -24,11 +25,15 @@ from proxima.algos import (
 )
 from proxima.config import ActorConfig, CriticConfig
 from proxima.models.forward import response_logits, response_values
+from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience
 
 
 def micro_weight(micro: Experience, mini: Experience, mode: str) -> float:
-    """Share of the mini-batch that a micro-batch's mean loss stands for."""
+    """Share of the mini-batch that a micro-batch's mean loss stands for (1 for token-sum:
+    the sums of the micro-batches add up to the mini-batch's sum)."""
+    if mode == "token-sum":
+        return 1.0
     if mode == "token-mean":
         return float(micro.response_mask.sum()) / max(1.0, float(mini.response_mask.sum()))
     return micro.batch_size / mini.batch_size
@@ -61,21 +66,6 @@ class StatsAccumulator:
 
     def means(self) -> dict[str, float]:
         return {k: self._sums[k] / max(1e-12, self._weights[k]) for k in self._sums}
-
-
-def _optimizer_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
-) -> tuple[float, bool]:
-    """Clip and step; skip the step if the gradient is not finite (USERS.md #3). A skipped
-    step does not advance the learning-rate schedule either: it did not happen."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    ok = bool(torch.isfinite(norm))
-    if ok:
-        opt.step()
-        sched.step()
-    opt.zero_grad(set_to_none=True)
-    return float(norm), ok
 
 
 def _kl_to_reference(logits, logprobs, mb: Experience, kind: str, reference, temperature):
@@ -149,29 +139,24 @@ def critic_micro_loss(
 
 
 def run_updates(
-    model: torch.nn.Module,
-    opt,
-    sched,
+    role: TrainedRole,
     exp: Experience,
     *,
-    epochs: int,
-    mini_size: int,
-    micro_size: int,
-    shuffle: bool,
-    agg: str,
-    grad_clip: float,
     micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
     generator: torch.Generator,
     extra_loss: Callable[[], torch.Tensor | None] | None = None,
 ) -> dict[str, float]:
-    """Epochs x shuffled mini-batches; each mini-batch one optimizer step."""
+    """Epochs x shuffled mini-batches of `role` (sizes from its config section); each
+    mini-batch one optimizer step."""
+    sec = role.cfg
     acc = StatsAccumulator()
-    model.train()
+    role.model.train()
     skipped = 0
-    for mini in mini_batches(exp, mini_size, epochs, shuffle, generator):
-        for micro in mini.split(micro_size):
+    batches = mini_batches(exp, sec.ppo_mini_batch_size, sec.ppo_epochs, sec.shuffle, generator)
+    for mini in batches:
+        for micro in mini.split(sec.ppo_micro_batch_size):
             loss, stats = micro_loss(micro)
-            w = micro_weight(micro, mini, agg)
+            w = micro_weight(micro, mini, sec.loss_agg_mode)
             (loss * w).backward()
             acc.add(stats, w)
         if extra_loss is not None:
@@ -179,7 +164,7 @@ def run_updates(
             if extra is not None:
                 extra.backward()
                 acc.add({"ptx_loss": float(extra.detach())})
-        norm, ok = _optimizer_step(model, opt, sched, grad_clip)
+        norm, ok = role.step()
         skipped += not ok
         acc.add({"grad_norm": norm})
     out = acc.means()

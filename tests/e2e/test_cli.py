@@ -183,6 +183,22 @@ def test_sft_writes_loadable_model(tmp_path, make_model, sft_file):
     assert _sft_loss(out, sft_file) < _sft_loss(init, sft_file) - 0.3
 
 
+def test_sft_takes_a_yaml_and_overrides_like_train(tmp_path, make_model, sft_file):
+    """One config path for every command: `proxima sft my.yaml sft.steps=2` (flags are
+    only short names of keys)."""
+    init = make_model("llama")
+    yaml_file = tmp_path / "sft.yaml"
+    yaml_file.write_text(
+        f"model: {{actor_path: '{init}', device: cpu}}\n"
+        f"data: {{sft_path: '{sft_file}'}}\n"
+        f"sft: {{out: '{tmp_path / 'out'}', steps: 50, max_length: 16}}\n"
+    )
+    assert main(["sft", str(yaml_file), "sft.steps=2", "sft.lr=1e-3"]) == 0
+    assert (tmp_path / "out" / "config.json").is_file()
+    # the folder now holds a model: a second run refuses to overwrite it, naming the cause
+    assert main(["sft", str(yaml_file), "sft.steps=2"]) == 2
+
+
 def test_overrides_without_yaml_train_the_given_model(
     tmp_path, make_model, prompt_file, reward_spec, capsys
 ):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from proxima.config import load_config
-from proxima.trainer.run import train
+from proxima.recipes import train
 
 pytestmark = pytest.mark.slow
 

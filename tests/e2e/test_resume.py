@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from proxima.cli import main
 from proxima.config import load_config
 from proxima.logging import read_metrics
-from proxima.trainer.run import train
+from proxima.recipes import train
 
 from .conftest import write_jsonl
 
@@ -90,7 +90,7 @@ def test_resume_at_epoch_boundary_trains_the_rest(tmp_path, make_model, fast_ove
         tmp_path, make_model, fast_overrides, f"data.train_path={prompts}", "trainer.threads=1"
     )
     state = torch.load(run_a / "checkpoints" / "iter_2" / "state.pt", weights_only=True)
-    assert state["loader"] == {"epoch": 0, "position": 2, "seed": 42}  # at the boundary
+    assert state["trainer"]["loader"] == {"epoch": 0, "position": 2, "seed": 42}  # boundary
     a, b = _metrics(run_a), _metrics(run_b)
     assert sorted(b) == [3, 4]  # the remaining iterations were trained, not 0
     assert b[3] == a[3] and b[4] == a[4]

@@ -11,14 +11,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForTokenClassification
 
+from proxima.algos import last_token_index
 from proxima.models import (
     ARCHITECTURES,
     build_char_tokenizer,
     build_tiny_model,
     build_tiny_reward_model,
-    critic_values,
     describe_model,
-    last_token_index,
     load_causal_lm,
     load_critic,
     load_reward_model,
@@ -27,6 +26,7 @@ from proxima.models import (
     reward_model_scores,
     scalar_head,
 )
+from tests.oracles import critic_values
 
 ALPHABET = "0123456789+= "
 TEXTS = ["1+2=3", "12+34=46", "7="]  # lengths 5, 8, 2: padding in two of the three rows
@@ -63,7 +63,7 @@ def test_position_ids_and_last_index_literals():
     expected = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 2, 2], [0, 0, 0, 0, 0]])
     assert torch.equal(position_ids_from_mask(mask), expected)
     # last 1 sits at index 4 (left padded) and 2 (right padded); an empty row gives 0
-    assert last_token_index(mask).tolist() == [4, 2, 0]
+    assert last_token_index(mask)[0].tolist() == [4, 2, 0]
 
 
 def test_causal_lm_logits_survive_save_and_load(folders):
@@ -196,7 +196,7 @@ def test_critic_from_reward_model_starts_as_the_reward_model(folders):
         ids, mask = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
             values = critic_values(critic, ids, mask)
-            last = values[torch.arange(3), last_token_index(mask)]
+            last = values[torch.arange(3), last_token_index(mask)[0]]
             # same weights; only the matmul shape differs ([B, L, H] vs [B, H]): float rounding
             torch.testing.assert_close(last, reward_model_scores(rm, ids, mask), rtol=0, atol=1e-6)
 

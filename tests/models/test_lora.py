@@ -21,8 +21,8 @@ from proxima.models.lora import (
     is_lora,
     load_adapter_weights,
     merged_copy,
-    save_role,
 )
+from proxima.models.saving import save_role
 from proxima.rollout.generate import generate_responses
 
 ALPHABET = "0123456789+="

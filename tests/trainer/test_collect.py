@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from proxima.algos import shape_rewards
 from proxima.config import RolloutConfig
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer, build_tiny_model
@@ -95,17 +96,27 @@ def test_prompts_left_padded_and_grouped(rollout, tok):
         assert ids == [tok.pad_token_id] * pad + want and mask == [0] * pad + [1] * len(want)
 
 
-def test_scores_get_no_stop_penalty_only_without_stop(rollout, tok):
+def test_scores_raw_and_no_stop_penalty_only_without_stop(rollout, tok):
     gen = rollout.gen
     decoded = tok.batch_decode(gen.response_ids, skip_special_tokens=True)
     assert rollout.responses == decoded
     tags = rollout.columns["tag"]
-    want = [
-        len(resp) + 10 * t - (0.0 if stop else 0.5)
-        for resp, t, stop in zip(decoded, tags, gen.stopped.tolist(), strict=True)
-    ]
-    assert rollout.scores.tolist() == pytest.approx(want)
+    raw = [len(resp) + 10 * t for resp, t in zip(decoded, tags, strict=True)]
+    assert rollout.scores.tolist() == pytest.approx(raw)  # the reward source's own output
     assert rollout.scores.dtype == torch.float32
+    # the penalty is reward shaping (phase 4): it lands on rows that never stopped
+    want = [s - (0.0 if stop else 0.5) for s, stop in zip(raw, gen.stopped.tolist(), strict=True)]
+    mask = gen.response_mask
+    shaped, _ = shape_rewards(
+        rollout.scores,
+        gen.stopped,
+        torch.zeros(mask.shape),
+        mask,
+        kl_coef=0.0,
+        clip_reward_value=None,
+        no_stop_penalty=RolloutConfig(no_stop_penalty=-0.5).no_stop_penalty,
+    )
+    assert shaped.sum(-1).tolist() == pytest.approx(want)
 
 
 def test_greedy_samples_of_a_group_are_identical(tok, uniform_actor):

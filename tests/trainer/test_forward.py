@@ -14,10 +14,10 @@ from proxima.models import (
     ARCHITECTURES,
     build_char_tokenizer,
     build_tiny_model,
-    critic_values,
     load_critic,
 )
 from proxima.models.forward import response_logits, response_values
+from tests.oracles import critic_values
 
 ALPHABET = "0123456789+="
 PAD = 0

@@ -1,52 +1,43 @@
-"""algorithm.normalize_scores: running standardisation of scores before the reward clip."""
+"""algorithm.normalize_scores: running standardisation of scores before the reward clip,
+as phase 4 applies it (RunningMoments of the raw scores, then `shape_rewards`)."""
 
 import torch
 
-from proxima.algos import FixedKLController, RunningMoments
-from proxima.config import Config
-from proxima.trainer.ppo import PPOTrainer
-from proxima.types import Experience
+from proxima.algos import RunningMoments, shape_rewards
 
 
-def _bare_trainer(normalize: bool) -> PPOTrainer:
-    """Only what compute_token_rewards reads (no models needed)."""
-    t = PPOTrainer.__new__(PPOTrainer)
-    t.cfg = Config()
-    t.cfg.algorithm.normalize_scores = normalize
-    t.cfg.algorithm.clip_reward_value = 5.0
-    t.kl_ctl = FixedKLController(0.0)
-    t.score_moments = RunningMoments()
-    return t
-
-
-def _exp(scores: list[float]) -> Experience:
-    b = len(scores)
-    return Experience(
-        input_ids=torch.zeros(b, 3, dtype=torch.long),
-        attention_mask=torch.ones(b, 3, dtype=torch.long),
-        response_mask=torch.ones(b, 2, dtype=torch.long),
-        old_logprobs=torch.zeros(b, 2),
-        scores=torch.tensor(scores),
+def _shape(scores: list[float], moments: RunningMoments | None) -> torch.Tensor:
+    """Token rewards [B, 2] of scores on 2-token responses, no KL, clip 5."""
+    s = torch.tensor(scores)
+    mean, std = 0.0, 1.0
+    if moments is not None:
+        moments.update(s)
+        mean, std = moments.mean, moments.std
+    rewards, _ = shape_rewards(
+        s,
+        torch.ones(len(scores), dtype=torch.bool),
+        torch.zeros(len(scores), 2),
+        torch.ones(len(scores), 2, dtype=torch.long),
+        kl_coef=0.0,
+        clip_reward_value=5.0,
+        score_mean=mean,
+        score_std=std,
     )
+    return rewards
 
 
 def test_scores_standardised_by_running_moments():
-    t = _bare_trainer(True)
-    exp = _exp([1.0, 3.0])
-    t.compute_token_rewards(exp)
+    moments = RunningMoments()
+    rewards = _shape([1.0, 3.0], moments)
     # moments of {1, 3}: mean 2, unbiased std sqrt(2); scores land on the last token
     s = 2**0.5
-    assert torch.allclose(exp.token_rewards, torch.tensor([[0.0, -1 / s], [0.0, 1 / s]]))
-    exp2 = _exp([5.0, 7.0])
-    t.compute_token_rewards(exp2)
+    assert torch.allclose(rewards, torch.tensor([[0.0, -1 / s], [0.0, 1 / s]]))
+    rewards2 = _shape([5.0, 7.0], moments)
     # moments of {1, 3, 5, 7}: mean 4, unbiased var 20/3
     std = (20 / 3) ** 0.5
-    assert torch.allclose(exp2.token_rewards[:, -1], torch.tensor([1 / std, 3 / std]))
+    assert torch.allclose(rewards2[:, -1], torch.tensor([1 / std, 3 / std]))
 
 
 def test_off_leaves_scores_raw_but_clipped():
-    t = _bare_trainer(False)
-    exp = _exp([1.0, 9.0])
-    t.compute_token_rewards(exp)
-    assert exp.token_rewards[:, -1].tolist() == [1.0, 5.0]
-    assert t.score_moments.count == 0
+    rewards = _shape([1.0, 9.0], None)
+    assert rewards[:, -1].tolist() == [1.0, 5.0]

@@ -16,7 +16,7 @@ from proxima.algos import logprobs_from_logits
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
 from proxima.models.forward import response_logits
-from proxima.trainer.optim import build_optimizer
+from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import (
     actor_micro_loss,
     critic_micro_loss,
@@ -31,7 +31,13 @@ PAD = 0
 TEMPERATURE = 0.8
 PROMPT_LENS = [3, 1, 2, 3]  # P = 3, rows 1 and 2 left-padded
 RESPONSE_LENS = [5, 2, 4, 1]  # R = 5, ragged: 12 real response tokens in all
-AGG_MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES = [
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+]
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +164,7 @@ def test_micro_weight_values(actor):
     assert micro_weight(first, exp, "token-mean") == pytest.approx(5 / 12)
     assert micro_weight(last, exp, "token-mean") == pytest.approx(1 / 12)
     assert micro_weight(first, exp, "seq-mean-token-mean") == pytest.approx(1 / 4)
+    assert micro_weight(first, exp, "token-sum") == 1.0  # sums add up as they are
 
 
 # --------------------------------------------------------------------------- run_updates
@@ -183,18 +190,17 @@ def _finite_loss(model):
 
 
 def _run(model, exp, micro_loss, mini_size: int, grad_clip: float = 1.0) -> dict:
-    opt, sched = build_optimizer(model, OptimConfig(lr=1e-2), total_steps=10)
-    return run_updates(
-        model,
-        opt,
-        sched,
-        exp,
-        epochs=1,
-        mini_size=mini_size,
-        micro_size=2,
+    sec = ActorConfig(
+        optim=OptimConfig(lr=1e-2, grad_clip=grad_clip),
+        ppo_epochs=1,
+        ppo_mini_batch_size=mini_size,
+        ppo_micro_batch_size=2,
         shuffle=True,
-        agg="token-mean",
-        grad_clip=grad_clip,
+        loss_agg_mode="token-mean",
+    )
+    return run_updates(
+        TrainedRole("actor", model, sec, total_steps=10),
+        exp,
         micro_loss=micro_loss,
         generator=torch.Generator().manual_seed(0),
     )

@@ -1,0 +1,88 @@
+"""A trained role's weights on disk: written as a Hugging Face folder (plus the peft adapter
+for LoRA), and read back in place into an already-built model (resume), so an optimizer
+keeps pointing at the same tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from proxima.models.loading import quiet_transformers
+from proxima.models.lora import is_lora, load_adapter_weights, merged_copy
+
+
+def save_role(model: nn.Module, tokenizer, parent: Path, name: str) -> None:
+    """Write `parent/name/`: a plain HF folder with the tokenizer (merged for LoRA), and for
+    LoRA also `parent/name_adapter/`: the peft adapter (adapter_config.json + weights)."""
+    parent = Path(parent)
+    if is_lora(model):
+        with quiet_transformers():
+            merged_copy(model).save_pretrained(parent / name)
+        # the base embeddings are never resized, so only the adapter weights are saved
+        model.save_pretrained(parent / f"{name}_adapter", save_embedding_layers=False)
+    else:
+        model.save_pretrained(parent / name)
+    tokenizer.save_pretrained(parent / name)
+
+
+def load_role(model: nn.Module, parent: Path, name: str) -> None:
+    """Weights written by `save_role` back into `model`, in place: a LoRA role from its
+    adapter folder (the merged folder cannot be split back into base + adapter exactly),
+    any other from its HF folder."""
+    if is_lora(model):
+        load_adapter_weights(model, Path(parent) / f"{name}_adapter", name)
+    else:
+        _load_weights(model, Path(parent) / name, name)
+
+
+def _saved_names(model: nn.Module) -> dict[str, str]:
+    """{name in the saved file: name in model.state_dict()}.
+
+    transformers 5's save_pretrained writes some weights under the hub's names (e.g.
+    GPT-NeoX's `lm_head` as `embed_out`); the same reversal it applies, run on the live
+    state dict, maps each saved name back to the tensor (same storage) it came from.
+    """
+    own = model.state_dict()
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4.x saves state_dict names unchanged
+        return {k: k for k in own}
+    by_storage = {(v.data_ptr(), tuple(v.shape)): k for k, v in own.items()}
+    names = {}
+    for saved, tensor in revert_weight_conversion(model, dict(own)).items():
+        key = by_storage.get((tensor.data_ptr(), tuple(tensor.shape)))
+        if key is not None:
+            names[saved] = key
+    return names
+
+
+def _load_weights(model: nn.Module, folder: Path, role: str) -> None:
+    """Copy the safetensors of a saved HF folder into an already-built model, in place.
+
+    Weights tied to another (a tied LM head) are not saved separately; they are accepted
+    as missing when they share storage with a loaded tensor.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"{folder} holds no *.safetensors weights of the {role}: the checkpoint is "
+            "incomplete. Resume from another checkpoint."
+        )
+    names = _saved_names(model)
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update({names.get(k, k): v for k, v in load_file(f).items()})
+    own = model.state_dict()
+    loaded_ptrs = {own[k].data_ptr() for k in weights if k in own}
+    missing = sorted(k for k in own.keys() - weights.keys() if own[k].data_ptr() not in loaded_ptrs)
+    unexpected = sorted(weights.keys() - own.keys())
+    if missing or unexpected:
+        raise ValueError(
+            f"the {role} weights in {folder} do not fit this run's {role} (missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}): resume with the model.* settings "
+            "the checkpoint was written with."
+        )
+    model.load_state_dict(weights, strict=False)

@@ -1,0 +1,25 @@
+"""Whole runs from a loaded config, above the trainer: what `proxima train` does.
+
+A built-in task (task.name) is prepared here, before the trainer starts, into a new config
+that names its model, data and reward; the trainer only ever sees a config that is
+complete and frozen.
+"""
+
+from __future__ import annotations
+
+from proxima.config import Config
+from proxima.tasks import check_task, prepare_task, resumed_task_config
+from proxima.trainer.run import new_run_dir, train_ppo
+
+
+def train(cfg: Config) -> dict:
+    """Run PPO as configured (preparing a built-in task first); returns the run's summary,
+    also written to <run folder>/summary.json."""
+    check_task(cfg)
+    if not cfg.task.name:
+        return train_ppo(cfg)
+    if cfg.trainer.resume_from:  # the task is not prepared again: its checkpoint names it
+        return train_ppo(resumed_task_config(cfg))
+    run_dir = new_run_dir(cfg.trainer.output_dir)
+    cfg, info = prepare_task(cfg, run_dir)
+    return train_ppo(cfg, run_dir, summary={"task": info})
