@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev run test test-quick lint bench clean
+.PHONY: install install-dev run test test-quick test-dist lint bench clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -28,6 +28,10 @@ test: install-dev
 
 test-quick: install-dev
 	$(PY) -m pytest
+
+# torchrun with 2 processes (gloo); part of `make test` too
+test-dist: install-dev
+	$(PY) -m pytest -m dist -p no:cacheprovider tests/distributed
 
 lint: install-dev
 	$(VENV)/bin/ruff check proxima tests benchmarks

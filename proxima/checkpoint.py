@@ -79,11 +79,7 @@ def proxima_version() -> str:
         return "unknown"
 
 
-def _write(folder: Path, trainer, extra: dict) -> None:
-    folder.mkdir(parents=True)
-    trainer.save_models(folder)
-    state = trainer.state_dict()
-    config = trainer.cfg.to_dict()
+def _write_state(folder: Path, state: dict, config: dict, extra: dict) -> None:
     payload = {"format_version": FORMAT_VERSION, "trainer": state, "config": config}
     torch.save({**payload, "extra": extra}, folder / STATE_FILE)
     meta = {
@@ -103,21 +99,29 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
 
     Everything goes to a hidden sibling `.NAME.tmp-PID` first, renamed to `folder` only
     when complete; on any error the temporary folder is removed and nothing else changes.
-    `extra` (JSON-friendly) is stored in state.pt and checkpoint.json.
+    `extra` (JSON-friendly) is stored in state.pt and checkpoint.json. In a multi-process
+    job every rank calls it (the trainer gathers its state); the main rank alone writes.
     """
+    main = getattr(trainer, "is_main", True)
     folder = Path(folder)
-    if folder.exists():
+    if main and folder.exists():
         raise FileExistsError(
             f"checkpoint folder {folder} already exists and was left untouched; "
             "save to a new folder (or delete that one first)."
         )
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an earlier crash of this pid
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an earlier crash of this pid
+        tmp.mkdir(parents=True)
     try:
-        _write(tmp, trainer, dict(extra or {}))
-        tmp.rename(folder)
+        trainer.save_models(tmp)
+        state = trainer.state_dict()
+        if main:
+            _write_state(tmp, state, trainer.cfg.to_dict(), dict(extra or {}))
+            tmp.rename(folder)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
 
@@ -140,7 +144,7 @@ def save_periodic(trainer, run_dir: str | Path, keep: int, extra: dict | None = 
     the newest `keep` (0 = keep all). Old ones go only after the new one is complete."""
     root = Path(run_dir) / "checkpoints"
     folder = save_checkpoint(root / f"iter_{trainer.iteration}", trainer, extra)
-    if keep > 0:
+    if keep > 0 and getattr(trainer, "is_main", True):
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old)
     return folder

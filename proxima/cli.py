@@ -112,7 +112,7 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     path, overrides = _split_config_args(overrides, default_example)
     base = _resume_base(path, overrides) if ns.command == "train" else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if ns.command == "train":
+    if ns.command == "train" and _is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     return load_config(path, overrides, base=base, command=ns.command)
 
@@ -129,10 +129,17 @@ def _threads_and_device(cfg):
     return resolve_device(cfg.model.device)
 
 
+def _is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain single process: the one that prints."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.recipes import train
 
     summary = train(_load(ns, default_example=True))
+    if not _is_main_process():
+        return 0
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before and after:
         key = "accuracy" if "accuracy" in before else "mean_reward"
@@ -346,9 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
-        print(f"error: {err}", file=sys.stderr)
+        where = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        print(f"error: {where}{err}", file=sys.stderr)
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2
+    finally:
+        from proxima.trainer.dist import shutdown
+
+        shutdown()
 
 
 if __name__ == "__main__":

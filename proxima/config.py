@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -296,7 +297,38 @@ class TrainerConfig:
     )
     log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
     tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
-    threads: int = _f(0, "torch CPU threads (0 = torch's default).")
+    threads: int = _f(0, "torch CPU threads per process (0 = torch's default).")
+    strategy: str = _f(
+        "auto",
+        "Data parallelism across the processes torchrun starts: auto (none for one process, "
+        "ddp otherwise) | none | ddp (DistributedDataParallel) | fsdp2 (fully_shard).",
+    )
+    dist_backend: str = _f(
+        "auto",
+        "torch.distributed backend: auto (gloo on CPU, nccl on CUDA), a name, or "
+        "a map like cpu:gloo,cuda:nccl.",
+    )
+    dist_timeout_s: float = _f(
+        600.0, "Seconds a collective may wait for the other ranks before the job fails."
+    )
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    reshard_after_forward: bool = _f(
+        True,
+        "FSDP2: free the gathered parameters after each forward (less memory, one more "
+        "all-gather in backward).",
+    )
+    param_dtype: str = _f(
+        "float32",
+        "FSDP2 mixed precision: dtype of gathered parameters in compute "
+        "(float32|bfloat16|float16); the sharded master weights keep model.dtype.",
+    )
+    reduce_dtype: str = _f("float32", "FSDP2 mixed precision: dtype of the gradient reduction.")
+    offload_frozen: bool = _f(
+        False, "FSDP2: keep the frozen reference model's shards on the CPU (CPUOffloadPolicy)."
+    )
 
 
 @dataclass(frozen=True)
@@ -313,6 +345,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
     @property
     def rollout_batch_size(self) -> int:
@@ -469,6 +502,9 @@ _CHOICES = {
     "actor.optim.schedule": ("constant", "cosine"),
     "critic.optim.schedule": ("constant", "cosine"),
     "rm.overlong": ("error", "drop"),
+    "trainer.strategy": ("auto", "none", "ddp", "fsdp2"),
+    "fsdp.param_dtype": ("float32", "bfloat16", "float16"),
+    "fsdp.reduce_dtype": ("float32", "bfloat16", "float16"),
 }
 
 
@@ -479,8 +515,20 @@ def _get(cfg: Config, dotted: str) -> Any:
     return node
 
 
-def _check_batch_sizes(cfg: Config) -> None:
+def world_size() -> int:
+    """Processes in this job: torchrun's WORLD_SIZE, 1 without torchrun."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _check_batch_sizes(cfg: Config, world: int) -> None:
+    """Sizes in sequences; train_batch_size and ppo_mini_batch_size are global (all
+    processes together), ppo_micro_batch_size is per process (verl's convention)."""
     rollout = cfg.rollout_batch_size
+    if cfg.data.train_batch_size % world:
+        raise ConfigError(
+            f"`data.train_batch_size`={cfg.data.train_batch_size} is global: it must split "
+            f"evenly over the {world} processes. Pick a multiple of {world}."
+        )
     for role, sec in cfg.trained_roles().items():
         mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
         if mini <= 0 or micro <= 0:
@@ -494,10 +542,17 @@ def _check_batch_sizes(cfg: Config) -> None:
                 f"of an iteration (data.train_batch_size={cfg.data.train_batch_size} x rollout.n="
                 f"{cfg.rollout.n}). Pick a divisor of {rollout}."
             )
-        if mini % micro:
+        if mini % world:
             raise ConfigError(
-                f"`{role}.ppo_micro_batch_size`={micro} does not divide "
-                f"`{role}.ppo_mini_batch_size`={mini}. Pick a divisor of {mini}."
+                f"`{role}.ppo_mini_batch_size`={mini} is global: it must split evenly over the "
+                f"{world} processes. Pick a multiple of {world}."
+            )
+        if (mini // world) % micro:
+            per = f" ({mini} / {world} processes)" if world > 1 else ""
+            raise ConfigError(
+                f"`{role}.ppo_micro_batch_size`={micro} does not divide the per-process "
+                f"`{role}.ppo_mini_batch_size`={mini // world}{per}. Pick a divisor of "
+                f"{mini // world} (micro-batches are counted per process)."
             )
 
 
@@ -573,7 +628,12 @@ def validate(cfg: Config) -> None:
             "`critic.warmup_iterations` needs a critic; the estimator "
             f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
         )
-    _check_batch_sizes(cfg)
+    if cfg.trainer.strategy == "fsdp2" and cfg.model.lora_rank:
+        raise ConfigError(
+            "`trainer.strategy=fsdp2` with `model.lora_rank` > 0 is not supported yet: use "
+            "trainer.strategy=ddp for LoRA (its adapters are small), or model.lora_rank=0."
+        )
+    _check_batch_sizes(cfg, world_size())
 
 
 def _require(cfg: Config, key: str, what: str) -> None:
@@ -617,19 +677,23 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require_one_reward(cfg, flags=True)
 
 
-def batch_plan(cfg: Config) -> str:
-    """Human-readable batch plan, printed at start-up: one unit (sequences), every count."""
+def batch_plan(cfg: Config, world: int = 1) -> str:
+    """Human-readable batch plan, printed at start-up: one unit (sequences), every count,
+    global and per process."""
     rollout = cfg.rollout_batch_size
     lines = [
         f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
         f"{rollout} sequences per iteration"
+        + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
     for role, sec in cfg.trained_roles().items():
-        n_mini = rollout // sec.ppo_mini_batch_size
-        n_micro = sec.ppo_mini_batch_size // sec.ppo_micro_batch_size
+        mini = sec.ppo_mini_batch_size
+        n_mini = rollout // mini
+        n_micro = mini // world // sec.ppo_micro_batch_size
+        per = f" ({mini // world} per process)" if world > 1 else ""
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
-            f"{sec.ppo_mini_batch_size} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
+            f"{mini}{per} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
             f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
         )
     if cfg.algorithm.adv_estimator != "gae":

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from proxima.config import Config
 from proxima.tasks import check_task, prepare_task, resumed_task_config
-from proxima.trainer.run import new_run_dir, train_ppo
+from proxima.trainer.run import new_run_dir, start_dist, train_ppo
 
 
 def train(cfg: Config) -> dict:
     """Run PPO as configured (preparing a built-in task first); returns the run's summary,
-    also written to <run folder>/summary.json."""
+    also written to <run folder>/summary.json. Under torchrun every rank calls it: the main
+    rank prepares the task (its SFT warm start included) and the others receive its config."""
     check_task(cfg)
+    dist, _ = start_dist(cfg)
     if not cfg.task.name:
-        return train_ppo(cfg)
+        return train_ppo(cfg, dist=dist)
     if cfg.trainer.resume_from:  # the task is not prepared again: its checkpoint names it
-        return train_ppo(resumed_task_config(cfg))
-    run_dir = new_run_dir(cfg.trainer.output_dir)
-    cfg, info = prepare_task(cfg, run_dir)
-    return train_ppo(cfg, run_dir, summary={"task": info})
+        return train_ppo(resumed_task_config(cfg), dist=dist)
+    prepared = None
+    if dist.is_main:
+        run_dir = new_run_dir(cfg.trainer.output_dir)
+        prepared = (run_dir, *prepare_task(cfg, run_dir))
+    run_dir, cfg, info = dist.broadcast_object(prepared)
+    return train_ppo(cfg, run_dir, summary={"task": info}, dist=dist)

@@ -31,7 +31,8 @@ def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     if cached is None:
         # a peft model (and the LoRA reference view) passes **kwargs on to the HF model it
         # wraps: the wrapped model's signature decides
-        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        inner = getattr(model, "module", model)  # inside a DistributedDataParallel wrapper
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
         cached = "logits_to_keep" in inspect.signature(inner.forward).parameters
         model._proxima_logits_to_keep = cached
     return cached

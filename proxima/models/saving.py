@@ -14,11 +14,17 @@ from proxima.models.loading import quiet_transformers
 from proxima.models.lora import is_lora, load_adapter_weights, merged_copy
 
 
-def save_role(model: nn.Module, tokenizer, parent: Path, name: str) -> None:
+def save_role(
+    model: nn.Module, tokenizer, parent: Path, name: str, state_dict: dict | None = None
+) -> None:
     """Write `parent/name/`: a plain HF folder with the tokenizer (merged for LoRA), and for
-    LoRA also `parent/name_adapter/`: the peft adapter (adapter_config.json + weights)."""
+    LoRA also `parent/name_adapter/`: the peft adapter (adapter_config.json + weights).
+    `state_dict`: the full weights when the model holds only its shard (FSDP2)."""
     parent = Path(parent)
-    if is_lora(model):
+    if state_dict is not None:
+        with quiet_transformers():
+            model.save_pretrained(parent / name, state_dict=state_dict)
+    elif is_lora(model):
         with quiet_transformers():
             merged_copy(model).save_pretrained(parent / name)
         # the base embeddings are never resized, so only the adapter weights are saved

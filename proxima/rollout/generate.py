@@ -37,6 +37,18 @@ def response_mask_after_stop(
     return (before == 0).long(), is_stop.any(dim=1)
 
 
+def synced_generation(model: torch.nn.Module) -> bool:
+    """An FSDP2-sharded model in a multi-process job: every forward all-gathers the layers
+    from all ranks, so a rank whose responses have all ended must keep stepping until every
+    rank has (transformers' `synced_gpus`), else the ranks' collectives fall out of step
+    (transformers #33483)."""
+    import torch.distributed as tdist
+    from torch.distributed.fsdp import FSDPModule
+
+    multi = tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+    return multi and isinstance(model, FSDPModule)
+
+
 @torch.no_grad()
 def generate_responses(
     model: torch.nn.Module,
@@ -66,6 +78,7 @@ def generate_responses(
         eos_token_id=stop_ids,
         pad_token_id=pad_token_id,
         use_cache=True,
+        synced_gpus=synced_generation(model),
         **sampling,
     )
     model.train(was_training)

@@ -6,6 +6,7 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.rollout.collect import collect
+from proxima.trainer.dist import Dist
 
 
 def _is_binary(scores: torch.Tensor) -> bool:
@@ -13,22 +14,8 @@ def _is_binary(scores: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def evaluate(
-    actor: torch.nn.Module,
-    tokenizer,
-    items: list,
-    reward,
-    cfg: RolloutConfig,
-    device: torch.device,
-    *,
-    greedy: bool = True,
-    batch_size: int = 128,
-) -> dict:
-    """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`.
-
-    Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
-    The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
-    """
+def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_size):
+    """Scores [N], response lengths [N] and (prompt, response, score) of every item."""
     scores, lengths, samples = [], [], []
     for i in range(0, len(items), batch_size):
         ro = collect(
@@ -37,7 +24,10 @@ def evaluate(
         scores.append(ro.scores)
         lengths.append(ro.gen.response_mask.sum(1).float().cpu())
         samples += list(zip(ro.prompts, ro.responses, ro.scores.tolist(), strict=True))
-    s, ln = torch.cat(scores), torch.cat(lengths)
+    return torch.cat(scores).cpu(), torch.cat(lengths), samples
+
+
+def _summary(s: torch.Tensor, ln: torch.Tensor, samples: list, greedy: bool) -> dict:
     out = {
         "mean_reward": float(s.mean()),
         "response_length": float(ln.mean()),
@@ -48,3 +38,37 @@ def evaluate(
         out["accuracy"] = float(s.mean())
     out["samples"] = samples[:8]
     return out
+
+
+def evaluate(
+    actor: torch.nn.Module,
+    tokenizer,
+    items: list,
+    reward,
+    cfg: RolloutConfig,
+    device: torch.device,
+    *,
+    greedy: bool = True,
+    batch_size: int = 128,
+    dist: Dist | None = None,
+) -> dict:
+    """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`.
+
+    Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
+    The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
+    With several processes each evaluates an equal share (the last items repeated to even
+    the shares: FSDP2 generation needs every rank in every forward) and all get the result.
+    """
+    dist = dist or Dist()
+    n, world = len(items), dist.world_size
+    share = -(-n // world)
+    padded = items + items[-1:] * (share * world - n)
+    mine = padded[dist.rank * share : (dist.rank + 1) * share]
+    s, ln, samples = dist.agree(
+        lambda: _score_items(actor, tokenizer, mine, reward, cfg, device, greedy, batch_size),
+        "evaluation",
+    )
+    if dist.active:
+        s, ln = dist.gather_rows(s)[:n], dist.gather_rows(ln)[:n]
+        samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
+    return _summary(s, ln, samples, greedy)

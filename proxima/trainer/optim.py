@@ -8,6 +8,8 @@ import warnings
 import torch
 
 from proxima.config import OptimConfig
+from proxima.models.saving import load_role
+from proxima.trainer.dist import Dist, full_state_dict, unwrap
 
 
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
@@ -70,9 +72,32 @@ class TrainedRole:
     saved as Hugging Face folders (`proxima.models.saving`).
     """
 
-    def __init__(self, name: str, model: torch.nn.Module, cfg, total_steps: int) -> None:
-        self.name, self.model, self.cfg = name, model, cfg
+    def __init__(
+        self, name: str, model: torch.nn.Module, cfg, total_steps: int, dist: Dist | None = None
+    ) -> None:
+        self.name, self.model, self.cfg = name, model, cfg  # model: wrapped by DDP / FSDP2
+        self.dist = dist or Dist()
         self.optimizer, self.scheduler = build_optimizer(model, cfg.optim, total_steps)
+
+    @property
+    def unwrapped(self) -> torch.nn.Module:
+        """The model itself (inside a DDP wrapper; FSDP2 shards in place)."""
+        return unwrap(self.model)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """None where the model's own state dict is whole (one process, DDP); gathered from
+        the shards on rank 0 under FSDP2 (every rank must call it)."""
+        if self.dist.strategy != "fsdp2":
+            return None
+        return full_state_dict(self.model, self.dist)
+
+    def load_weights(self, folder, name: str) -> None:
+        if self.dist.strategy == "fsdp2":
+            raise ValueError(
+                "resuming under trainer.strategy=fsdp2 is not supported yet; resume the "
+                "checkpoint with trainer.strategy=ddp (or one process)."
+            )
+        load_role(self.unwrapped, folder, name)
 
     @property
     def lr(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -26,10 +27,11 @@ from proxima.algos import (
 )
 from proxima.config import Config
 from proxima.data import PromptLoader, collate_sft
-from proxima.models.saving import load_role, save_role
-from proxima.rng import rng_state, set_rng_state
+from proxima.models.saving import save_role
+from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.score import build_experience
+from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
@@ -51,6 +53,48 @@ class PhaseTimer:
         self.total[name] += self.last[name]
 
 
+@dataclass
+class BatchView:
+    """The per-sequence quantities of the whole global batch that phases 4 and 5 need, on
+    every rank (rows in rank order, so one process and N processes see the same batch):
+    GAE, whitening, score normalisation, group baselines and the KL controller are then
+    computed from global quantities, identically on every rank (verl's flow)."""
+
+    scores: torch.Tensor  # [B]
+    stopped: torch.Tensor  # [B] bool
+    kl: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor  # [B, R]
+    values: torch.Tensor | None  # [B, R]
+    group_ids: torch.Tensor  # [B], unique across ranks
+    token_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.scores.shape[0]
+
+    @classmethod
+    def gather(cls, exp: Experience, dist: Dist, groups_per_rank: int) -> BatchView:
+        g = dist.gather_rows
+        return cls(
+            scores=g(exp.scores),
+            stopped=g(exp.stopped),
+            kl=g(exp.kl),
+            response_mask=g(exp.response_mask),
+            values=g(exp.values) if exp.values is not None else None,
+            group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
+        )
+
+    def scatter_to(self, exp: Experience, dist: Dist) -> None:
+        """This rank's rows of the token rewards, advantages and returns, into `exp`."""
+        b, r = exp.batch_size, exp.response_mask.shape[1]
+        rows = slice(dist.rank * b, (dist.rank + 1) * b)
+        exp.token_rewards = self.token_rewards[rows, :r]
+        exp.advantages = self.advantages[rows, :r]
+        exp.returns = self.returns[rows, :r]
+
+
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
@@ -62,9 +106,16 @@ class PPOTrainer:
     """Wires rollout, algos and the optimisers; holds no math of its own."""
 
     def __init__(
-        self, cfg: Config, roles: Roles, prompts, device: torch.device, sft_data=None
+        self,
+        cfg: Config,
+        roles: Roles,
+        prompts,
+        device: torch.device,
+        sft_data=None,
+        dist: Dist | None = None,
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
+        self.dist = dist = dist or Dist()
         self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
         self.kl_ctl = build_kl_controller(cfg)
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
@@ -77,7 +128,10 @@ class PPOTrainer:
             model = getattr(roles, name)
             if model is not None:
                 steps = cfg.trainer.iterations * sec.ppo_epochs * (n_seq // sec.ppo_mini_batch_size)
-                self.trained[name] = TrainedRole(name, model, sec, steps)
+                model = wrap_trained(model, dist, device, cfg.fsdp)
+                self.trained[name] = TrainedRole(name, model, sec, steps, dist)
+        if dist.strategy == "fsdp2" and roles.reference is not None:
+            shard(roles.reference, cfg.fsdp, trainable=False)
         self.sft_loader = (
             PromptLoader(sft_data, cfg.actor.ppo_micro_batch_size, seed=cfg.trainer.seed + 1)
             if sft_data
@@ -90,25 +144,31 @@ class PPOTrainer:
         t = self.timer
         with t("generate"):
             ro = self.generate()  # 1. the actor writes responses
-        with t("reward"):
-            score_rollout(ro, self.roles.reward)  # 2. the reward model / function scores them
+        with t("reward"):  # 2. the reward model / function scores them (on every rank)
+            self.dist.agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
         with t("score"):
             exp = self.score(ro)  # 3. old / reference log-probs, values, per-token KL
         with t("rewards"):
-            shaping = self.shape_rewards(exp)  # 4. -kl_coef * KL + shaped, clipped score
+            batch = BatchView.gather(exp, self.dist, len(ro.prompts) // self.cfg.rollout.n)
+            shaping = self.shape_rewards(batch)  # 4. -kl_coef * KL + shaped, clipped score
         with t("advantages"):
-            self.compute_advantages(exp)  # 5. GAE or a critic-free estimator
+            self.compute_advantages(batch)  # 5. GAE or a critic-free estimator
+            batch.scatter_to(exp, self.dist)
         with t("update"):
             train_stats = self.update(exp)  # 6. PPO epochs over shuffled mini-batches
-        metrics = self.metrics(exp, shaping, train_stats)  # 7. metrics; KL controller
+        metrics = self.metrics(batch, shaping, train_stats)  # 7. metrics; KL controller
         self.kl_ctl.update(shaping["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro
 
     def generate(self) -> Rollout:
-        cfg = self.cfg
+        """This rank's share of the next global batch of prompts (all samples of a prompt
+        stay on one rank), with rollout.n responses each."""
+        items = next(self.loader)
+        k = len(items) // self.dist.world_size
+        mine = items[self.dist.rank * k : (self.dist.rank + 1) * k]
         return generate_rollout(
-            self.roles.actor, self.roles.tokenizer, next(self.loader), cfg.rollout, self.device
+            self.roles.actor, self.roles.tokenizer, mine, self.cfg.rollout, self.device
         )
 
     def score(self, ro: Rollout) -> Experience:
@@ -124,7 +184,7 @@ class PPOTrainer:
             kl_estimator=self.cfg.algorithm.kl_penalty,
         )
 
-    def shape_rewards(self, exp: Experience) -> dict[str, float]:
+    def shape_rewards(self, exp: BatchView) -> dict[str, float]:
         """Fill exp.token_rewards; return the shaping stats (kl, reward, no_stop_fraction)."""
         a = self.cfg.algorithm
         mean, std = 0.0, 1.0
@@ -144,7 +204,7 @@ class PPOTrainer:
         )
         return {k: float(v) for k, v in stats.items()}
 
-    def compute_advantages(self, exp: Experience) -> None:
+    def compute_advantages(self, exp: BatchView) -> None:
         a = self.cfg.algorithm
         options = {"norm_by_std": a.norm_adv_by_std_in_grpo} if a.adv_estimator == "grpo" else {}
         adv, ret = compute_advantages(
@@ -195,6 +255,7 @@ class PPOTrainer:
             micro_loss=micro_loss,
             generator=self.generator,
             extra_loss=extra_loss,
+            dist=self.dist,
         )
         return {f"{role.name}/{k}": v for k, v in stats.items()}
 
@@ -203,12 +264,12 @@ class PPOTrainer:
         arXiv:2203.02155 eq. 2)."""
         batch = collate_sft(next(self.sft_loader), self.roles.tokenizer.pad_token_id)
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        out = self.roles.actor(**batch)
+        out = self.trained["actor"].model(**batch)  # through DDP / FSDP2: gradients sync
         return self.cfg.actor.ptx_coef * out.loss
 
     # ------------------------------------------------------------------ metrics
 
-    def metrics(self, exp: Experience, shaping: dict, train_stats: dict) -> dict[str, float]:
+    def metrics(self, exp: BatchView, shaping: dict, train_stats: dict) -> dict[str, float]:
         mask = exp.response_mask
         lengths = mask.sum(1).float()
         gen_s = self.timer.last["generate"]
@@ -235,7 +296,8 @@ class PPOTrainer:
 
     def state_dict(self) -> dict:
         """Everything but the weights that a resumed run needs to continue exactly; only
-        types `torch.load(weights_only=True)` reads back."""
+        types `torch.load(weights_only=True)` reads back. Every rank calls it (the RNG
+        states of all ranks are gathered); rank 0's copy is the one written."""
         return {
             "iteration": int(self.iteration),
             "roles": {name: role.state_dict() for name, role in self.trained.items()},
@@ -244,12 +306,15 @@ class PPOTrainer:
             "loader": self.loader.state_dict(),
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
-            "rng": rng_state(),
+            "rng": self.dist.all_gather_object(rng_state()),  # one per rank
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`. The KL coefficient is restored for an adaptive controller
-        only (a fixed one keeps the config's value, which a resumed run may change)."""
+        only (a fixed one keeps the config's value, which a resumed run may change). With
+        another number of processes than the checkpoint's, each rank's random streams start
+        anew from trainer.seed, the rank and the iteration: the run continues, not bit for
+        bit as the uninterrupted one would have."""
         for name, role in self.trained.items():
             role.load_state_dict(state["roles"][name])
         if self.cfg.algorithm.kl_ctrl.type == "adaptive":
@@ -259,16 +324,27 @@ class PPOTrainer:
         if self.sft_loader is not None and state["sft_loader"] is not None:
             self.sft_loader.load_state_dict(state["sft_loader"])
         self.generator.set_state(state["generator"])
-        set_rng_state(state["rng"])
         self.iteration = int(state["iteration"])
+        rngs = state["rng"]
+        if len(rngs) == self.dist.world_size:
+            set_rng_state(rngs[self.dist.rank])
+        else:
+            seed_everything(self.cfg.trainer.seed + self.dist.rank + 7919 * self.iteration)
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
 
     def save_models(self, folder) -> None:
         """Each trained role as a plain Hugging Face folder (`actor/`, `critic/`; LoRA
-        merged in, plus `actor_adapter/`, `critic_adapter/`)."""
+        merged in, plus `actor_adapter/`, `critic_adapter/`). Every rank calls it (FSDP2
+        gathers the shards); rank 0 writes."""
         for name, role in self.trained.items():
-            save_role(role.model, self.roles.tokenizer, folder, name)
+            state = role.full_state_dict()
+            if self.is_main:
+                save_role(role.unwrapped, self.roles.tokenizer, folder, name, state_dict=state)
 
     def load_models(self, folder) -> None:
         """Weights written by `save_models`, in place (the optimizers keep their tensors)."""
         for name, role in self.trained.items():
-            load_role(role.model, folder, name)
+            role.load_weights(folder, name)

@@ -13,6 +13,8 @@ from proxima.checkpoint import check_resume, load_checkpoint, save_periodic
 from proxima.config import Config, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
+from proxima.trainer.dist import Dist, env_world
+from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
@@ -69,6 +71,7 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
             trainer.device,
             greedy=greedy,
             batch_size=cfg.eval.batch_size,
+            dist=trainer.dist,
         )
         for greedy in ((True, False) if cfg.eval.sampled else (True,))
     }
@@ -76,8 +79,17 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     if False in runs:
         res["sampled"] = {k: v for k, v in runs[False].items() if k != "samples"}
     acc = f", accuracy {res['accuracy']:.1%}" if "accuracy" in res else ""
-    print(f"[eval {tag}] greedy mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+    _say(
+        trainer,
+        f"[eval {tag}] greedy mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts",
+    )
     return res
+
+
+def _say(trainer: PPOTrainer, text: str) -> None:
+    """Print on the main process only (one console for the whole job)."""
+    if trainer.dist.is_main:
+        print(text)
 
 
 def _load_data(cfg: Config, tokenizer) -> tuple:
@@ -94,29 +106,51 @@ def _load_data(cfg: Config, tokenizer) -> tuple:
     return prompts, eval_items, sft
 
 
-def train_ppo(cfg: Config, run_dir: Path | None = None, summary: dict | None = None) -> dict:
+def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
+    """The process group (under torchrun) and this process's device; threads and seeds
+    (the global seed is offset by rank: each rank samples its own responses)."""
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    _, _, local = env_world()
+    device = resolve_device(cfg.model.device, local)
+    t = cfg.trainer
+    return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device
+
+
+def train_ppo(
+    cfg: Config, run_dir: Path | None = None, summary: dict | None = None, dist: Dist | None = None
+) -> dict:
     """Run PPO as configured into `run_dir` (default: a new folder at trainer.output_dir);
-    returns (and writes) the run's summary, which starts from `summary`."""
+    returns (and writes) the run's summary, which starts from `summary`. Under torchrun every
+    rank calls it; rank 0 alone writes files and prints."""
     start = time.perf_counter()
     check_sources(cfg)
     resume = check_resume(cfg)  # checked before anything is written
-    run_dir = run_dir or new_run_dir(cfg.trainer.output_dir)
-    seed_everything(cfg.trainer.seed)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    device = resolve_device(cfg.model.device)
-    summary = {"run_dir": str(run_dir), **(summary or {})}
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    print(batch_plan(cfg))
+    dist, device = (
+        start_dist(cfg)
+        if dist is None
+        else (dist, resolve_device(cfg.model.device, dist.local_rank))
+    )
+    if run_dir is None:
+        run_dir = dist.broadcast_object(
+            new_run_dir(cfg.trainer.output_dir) if dist.is_main else None
+        )
+    seed_everything(cfg.trainer.seed + dist.rank)
+    summary = {"run_dir": str(run_dir), "world_size": dist.world_size, **(summary or {})}
+    main = dist.is_main
+    if main:
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        print(batch_plan(cfg, dist.world_size))
     roles = load_roles(cfg, device)
-    print("roles:\n" + roles.report())
+    if main:
+        print("roles:\n" + roles.report())
     prompts, eval_items, sft = _load_data(cfg, roles.tokenizer)
-    trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft)
+    trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft, dist=dist)
     if resume is not None:
         load_checkpoint(resume, trainer)
         summary["resumed_from"] = str(resume)
-        print(f"resumed from {resume} at iteration {trainer.iteration}")
-    logger = RunLogger(run_dir, tensorboard=cfg.trainer.tensorboard)
+        _say(trainer, f"resumed from {resume} at iteration {trainer.iteration}")
+    logger = RunLogger(run_dir, tensorboard=cfg.trainer.tensorboard, enabled=main)
     try:
         summary.update(_loop(trainer, cfg, logger, eval_items, run_dir))
     finally:
@@ -128,12 +162,14 @@ def train_ppo(cfg: Config, run_dir: Path | None = None, summary: dict | None = N
         wall_seconds=time.perf_counter() - start,
         phase_seconds=dict(trainer.timer.total),
     )
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", PLOT_KEYS)
-    print(
-        f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
-        "actor/, critic/)"
-    )
+    if main:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", PLOT_KEYS)
+        print(
+            f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
+            "actor/, critic/)"
+        )
+    dist.barrier()  # no rank leaves before the files are written
     return summary
 
 
@@ -148,7 +184,7 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
             out["eval_before"] = _eval(trainer, eval_items, cfg, "before")
         logger.log(trainer.iteration, _eval_metrics(out["eval_before"]))
     total = cfg.trainer.iterations
-    bar = progress(total=total, desc="ppo")
+    bar = progress(total=total, desc="ppo", disable=None if trainer.dist.is_main else True)
     bar.update(trainer.iteration)
     while trainer.iteration < total:
         metrics, ro = trainer.step()
@@ -159,7 +195,8 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
         k = cfg.trainer.log_samples
         logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
         bar.update(1)
-        bar.write(format_line(it, total, metrics, LINE_KEYS))
+        if trainer.dist.is_main:
+            bar.write(format_line(it, total, metrics, LINE_KEYS))
         if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == total:
             save_periodic(trainer, run_dir, cfg.trainer.keep_checkpoints, {"run_dir": str(run_dir)})
     bar.close()

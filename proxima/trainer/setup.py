@@ -23,14 +23,18 @@ from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`model.device`: auto (CUDA when visible), cpu, cuda or cuda:N. Under torchrun, `cuda`
+    and auto mean this process's GPU, cuda:LOCAL_RANK."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"`model.device`={name} but no CUDA device is visible. Use model.device=cpu (or auto)."
         )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
     return device
 
 

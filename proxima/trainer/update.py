@@ -25,17 +25,32 @@ from proxima.algos import (
 )
 from proxima.config import ActorConfig, CriticConfig
 from proxima.models.forward import response_logits, response_values
+from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience
 
 
-def micro_weight(micro: Experience, mini: Experience, mode: str) -> float:
-    """Share of the mini-batch that a micro-batch's mean loss stands for (1 for token-sum:
-    the sums of the micro-batches add up to the mini-batch's sum)."""
+def micro_weight(
+    micro: Experience,
+    mini: Experience,
+    mode: str,
+    world: int = 1,
+    mini_tokens: float | None = None,
+) -> float:
+    """Weight of a micro-batch's loss so that the accumulated gradient is the gradient of the
+    whole global mini-batch's loss, whatever the micro-batch size and the number of
+    processes (verl issues 906, 5641, 5798: this, got wrong).
+
+    token-mean: the micro-batch's share of the global mini-batch's real tokens
+    (`mini_tokens`: all processes together; default this process's mini-batch); seq modes:
+    its share of the sequences; token-sum: each sum counts once. Times `world`, because
+    DDP and FSDP2 average the gradients of the processes where the loss wants their sum.
+    """
     if mode == "token-sum":
-        return 1.0
+        return float(world)
     if mode == "token-mean":
-        return float(micro.response_mask.sum()) / max(1.0, float(mini.response_mask.sum()))
+        total = float(mini.response_mask.sum()) if mini_tokens is None else mini_tokens
+        return world * float(micro.response_mask.sum()) / max(1.0, total)
     return micro.batch_size / mini.batch_size
 
 
@@ -53,7 +68,8 @@ def mini_batches(
 
 
 class StatsAccumulator:
-    """Weighted means of stats over an iteration's micro-batches and optimizer steps."""
+    """Weighted means of stats over an iteration's micro-batches and optimizer steps, and
+    over every process (`means(dist)`): the same numbers on every rank."""
 
     def __init__(self) -> None:
         self._sums: dict[str, float] = defaultdict(float)
@@ -64,8 +80,14 @@ class StatsAccumulator:
             self._sums[k] += float(v) * weight
             self._weights[k] += weight
 
-    def means(self) -> dict[str, float]:
-        return {k: self._sums[k] / max(1e-12, self._weights[k]) for k in self._sums}
+    def means(self, dist: Dist | None = None) -> dict[str, float]:
+        keys = sorted(self._sums)
+        both = torch.tensor(
+            [[self._sums[k] for k in keys], [self._weights[k] for k in keys]], dtype=torch.float64
+        )
+        if dist is not None:
+            both = dist.all_reduce_sum(both)
+        return {k: float(both[0, i] / max(1e-12, float(both[1, i]))) for i, k in enumerate(keys)}
 
 
 def _kl_to_reference(logits, logprobs, mb: Experience, kind: str, reference, temperature):
@@ -144,29 +166,36 @@ def run_updates(
     *,
     micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
     generator: torch.Generator,
-    extra_loss: Callable[[], torch.Tensor | None] | None = None,
+    extra_loss: Callable[[], torch.Tensor] | None = None,
+    dist: Dist | None = None,
 ) -> dict[str, float]:
-    """Epochs x shuffled mini-batches of `role` (sizes from its config section); each
-    mini-batch one optimizer step."""
-    sec = role.cfg
+    """Epochs x shuffled mini-batches of `role` (sizes from its config section: the mini-
+    batch is global, this process takes its share); each mini-batch one optimizer step.
+    Gradients are synchronised across processes on the last backward of a mini-batch only
+    (`extra_loss`, the ptx term, when there is one)."""
+    dist = dist or Dist()
+    sec, world = role.cfg, dist.world_size
     acc = StatsAccumulator()
     role.model.train()
     skipped = 0
-    batches = mini_batches(exp, sec.ppo_mini_batch_size, sec.ppo_epochs, sec.shuffle, generator)
-    for mini in batches:
-        for micro in mini.split(sec.ppo_micro_batch_size):
+    size = sec.ppo_mini_batch_size // world
+    for mini in mini_batches(exp, size, sec.ppo_epochs, sec.shuffle, generator):
+        tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
+        micros = mini.split(sec.ppo_micro_batch_size)
+        for i, micro in enumerate(micros):
+            last = extra_loss is None and i == len(micros) - 1
             loss, stats = micro_loss(micro)
-            w = micro_weight(micro, mini, sec.loss_agg_mode)
-            (loss * w).backward()
+            w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
+            with grad_sync(role.model, last):
+                (loss * w).backward()
             acc.add(stats, w)
         if extra_loss is not None:
             extra = extra_loss()
-            if extra is not None:
-                extra.backward()
-                acc.add({"ptx_loss": float(extra.detach())})
+            extra.backward()
+            acc.add({"ptx_loss": float(extra.detach())})
         norm, ok = role.step()
         skipped += not ok
         acc.add({"grad_norm": norm})
-    out = acc.means()
+    out = acc.means(dist)
     out["skipped_steps"] = float(skipped)
     return out

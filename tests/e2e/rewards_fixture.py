@@ -15,3 +15,12 @@ def fn(prompts: list[str], responses: list[str], **_: list) -> list[float]:
 def prompt_starts_with_1(prompts: list[str], responses: list[str], **_: list) -> list[float]:
     """0/1 reward that ignores the response, so an evaluation's accuracy is known exactly."""
     return [float(p.startswith("1")) for p in prompts]
+
+
+def fails_on_rank_1(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """`fn` on every rank of a torchrun job but rank 1, where it raises."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise ValueError("reward service unreachable (raised on purpose by the test)")
+    return fn(prompts, responses)

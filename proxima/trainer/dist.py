@@ -1,0 +1,257 @@
+"""Several processes, one run: torchrun's environment, the process group, the collectives the
+trainer needs, and DDP / FSDP2 wrapping of the trained models. PyTorch's own engines only
+(`torch.distributed`, DistributedDataParallel, `fully_shard`); nothing here does math.
+
+One process (plain `proxima train`) gets a `Dist` of world size 1 whose collectives return
+their input, so the trainer has one code path. Under `torchrun --nproc_per_node N -m proxima
+train ...` every rank holds its share of the global batch (`data.train_batch_size` and
+`ppo_mini_batch_size` are global; `ppo_micro_batch_size` is per process, as in verl).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+T = TypeVar("T")
+
+STRATEGIES = ("auto", "none", "ddp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job. `strategy` is none, ddp or fsdp2 (auto resolved)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    strategy: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        """A process group exists (world size > 1)."""
+        return self.world_size > 1
+
+    # ------------------------------------------------------------------ collectives
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in float64 (counts and moments: exact whatever the order)."""
+        out = t.detach().to(torch.float64).clone()
+        if self.active:
+            tdist.all_reduce(out)
+        return out
+
+    def all_gather_object(self, obj: T) -> list[T]:
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank."""
+        if not self.active:
+            return obj
+        box = [obj if self.is_main else None]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather_rows(self, t: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
+        """Concatenate every rank's rows [B_r, ...] in rank order -> [sum B_r, ...]. Rows may
+        differ in number and, for [B, T] tensors, in width T: narrower ones are padded on
+        the right with `pad_value` to the widest."""
+        if not self.active:
+            return t
+        shapes = self.all_gather_object(tuple(t.shape))
+        width = max(s[1] for s in shapes) if t.dim() > 1 else None
+        if width is not None and t.shape[1] < width:
+            pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
+            t = nn.functional.pad(t, pad, value=pad_value)
+        parts = self.all_gather_object(t.detach().cpu())
+        return torch.cat(parts).to(t.device)
+
+    def barrier(self) -> None:
+        if self.active:
+            tdist.barrier()
+
+    def agree(self, fn: Callable[[], T], what: str) -> T:
+        """Run `fn` on every rank; if it raises on any rank, raise on every rank, naming the
+        rank and its error, instead of leaving the others waiting in the next collective."""
+        try:
+            result, error = fn(), None
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+            result, error = None, err
+        if not self.active:
+            if error is not None:
+                raise error
+            return result
+        errors = self.all_gather_object(
+            None if error is None else f"{type(error).__name__}: {error}"
+        )
+        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if failed:
+            if error is not None and len(failed) == 1:
+                raise error
+            detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
+            raise RuntimeError(f"{what} failed on {len(failed)} rank(s): {detail}") from error
+        return result
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
+    return (
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+    )
+
+
+def resolve_strategy(strategy: str, world_size: int) -> str:
+    if strategy == "auto":
+        return "none" if world_size == 1 else "ddp"
+    if strategy == "none" and world_size > 1:
+        raise ValueError(
+            f"`trainer.strategy=none` but this job has {world_size} processes (torchrun): "
+            "use trainer.strategy=ddp or fsdp2 (or auto), or run a single process."
+        )
+    return strategy
+
+
+def backend_for(spec: str, device_type: str) -> str:
+    """`trainer.dist_backend`: auto (gloo on CPU, nccl on CUDA), a backend name, or a
+    device map like `cpu:gloo,cuda:nccl`."""
+    if spec == "auto":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if ":" in spec:
+        pairs = dict(item.split(":", 1) for item in spec.split(","))
+        if device_type not in pairs:
+            raise ValueError(
+                f"`trainer.dist_backend`={spec!r} names no backend for device type "
+                f"{device_type!r}; add `{device_type}:gloo` (CPU) or `{device_type}:nccl`."
+            )
+        return pairs[device_type]
+    return spec
+
+
+def init(strategy: str, backend: str, timeout_s: float, device: torch.device) -> Dist:
+    """The process group of a torchrun job (once per process), or a one-process `Dist`."""
+    rank, world, local = env_world()
+    strategy = resolve_strategy(strategy, world)
+    if world > 1 and not tdist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        tdist.init_process_group(
+            backend=backend_for(backend, device.type),
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return Dist(rank=rank, world_size=world, local_rank=local, strategy=strategy)
+
+
+def shutdown() -> None:
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- models
+
+
+def wrap_trained(model: nn.Module, dist: Dist, device: torch.device, fsdp=None) -> nn.Module:
+    """The module the update runs through: DDP around the model, or the model sharded in
+    place by FSDP2 (`fully_shard` on every decoder layer, then the root), or the model
+    itself for one process."""
+    if dist.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    if dist.strategy == "fsdp2":
+        shard(model, fsdp, trainable=True)
+        return model
+    return model
+
+
+def shard(model: nn.Module, fsdp, trainable: bool) -> None:
+    """FSDP2 in place: every transformer layer its own unit, then the root; a mixed-
+    precision policy from `fsdp.param_dtype` / `fsdp.reduce_dtype`; frozen models may be
+    offloaded to the CPU (`fsdp.offload_frozen`)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    # FSDP2 warns that a module returned a view (HF heads slice their outputs); proxima does
+    # no in-place op on model outputs, and tests/distributed/test_parity.py checks the gradients
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*", category=UserWarning)
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    mp = MixedPrecisionPolicy(
+        param_dtype=dtypes[fsdp.param_dtype], reduce_dtype=dtypes[fsdp.reduce_dtype]
+    )
+    kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": fsdp.reshard_after_forward}
+    if not trainable and fsdp.offload_frozen:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of a Hugging Face model (the `nn.ModuleList` with the
+    most parameters), the units FSDP2 shards one at a time."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
+    return (
+        getattr(model, "module", model)
+        if type(model).__name__ == "DistributedDataParallel"
+        else model
+    )
+
+
+@contextmanager
+def grad_sync(model: nn.Module, enabled: bool):
+    """Gradient all-reduce on this backward or not: only the last backward of a mini-batch
+    synchronises (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`)."""
+    if enabled:
+        yield
+        return
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
+    with nullcontext():
+        yield
+
+
+def full_state_dict(model: nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
+    """The whole model's state dict on the CPU (rank 0; None elsewhere): gathered from the
+    shards under FSDP2, as is otherwise."""
+    if dist.strategy != "fsdp2":
+        return unwrap(model).state_dict() if dist.is_main else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    return state if dist.is_main else None

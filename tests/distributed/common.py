@@ -1,0 +1,114 @@
+"""Shared by the multi-process tests and the workers torchrun starts: a fixed, ragged global
+batch and the gradients one mini-batch of it produces through `run_updates`."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from proxima.algos import AGG_MODES, logprobs_from_logits
+from proxima.config import ActorConfig, CriticConfig, OptimConfig
+from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
+from proxima.models.forward import response_logits
+from proxima.trainer.dist import Dist, unwrap, wrap_trained
+from proxima.trainer.optim import TrainedRole
+from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
+from proxima.types import Experience
+
+ALPHABET = "0123456789+="
+TEMPERATURE = 0.7
+# 8 rows: the first 4 (rank 0 of 2) have long responses, the last 4 (rank 1) short ones,
+# so a loss normalised per rank instead of globally would be visibly wrong
+PROMPT_LENS = [3, 2, 4, 1, 2, 3, 1, 4]
+RESPONSE_LENS = [5, 4, 5, 3, 1, 2, 1, 2]
+MODES = AGG_MODES
+
+
+def models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A nano Llama actor and a nano GPT-2 critic, the same on every rank (seeded)."""
+    tok = build_char_tokenizer(ALPHABET)
+    actor = build_tiny_model("llama", tok, "nano", max_positions=32, seed=7)
+    config = tiny_config("gpt2", tok, "nano", max_positions=32, num_labels=1)
+    torch.manual_seed(8)
+    critic = AutoModelForTokenClassification.from_config(config)
+    return actor, critic
+
+
+def global_batch(actor: torch.nn.Module) -> Experience:
+    gen = torch.Generator().manual_seed(0)
+    p, r = max(PROMPT_LENS), max(RESPONSE_LENS)
+    ids = torch.randint(4, 4 + len(ALPHABET), (len(PROMPT_LENS), p + r), generator=gen)
+    attn = torch.zeros_like(ids)
+    for row, (lp, lr) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS, strict=True)):
+        attn[row, p - lp : p + lr] = 1
+    ids = torch.where(attn.bool(), ids, torch.zeros_like(ids))
+    mask = attn[:, p:].clone()
+    with torch.no_grad():
+        current = logprobs_from_logits(
+            response_logits(actor, ids, attn, r, TEMPERATURE), ids[:, p:]
+        )
+    noise = lambda: torch.randn(mask.shape, generator=gen)  # noqa: E731
+    return Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=mask,
+        old_logprobs=(current + 0.3 * noise()) * mask,
+        ref_logprobs=(current + 0.5 * noise()) * mask,
+        values=noise() * mask,
+        returns=noise() * mask,
+        advantages=noise() * mask,
+        group_ids=torch.arange(ids.shape[0]),
+    )
+
+
+class GradCapture(TrainedRole):
+    """A trained role whose optimizer step records the (synchronised, whole) gradients."""
+
+    grads: dict[str, torch.Tensor]
+
+    def step(self) -> tuple[float, bool]:
+        self.grads = {}
+        for name, p in unwrap(self.model).named_parameters():
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                self.grads[name] = g.detach().cpu().clone()
+        self.model.zero_grad(set_to_none=True)
+        return 0.0, True
+
+
+def mini_batch_grads(
+    model: torch.nn.Module,
+    role: str,
+    mode: str,
+    exp: Experience,
+    dist: Dist,
+    world: int,
+    device: torch.device | None = None,
+) -> dict[str, torch.Tensor]:
+    """Gradients of one global mini-batch (all of `exp` across the `world` ranks; this rank
+    holds `exp`, its share) with micro-batches of 2, through `run_updates`."""
+    size = exp.batch_size * world
+    sec_cls = ActorConfig if role == "actor" else CriticConfig
+    sec = sec_cls(
+        optim=OptimConfig(lr=0.0),
+        ppo_mini_batch_size=size,
+        ppo_micro_batch_size=2,
+        shuffle=False,
+        loss_agg_mode=mode,
+    )
+    fsdp = None
+    if dist.strategy == "fsdp2":
+        from proxima.config import FSDPConfig
+
+        fsdp = FSDPConfig()
+    device = device or torch.device("cpu")
+    wrapped = wrap_trained(model.to(device), dist, device, fsdp)
+    exp = exp.to(device)
+    captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist)
+    if role == "actor":
+        loss = lambda mb: actor_micro_loss(wrapped, mb, sec, TEMPERATURE)  # noqa: E731
+    else:
+        loss = lambda mb: critic_micro_loss(wrapped, mb, sec)  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    run_updates(captured, exp, micro_loss=loss, generator=gen, dist=dist)
+    return captured.grads

@@ -1,0 +1,36 @@
+"""Run by torchrun (2 ranks): the gradients of every loss aggregation mode for the actor and
+the critic, under DDP and FSDP2, each rank holding its half of the global batch. Rank 0
+saves them to the path given as the first argument; a second argument `cuda` runs on the
+GPUs with NCCL (gloo on the CPU otherwise)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+from proxima.trainer.dist import init, shutdown
+from tests.distributed.common import MODES, global_batch, mini_batch_grads, models
+
+warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+torch.set_num_threads(1)
+out: dict = {}
+cuda = sys.argv[2:] == ["cuda"]
+for strategy in ("ddp", "fsdp2"):
+    rank = int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist = init(strategy, "auto", 120, device)
+    actor, _ = models()
+    exp = global_batch(actor)
+    half = exp.batch_size // dist.world_size
+    mine = exp.select(list(range(dist.rank * half, (dist.rank + 1) * half)))
+    for mode in MODES:
+        for role in ("actor", "critic"):
+            model = models()[0 if role == "actor" else 1]
+            grads = mini_batch_grads(model, role, mode, mine, dist, dist.world_size, device)
+            out[(strategy, role, mode)] = grads
+if dist.is_main:
+    torch.save(out, sys.argv[1])
+shutdown()

@@ -1,0 +1,112 @@
+"""`torchrun --nproc_per_node 2 -m proxima train` end to end on a nano model (gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from proxima.cli import main
+from tests.distributed.conftest import torchrun
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+# per-micro-batch statistics: their micro-batches hold other rows with 1 and 2 processes
+# (same global mini-batch, so the same gradient); wall-clock numbers
+NOT_COMPARED = ("time/", "tokens_per_s", "critic/explained_variance")
+
+
+def _metrics(run: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows}
+
+
+def _close(a: dict[int, dict], b: dict[int, dict]) -> None:
+    assert a.keys() == b.keys() and a
+    for step in a:
+        assert a[step].keys() == b[step].keys(), step
+        for k in a[step]:
+            assert b[step][k] == pytest.approx(a[step][k], rel=1e-4, abs=1e-6), (step, k)
+
+
+@pytest.fixture
+def greedy(make_model, fast_overrides, tmp_path):
+    """Overrides of a 3-iteration run with greedy sampling (top_k=1): no randomness in the
+    rollout, so 1 and 2 processes see the same responses; one mini-batch per iteration."""
+    model = make_model("llama")
+
+    def overrides(out: Path, *extra: str) -> list[str]:
+        return fast_overrides(
+            model,
+            out,
+            3,
+            "rollout.top_k=1",
+            "trainer.threads=1",
+            "actor.ppo_micro_batch_size=2",
+            "critic.ppo_micro_batch_size=2",
+            *extra,
+        )
+
+    return overrides
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_processes_give_the_metrics_of_one(greedy, tmp_path, strategy):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["train", *greedy(one)]) == 0
+    torchrun(["-m", "proxima", "train", *greedy(two, f"trainer.strategy={strategy}")])
+    _close(_metrics(one), _metrics(two))
+    assert not two.with_name("two-2").exists()  # one run folder, written by rank 0 only
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["iterations"] == 3
+    # the saved actor (gathered from the shards under FSDP2) is the one process's actor
+    a = AutoModelForCausalLM.from_pretrained(one / "actor", local_files_only=True).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(two / "actor", local_files_only=True).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_path):
+    """Sampled rollouts (each rank draws from its own stream): a 2-process run resumed from
+    its iteration-2 checkpoint trains iterations 3 and 4 exactly as the uninterrupted run."""
+    model = make_model("llama")
+    a, b = tmp_path / "a", tmp_path / "b"
+    base = ["trainer.threads=1", "trainer.save_every=2", "trainer.keep_checkpoints=0"]
+    torchrun(["-m", "proxima", "train", *fast_overrides(model, a, 4, *base)])
+    resume = f"trainer.resume_from={a / 'checkpoints' / 'iter_2'}"
+    torchrun(["-m", "proxima", "train", *fast_overrides(model, b, 4, *base, resume)])
+    first, again = _metrics(a), _metrics(b)
+    assert sorted(again) == [3, 4]
+    _close({k: first[k] for k in (3, 4)}, again)
+
+
+def test_failing_reward_on_one_rank_stops_the_job_naming_it(
+    make_model, fast_overrides, tmp_path, reward_spec
+):
+    model = make_model("llama")
+    args = fast_overrides(model, tmp_path / "run", 2, "trainer.threads=1")
+    args = [a for a in args if not a.startswith("reward.function=")]
+    args.append(f"reward.function={reward_spec('fails_on_rank_1')}")
+    proc = torchrun(["-m", "proxima", "train", *args], timeout=120, check=False)
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "rank 1" in err and "reward service unreachable" in err, err[-2000:]
+
+
+def test_fsdp2_sampled_generation_with_ragged_lengths_finishes(
+    make_model, fast_overrides, tmp_path
+):
+    """Sampled responses of up to 12 tokens end at different lengths on the two ranks; under
+    FSDP2 every forward is a collective, so without synced generation the ranks fall out of
+    step (a hang, here cut to 60 s by trainer.dist_timeout_s)."""
+    model = make_model("llama")
+    out = tmp_path / "run"
+    extra = ["trainer.threads=1", "trainer.strategy=fsdp2", "rollout.max_response_length=12"]
+    extra += ["trainer.dist_timeout_s=60", "eval.max_prompts=6"]
+    torchrun(["-m", "proxima", "train", *fast_overrides(model, out, 2, *extra)], timeout=240)
+    lengths = [m["response_length"] for m in _metrics(out).values()]
+    assert len(lengths) == 2 and all(0 < n <= 12 for n in lengths)
