@@ -44,6 +44,20 @@ def load_role(model: nn.Module, parent: Path, name: str) -> None:
         _load_weights(model, Path(parent) / name, name)
 
 
+def read_role_weights(parent: Path, name: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the HF folder `parent/name` as saved (names as in the files)."""
+    files = sorted((Path(parent) / name).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"{Path(parent) / name} holds no *.safetensors weights of the {name}: the "
+            "checkpoint is incomplete. Resume from another checkpoint."
+        )
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
 def _saved_names(model: nn.Module) -> dict[str, str]:
     """{name in the saved file: name in model.state_dict()}.
 
@@ -71,16 +85,8 @@ def _load_weights(model: nn.Module, folder: Path, role: str) -> None:
     Weights tied to another (a tied LM head) are not saved separately; they are accepted
     as missing when they share storage with a loaded tensor.
     """
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(
-            f"{folder} holds no *.safetensors weights of the {role}: the checkpoint is "
-            "incomplete. Resume from another checkpoint."
-        )
     names = _saved_names(model)
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update({names.get(k, k): v for k, v in load_file(f).items()})
+    weights = {names.get(k, k): v for k, v in read_role_weights(folder.parent, folder.name).items()}
     own = model.state_dict()
     loaded_ptrs = {own[k].data_ptr() for k in weights if k in own}
     missing = sorted(k for k in own.keys() - weights.keys() if own[k].data_ptr() not in loaded_ptrs)

@@ -120,8 +120,12 @@ def env_world() -> tuple[int, int, int]:
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
+    """`trainer.strategy` for this job: one process trains unwrapped whatever it says (so a
+    checkpoint of a torchrun job resumes in one process); auto is ddp for several."""
+    if world_size == 1:
+        return "none"
     if strategy == "auto":
-        return "none" if world_size == 1 else "ddp"
+        return "ddp"
     if strategy == "none" and world_size > 1:
         raise ValueError(
             f"`trainer.strategy=none` but this job has {world_size} processes (torchrun): "
@@ -245,13 +249,52 @@ def grad_sync(model: nn.Module, enabled: bool):
         yield
 
 
+def _full_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
 def full_state_dict(model: nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on the CPU (rank 0; None elsewhere): gathered from the
-    shards under FSDP2, as is otherwise."""
+    shards under FSDP2 (every rank must call it), as is otherwise."""
     if dist.strategy != "fsdp2":
         return unwrap(model).state_dict() if dist.is_main else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)
+    state = get_model_state_dict(model, options=_full_options(cpu_offload=True))
     return state if dist.is_main else None
+
+
+def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Whole weights (every rank holds them) into an FSDP2-sharded model: each rank keeps
+    its shard. Weights tied to another (a tied LM head) may be absent."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    result = set_model_state_dict(model, weights, options=_full_options(strict=False))
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {
+        n for n, _ in model.named_parameters()
+    }
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"the saved weights do not fit this run's model (missing {missing[:5]}, "
+            f"unexpected {list(result.unexpected_keys)[:5]}): resume with the model.* "
+            "settings the checkpoint was written with."
+        )
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """An FSDP2 model's optimizer state, whole, on rank 0's CPU (keyed by parameter name)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+
+
+def load_full_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
+) -> None:
+    """`full_optimizer_state` (every rank holds it) back into each rank's shards."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_full_options())

@@ -8,8 +8,15 @@ import warnings
 import torch
 
 from proxima.config import OptimConfig
-from proxima.models.saving import load_role
-from proxima.trainer.dist import Dist, full_state_dict, unwrap
+from proxima.models.saving import load_role, read_role_weights
+from proxima.trainer.dist import (
+    Dist,
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+    unwrap,
+)
 
 
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
@@ -92,12 +99,12 @@ class TrainedRole:
         return full_state_dict(self.model, self.dist)
 
     def load_weights(self, folder, name: str) -> None:
+        """The weights `save_role` wrote, in place; under FSDP2 every rank reads the whole
+        folder and keeps its shard."""
         if self.dist.strategy == "fsdp2":
-            raise ValueError(
-                "resuming under trainer.strategy=fsdp2 is not supported yet; resume the "
-                "checkpoint with trainer.strategy=ddp (or one process)."
-            )
-        load_role(self.unwrapped, folder, name)
+            load_full_state_dict(self.model, read_role_weights(folder, name))
+        else:
+            load_role(self.unwrapped, folder, name)
 
     @property
     def lr(self) -> float:
@@ -107,14 +114,23 @@ class TrainedRole:
         return optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip)
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        """Optimizer and schedule; under FSDP2 the optimizer state is gathered whole onto
+        rank 0 (every rank must call it), so any number of processes can read it back."""
+        if self.dist.strategy == "fsdp2":
+            optimizer = full_optimizer_state(self.model, self.optimizer)
+        else:
+            optimizer = self.optimizer.state_dict()
+        return {"optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore optimizer + schedule position, then apply this config's hyper-parameters
         (a resumed run may change the lr, betas, eps, weight decay; the same config leaves
         every value as saved)."""
         ocfg = self.cfg.optim
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dist.strategy == "fsdp2":
+            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         for group in self.optimizer.param_groups:
             group.update(

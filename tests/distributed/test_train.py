@@ -70,18 +70,24 @@ def test_two_processes_give_the_metrics_of_one(greedy, tmp_path, strategy):
         torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
-def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_path, strategy):
     """Sampled rollouts (each rank draws from its own stream): a 2-process run resumed from
-    its iteration-2 checkpoint trains iterations 3 and 4 exactly as the uninterrupted run."""
+    its iteration-2 checkpoint trains iterations 3 and 4 exactly as the uninterrupted run
+    (under FSDP2 the checkpoint holds the shards gathered whole, read back into shards)."""
     model = make_model("llama")
     a, b = tmp_path / "a", tmp_path / "b"
     base = ["trainer.threads=1", "trainer.save_every=2", "trainer.keep_checkpoints=0"]
+    base.append(f"trainer.strategy={strategy}")
     torchrun(["-m", "proxima", "train", *fast_overrides(model, a, 4, *base)])
     resume = f"trainer.resume_from={a / 'checkpoints' / 'iter_2'}"
     torchrun(["-m", "proxima", "train", *fast_overrides(model, b, 4, *base, resume)])
     first, again = _metrics(a), _metrics(b)
     assert sorted(again) == [3, 4]
     _close({k: first[k] for k in (3, 4)}, again)
+    # another number of processes reads the same checkpoint (fresh random streams)
+    one = fast_overrides(model, tmp_path / "c", 4, "trainer.threads=1", resume)
+    assert main(["train", *one]) == 0 and sorted(_metrics(tmp_path / "c")) == [3, 4]
 
 
 def test_failing_reward_on_one_rank_stops_the_job_naming_it(
@@ -110,3 +116,15 @@ def test_fsdp2_sampled_generation_with_ragged_lengths_finishes(
     torchrun(["-m", "proxima", "train", *fast_overrides(model, out, 2, *extra)], timeout=240)
     lengths = [m["response_length"] for m in _metrics(out).values()]
     assert len(lengths) == 2 and all(0 < n <= 12 for n in lengths)
+
+
+def test_killed_rank_ends_the_job(make_model, fast_overrides, tmp_path, reward_spec):
+    """A rank that dies (SIGKILL: no Python error to share) ends the whole job with an error
+    from torchrun, well before trainer.dist_timeout_s: no rank is left hanging."""
+    model = make_model("llama")
+    args = fast_overrides(model, tmp_path / "run", 2, "trainer.threads=1")
+    args = [a for a in args if not a.startswith("reward.function=")]
+    args += [f"reward.function={reward_spec('dies_on_rank_1')}", "trainer.dist_timeout_s=600"]
+    proc = torchrun(["-m", "proxima", "train", *args], timeout=180, check=False)
+    assert proc.returncode != 0
+    assert "Signal 9" in proc.stderr or "SIGKILL" in proc.stderr, proc.stderr[-2000:]

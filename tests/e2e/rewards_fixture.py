@@ -24,3 +24,13 @@ def fails_on_rank_1(prompts: list[str], responses: list[str], **_: list) -> list
     if os.environ.get("RANK") == "1":
         raise ValueError("reward service unreachable (raised on purpose by the test)")
     return fn(prompts, responses)
+
+
+def dies_on_rank_1(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """`fn`, but rank 1 of a torchrun job is killed (SIGKILL) the first time it scores."""
+    import os
+    import signal
+
+    if os.environ.get("RANK") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return fn(prompts, responses)
