@@ -18,3 +18,44 @@ def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor)
         use_cache=False,
     )
     return scalar_head(critic)(out.last_hidden_state)[..., 0].float()
+
+
+def ragged_experience(
+    actor,
+    prompt_lens: list[int],
+    response_lens: list[int],
+    temperature: float,
+    vocab: int,
+    seed: int = 0,
+):
+    """A hand-built Experience of rows with these prompt and response lengths (left-padded
+    prompts, right-padded responses, pad id 0, token ids in [4, 4 + vocab)): old log-probs
+    from the actor plus noise (so that some ratios leave [0.8, 1.2] and get clipped), random
+    advantages, values, returns and reference log-probs."""
+    from proxima.algos import logprobs_from_logits
+    from proxima.models.forward import response_logits
+    from proxima.types import Experience
+
+    gen = torch.Generator().manual_seed(seed)
+    p, r = max(prompt_lens), max(response_lens)
+    ids = torch.randint(4, 4 + vocab, (len(prompt_lens), p + r), generator=gen)
+    attn = torch.zeros_like(ids)
+    for row, (lp, lr) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        attn[row, p - lp : p + lr] = 1
+    ids = torch.where(attn.bool(), ids, torch.zeros_like(ids))
+    mask = attn[:, p:].clone()
+    with torch.no_grad():
+        logits = response_logits(actor, ids, attn, r, temperature)
+        current = logprobs_from_logits(logits, ids[:, p:])
+    noise = lambda: torch.randn(mask.shape, generator=gen)  # noqa: E731
+    return Experience(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=mask,
+        old_logprobs=(current + 0.3 * noise()) * mask,
+        ref_logprobs=(current + 0.5 * noise()) * mask,
+        values=noise() * mask,
+        returns=noise() * mask,
+        advantages=noise() * mask,
+        group_ids=torch.arange(ids.shape[0]),
+    )

@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForTokenClassification
 
-from proxima.algos import AGG_MODES, logprobs_from_logits
+from proxima.algos import AGG_MODES
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.forward import response_logits
 from proxima.trainer.dist import Dist, unwrap, wrap_trained
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
 from proxima.types import Experience
+from tests.oracles import ragged_experience
 
 ALPHABET = "0123456789+="
 TEMPERATURE = 0.7
@@ -35,30 +35,7 @@ def models() -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def global_batch(actor: torch.nn.Module) -> Experience:
-    gen = torch.Generator().manual_seed(0)
-    p, r = max(PROMPT_LENS), max(RESPONSE_LENS)
-    ids = torch.randint(4, 4 + len(ALPHABET), (len(PROMPT_LENS), p + r), generator=gen)
-    attn = torch.zeros_like(ids)
-    for row, (lp, lr) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS, strict=True)):
-        attn[row, p - lp : p + lr] = 1
-    ids = torch.where(attn.bool(), ids, torch.zeros_like(ids))
-    mask = attn[:, p:].clone()
-    with torch.no_grad():
-        current = logprobs_from_logits(
-            response_logits(actor, ids, attn, r, TEMPERATURE), ids[:, p:]
-        )
-    noise = lambda: torch.randn(mask.shape, generator=gen)  # noqa: E731
-    return Experience(
-        input_ids=ids,
-        attention_mask=attn,
-        response_mask=mask,
-        old_logprobs=(current + 0.3 * noise()) * mask,
-        ref_logprobs=(current + 0.5 * noise()) * mask,
-        values=noise() * mask,
-        returns=noise() * mask,
-        advantages=noise() * mask,
-        group_ids=torch.arange(ids.shape[0]),
-    )
+    return ragged_experience(actor, PROMPT_LENS, RESPONSE_LENS, TEMPERATURE, len(ALPHABET))
 
 
 class GradCapture(TrainedRole):

@@ -12,10 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForTokenClassification
 
-from proxima.algos import logprobs_from_logits
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.forward import response_logits
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import (
     actor_micro_loss,
@@ -25,6 +23,7 @@ from proxima.trainer.update import (
     run_updates,
 )
 from proxima.types import Experience
+from tests.oracles import ragged_experience
 
 ALPHABET = "0123456789+="
 PAD = 0
@@ -57,37 +56,9 @@ def critic(tok):
     return AutoModelForTokenClassification.from_config(config)
 
 
-def _masks(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids [4, 8], attention_mask [4, 8], response_mask [4, 5] of the ragged batch."""
-    p, r = max(PROMPT_LENS), max(RESPONSE_LENS)
-    ids = torch.randint(4, 4 + len(ALPHABET), (len(PROMPT_LENS), p + r), generator=gen)
-    attn = torch.zeros_like(ids)
-    for row, (lp, lr) in enumerate(zip(PROMPT_LENS, RESPONSE_LENS, strict=True)):
-        attn[row, p - lp : p + lr] = 1
-    ids = torch.where(attn.bool(), ids, torch.full_like(ids, PAD))
-    return ids, attn, attn[:, p:].clone()
-
-
 def make_experience(actor: torch.nn.Module, seed: int = 0) -> Experience:
-    """A hand-built Experience: old log-probs from the actor plus noise (so that some ratios
-    leave [0.8, 1.2] and get clipped), random advantages, values, returns, ref log-probs."""
-    gen = torch.Generator().manual_seed(seed)
-    ids, attn, mask = _masks(gen)
-    r = mask.shape[1]
-    with torch.no_grad():
-        logits = response_logits(actor, ids, attn, r, TEMPERATURE)
-        current = logprobs_from_logits(logits, ids[:, -r:])
-    noise = lambda: torch.randn(mask.shape, generator=gen)  # noqa: E731
-    return Experience(
-        input_ids=ids,
-        attention_mask=attn,
-        response_mask=mask,
-        old_logprobs=(current + 0.3 * noise()) * mask,
-        ref_logprobs=(current + 0.5 * noise()) * mask,
-        values=noise() * mask,
-        returns=noise() * mask,
-        advantages=noise() * mask,
-        group_ids=torch.arange(ids.shape[0]),
+    return ragged_experience(
+        actor, PROMPT_LENS, RESPONSE_LENS, TEMPERATURE, len(ALPHABET), seed=seed
     )
 
 
