@@ -149,7 +149,13 @@ class AlgorithmConfig:
         True, "Whiten advantages over the batch (masked) before the update."
     )
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
-    use_kl_in_reward: bool = _f(True, "Put -kl_coef * KL into the token rewards.")
+    use_kl_in_reward: bool | None = _f(
+        None,
+        "Put -kl_coef * KL into the token rewards. Unset (null): on, unless actor.use_kl_loss "
+        'is on; then the KL is in the loss only, as in verl ("When used, we are not applying '
+        'KL in the reward function") and start-up says so. true together with '
+        "actor.use_kl_loss=true counts the KL twice (reward and loss): only when set explicitly.",
+    )
     kl_penalty: str = _f(
         "k1",
         "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl) | full "
@@ -319,6 +325,15 @@ class Config:
         """Sequences per iteration: prompts x samples per prompt."""
         return self.data.train_batch_size * self.rollout.n
 
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether -kl_coef * KL goes into the token rewards: algorithm.use_kl_in_reward as
+        set, and when unset (None) on unless the KL is already in the actor loss (verl's
+        docs on actor.use_kl_loss: "When used, we are not applying KL in the reward
+        function", https://verl.readthedocs.io/en/latest/examples/config.html)."""
+        explicit = self.algorithm.use_kl_in_reward
+        return (not self.actor.use_kl_loss) if explicit is None else explicit
+
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
         """The config section of each role PPO trains, by role name."""
         return {"actor": self.actor, "critic": self.critic}
@@ -360,7 +375,10 @@ def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check a YAML value against a field type; ints are accepted for floats."""
     if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
-        return value
+        if value is None:
+            return None
+        inner = [t for t in typing.get_args(typ) if t is not type(None)]
+        return _coerce(value, inner[0], where) if len(inner) == 1 else value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
@@ -634,11 +652,29 @@ def batch_plan(cfg: Config) -> str:
         )
     if cfg.algorithm.adv_estimator != "gae":
         lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
+    lines += kl_plan(cfg)
     lines.append(
         f"  total : {cfg.trainer.iterations} iterations, "
         f"{cfg.trainer.iterations * rollout} sequences"
     )
     return "\n".join(lines)
+
+
+def kl_plan(cfg: Config) -> list[str]:
+    """Where the KL penalty goes, when the KL loss makes that a choice (printed at start-up)."""
+    if not cfg.actor.use_kl_loss:
+        return []
+    if cfg.kl_in_reward:
+        return [
+            "  KL    : in the reward (algorithm.use_kl_in_reward=true) AND in the actor loss "
+            "(actor.use_kl_loss=true): counted twice, as set"
+        ]
+    if cfg.algorithm.use_kl_in_reward is None:
+        return [
+            "  KL    : in the actor loss only: actor.use_kl_loss=true turns the in-reward KL "
+            "off (as verl); set algorithm.use_kl_in_reward=true to have both"
+        ]
+    return ["  KL    : in the actor loss only (algorithm.use_kl_in_reward=false)"]
 
 
 def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:

@@ -152,3 +152,26 @@ def test_each_command_names_the_keys_it_needs(command, overrides, key):
     # what one command needs, another does not: train's sources are not asked of sft
     if command == "sft" and len(overrides) == 2:
         load_config(None, [*overrides, "sft.out=o"], command="sft")
+
+
+def test_kl_loss_turns_the_in_reward_kl_off_unless_both_are_asked_for():
+    """Issue 7.5: verl's docs on actor.use_kl_loss, "When used, we are not applying KL in the
+    reward function". Unset, algorithm.use_kl_in_reward follows that; set, it is obeyed."""
+    plain = load_config(None, BASE)
+    assert plain.algorithm.use_kl_in_reward is None and plain.kl_in_reward
+    assert "KL" not in batch_plan(plain)  # no KL loss: nothing to choose, nothing printed
+
+    loss_only = load_config(None, BASE + ["actor.use_kl_loss=true"])
+    assert not loss_only.kl_in_reward
+    assert "in the actor loss only" in batch_plan(loss_only)
+    assert "set algorithm.use_kl_in_reward=true to have both" in batch_plan(loss_only)
+
+    both = load_config(None, BASE + ["actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true"])
+    assert both.kl_in_reward and "counted twice, as set" in batch_plan(both)
+
+    neither = load_config(None, BASE + ["algorithm.use_kl_in_reward=false"])
+    assert not neither.kl_in_reward
+    unset = load_config(None, BASE + ["algorithm.use_kl_in_reward=null"])
+    assert unset.algorithm.use_kl_in_reward is None
+    with pytest.raises(ConfigError, match="`algorithm.use_kl_in_reward` must be true or false"):
+        load_config(None, BASE + ["algorithm.use_kl_in_reward=3"])

@@ -136,7 +136,7 @@ class PPOTrainer:
             exp.stopped,
             exp.kl,
             exp.response_mask,
-            kl_coef=self.kl_ctl.value if a.use_kl_in_reward else 0.0,
+            kl_coef=self.kl_ctl.value if self.cfg.kl_in_reward else 0.0,
             clip_reward_value=a.clip_reward_value or None,
             no_stop_penalty=self.cfg.rollout.no_stop_penalty,
             score_mean=mean,

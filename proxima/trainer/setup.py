@@ -107,7 +107,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
     actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
     if lora:
         actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
-    needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
+    needs_ref = cfg.kl_in_reward or cfg.actor.use_kl_loss
     reference = None
     if needs_ref and lora and not cfg.model.reference_path:
         reference = AdapterDisabled(actor)
