@@ -59,13 +59,20 @@ class TaskConfig:
 class ModelConfig:
     actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
     reference_path: str = _f(
-        "", "Folder of the reference policy; empty = frozen copy of actor_path."
+        "",
+        "Folder of the reference policy; empty = frozen copy of actor_path. Must share the "
+        "policy's vocabulary (checked).",
     )
-    critic_path: str = _f("", "Folder the critic starts from; empty = actor_path.")
+    critic_path: str = _f(
+        "",
+        "Folder the critic starts from; empty = actor_path. Its tokenizer must number every "
+        "token as the policy's does (checked before any model loads).",
+    )
     critic_init: str = _f(
         "actor",
         "How the critic starts: actor (backbone + new value head), "
-        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises) or "
+        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises; "
+        "it must share the policy's vocabulary, checked before any model loads) or "
         "critic (a critic saved by proxima).",
     )
     dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")

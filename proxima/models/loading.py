@@ -147,6 +147,48 @@ def _check_architecture(config: PretrainedConfig, suffix: str, folder: Path, rol
         )
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether `folder` holds tokenizer files (any of TOKENIZER_FILES or a *.tiktoken)."""
+    folder = Path(folder)
+    return any((folder / f).is_file() for f in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
+def config_vocab_size(folder: str | Path) -> int | None:
+    """`vocab_size` of the model config in `folder` (rows of its embedding table), read from
+    config.json without building anything; None when absent."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return size if isinstance(size, int) else None
+
+
+def vocabulary_difference(tokenizer: Any, other: Any) -> str | None:
+    """None when two tokenizers number every token alike, else what differs (sizes and one
+    token with another id, or missing): a model of one cannot read the other's token ids."""
+    mine, theirs = tokenizer.get_vocab(), other.get_vocab()
+    if mine == theirs:
+        return None
+    sizes = f"{len(theirs)} tokens there, {len(mine)} in the policy's"
+    for token in sorted(mine, key=mine.get):
+        if theirs.get(token) != mine[token]:
+            there = "missing" if token not in theirs else f"id {theirs[token]}"
+            return f"{sizes}; e.g. token {token!r} is {there} there, id {mine[token]} here"
+    extra = next(t for t in theirs if t not in mine)
+    return f"{sizes}; e.g. token {extra!r} (id {theirs[extra]}) is not in the policy's"
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """AutoTokenizer from a local folder, left padding, pad token falling back to EOS."""
     folder = _check_folder(path, "tokenizer", needs="")

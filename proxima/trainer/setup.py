@@ -7,15 +7,18 @@ from pathlib import Path
 
 import torch
 
-from proxima.config import Config
+from proxima.config import Config, ConfigError
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
+    config_vocab_size,
     describe_model,
+    has_tokenizer,
     load_causal_lm,
     load_critic,
     load_reward_model,
     load_tokenizer,
     reward_model_scores,
+    vocabulary_difference,
 )
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
@@ -95,6 +98,52 @@ def critic_source(cfg: Config) -> str:
     return cfg.model.actor_path
 
 
+def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
+    """(config key, folder, fix) of every model other than the actor that reads the policy's
+    token ids: the critic (GAE runs) and the reference, when they come from another folder."""
+    m, out = cfg.model, []
+    if cfg.algorithm.adv_estimator == "gae":
+        if m.critic_path:
+            fix = "point it at a model with the policy's tokenizer, or leave it empty"
+            out.append(("model.critic_path", m.critic_path, fix))
+        elif m.critic_init == "reward_model" and cfg.reward.model_path:
+            fix = (
+                "a reward source may keep its own tokenizer (its text is re-tokenized) but the "
+                "critic reads the policy's ids: start the critic from the actor "
+                "(model.critic_init=actor) or train the reward model from the policy "
+                "(`proxima rm --model <model.actor_path>`)"
+            )
+            key = "model.critic_init=reward_model (reward.model_path)"
+            out.append((key, cfg.reward.model_path, fix))
+    if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
+        fix = "point it at a model with the policy's tokenizer, or leave it empty"
+        out.append(("model.reference_path", m.reference_path, fix))
+    return out
+
+
+def check_vocabularies(cfg: Config, tokenizer) -> None:
+    """The critic and the reference read the policy's token ids through their own embedding
+    tables: a model whose tokenizer numbers tokens otherwise would read other tokens, silently.
+    Checked on the tokenizer files (every token -> id alike), before any model loads; a
+    folder without a tokenizer is checked on its config's vocab_size against the actor's."""
+    for key, folder, fix in _id_readers(cfg):
+        if has_tokenizer(folder):
+            why = vocabulary_difference(tokenizer, load_tokenizer(folder))
+        else:
+            theirs, mine = config_vocab_size(folder), config_vocab_size(cfg.model.actor_path)
+            why = (
+                f"an embedding table of {theirs} rows, the actor's {mine}"
+                if theirs != mine
+                else None
+            )
+        if why:
+            raise ConfigError(
+                f"`{key}`: {folder} has another vocabulary than the policy "
+                f"(model.actor_path={cfg.model.actor_path}): {why}. That model would read the "
+                f"policy's token ids as other tokens. Fix: {fix}."
+            )
+
+
 def load_roles(cfg: Config, device: torch.device) -> Roles:
     """Actor (trained), reference (frozen), critic (trained, GAE only), reward source.
 
@@ -104,6 +153,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
     dtype = _DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
     tok = load_tokenizer(cfg.model.actor_path)
+    check_vocabularies(cfg, tok)  # from tokenizer files, before any model loads
     actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
     if lora:
         actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
