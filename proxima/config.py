@@ -224,6 +224,12 @@ class ActorConfig:
         "(exact over the vocabulary; one more reference forward pass per micro-batch).",
     )
     ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
+    target_kl: float = _f(
+        0.0,
+        "Early stopping on the old-policy KL (PPO-KL, as Stable-Baselines3 and OpenRLHF): skip "
+        "the iteration's remaining actor epochs once a finished epoch's mean approx_kl "
+        "exceeds this; counted as actor/early_stopped. 0 = off (e.g. 0.02 with ppo_epochs > 1).",
+    )
 
 
 @dataclass(frozen=True)
@@ -582,6 +588,10 @@ def validate(cfg: Config) -> None:
         if _get(cfg, key) < 0:
             raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
     _check_lora(cfg.model)
+    if cfg.actor.target_kl < 0:
+        raise ConfigError(
+            f"`actor.target_kl` must be >= 0 (0 = no early stopping), got {cfg.actor.target_kl}."
+        )
     if cfg.rollout.temperature <= 0:
         raise ConfigError(
             "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "

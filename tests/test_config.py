@@ -175,3 +175,9 @@ def test_kl_loss_turns_the_in_reward_kl_off_unless_both_are_asked_for():
     assert unset.algorithm.use_kl_in_reward is None
     with pytest.raises(ConfigError, match="`algorithm.use_kl_in_reward` must be true or false"):
         load_config(None, BASE + ["algorithm.use_kl_in_reward=3"])
+
+
+def test_target_kl_must_not_be_negative():
+    assert load_config(None, BASE).actor.target_kl == 0.0  # off by default
+    with pytest.raises(ConfigError, match=r"`actor.target_kl` must be >= 0 \(0 = no early"):
+        load_config(None, BASE + ["actor.target_kl=-0.1"])

@@ -181,12 +181,13 @@ class PPOTrainer:
                     actor.model, mb, actor.cfg, temperature, self.roles.reference
                 ),
                 extra_loss=self._ptx_loss if actor.cfg.ptx_coef else None,
+                target_kl=actor.cfg.target_kl,
             )
         )
         return stats
 
     def _update_role(
-        self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None
+        self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None, target_kl=0.0
     ) -> dict[str, float]:
         """Epochs x mini-batches of one trained role, as its config section says."""
         stats = run_updates(
@@ -195,6 +196,7 @@ class PPOTrainer:
             micro_loss=micro_loss,
             generator=self.generator,
             extra_loss=extra_loss,
+            target_kl=target_kl,
         )
         return {f"{role.name}/{k}": v for k, v in stats.items()}
 

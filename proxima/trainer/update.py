@@ -145,28 +145,47 @@ def run_updates(
     micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
     generator: torch.Generator,
     extra_loss: Callable[[], torch.Tensor | None] | None = None,
+    target_kl: float = 0.0,
 ) -> dict[str, float]:
     """Epochs x shuffled mini-batches of `role` (sizes from its config section); each
-    mini-batch one optimizer step."""
+    mini-batch one optimizer step.
+
+    `target_kl` > 0: early stopping on the old-policy KL (PPO-KL): when the mean `approx_kl`
+    of a finished epoch exceeds it, the remaining epochs are skipped (Stable-Baselines3's and
+    OpenRLHF's target_kl; "The 37 Implementation Details of PPO",
+    https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/). The stats add
+    `optimizer_steps` (steps taken) and, with a target, `early_stopped` (1 when epochs were
+    skipped)."""
     sec = role.cfg
     acc = StatsAccumulator()
     role.model.train()
-    skipped = 0
-    batches = mini_batches(exp, sec.ppo_mini_batch_size, sec.ppo_epochs, sec.shuffle, generator)
-    for mini in batches:
-        for micro in mini.split(sec.ppo_micro_batch_size):
-            loss, stats = micro_loss(micro)
-            w = micro_weight(micro, mini, sec.loss_agg_mode)
-            (loss * w).backward()
-            acc.add(stats, w)
-        if extra_loss is not None:
-            extra = extra_loss()
-            if extra is not None:
-                extra.backward()
-                acc.add({"ptx_loss": float(extra.detach())})
-        norm, ok = role.step()
-        skipped += not ok
-        acc.add({"grad_norm": norm})
+    skipped = steps = 0
+    stopped = False
+    for epoch in range(sec.ppo_epochs):
+        epoch_kl = StatsAccumulator()  # this epoch's approx_kl, weighted as `acc`
+        for mini in mini_batches(exp, sec.ppo_mini_batch_size, 1, sec.shuffle, generator):
+            for micro in mini.split(sec.ppo_micro_batch_size):
+                loss, stats = micro_loss(micro)
+                w = micro_weight(micro, mini, sec.loss_agg_mode)
+                (loss * w).backward()
+                acc.add(stats, w)
+                epoch_kl.add({k: v for k, v in stats.items() if k == "approx_kl"}, w)
+            if extra_loss is not None:
+                extra = extra_loss()
+                if extra is not None:
+                    extra.backward()
+                    acc.add({"ptx_loss": float(extra.detach())})
+            norm, ok = role.step()
+            skipped += not ok
+            steps += 1
+            acc.add({"grad_norm": norm})
+        kl = epoch_kl.means().get("approx_kl", 0.0)
+        if target_kl > 0 and epoch + 1 < sec.ppo_epochs and kl > target_kl:
+            stopped = True
+            break
     out = acc.means()
     out["skipped_steps"] = float(skipped)
+    out["optimizer_steps"] = float(steps)
+    if target_kl > 0:
+        out["early_stopped"] = float(stopped)
     return out

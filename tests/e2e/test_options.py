@@ -126,3 +126,12 @@ def test_kl_loss_alone_leaves_the_reward_without_kl(fast_overrides, make_model, 
     assert rows[1]["kl"] != 0.0 and rows[1]["actor/kl_loss"] > 0
     for row in rows:
         assert row["reward"] == pytest.approx(row["score"], abs=1e-6)
+
+
+def test_target_kl_early_stops_the_actor_epochs(fast_overrides, make_model, tmp_path):
+    # one mini-batch per epoch: epoch 1 starts at the rollout policy (approx_kl exactly 0),
+    # epoch 2 measures the moved policy (> 1e-9), so epoch 3 of 3 is skipped: 2 steps
+    rows = _run(fast_overrides, make_model, tmp_path, "actor.ppo_epochs=3", "actor.target_kl=1e-9")
+    for row in rows:
+        assert row["actor/early_stopped"] == 1.0 and row["actor/optimizer_steps"] == 2.0
+        assert row["critic/optimizer_steps"] == 1.0  # the critic never stops early
