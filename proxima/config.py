@@ -444,6 +444,19 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What PyYAML was parsing and what it found, with 1-based line and column."""
+    parts = []
+    for text, mark in (
+        (getattr(err, "context", None), getattr(err, "context_mark", None)),
+        (getattr(err, "problem", None), getattr(err, "problem_mark", None)),
+    ):
+        if text:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            parts.append(text + where)
+    return "; ".join(parts) or str(err)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """`["a.b=1", "c.d=x"]` -> nested dict; values parsed as YAML scalars."""
     tree: dict = {}
@@ -451,7 +464,38 @@ def parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"Override `{item}` is not of the form section.key=value.")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        if not key.strip() or "" in key.strip().split("."):
+            raise ConfigError(f"Override `{item}` has no key: write section.key=value.")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"Override `{item}`: the value {raw!r} is not valid YAML ({_yaml_problem(err)}). "
+                f"Fix it, e.g. {key}=[1, 2] for a list, or quote a string: {key}='{raw}'."
+            ) from None
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def read_yaml(path: Path) -> dict:
+    """The mapping a YAML config file holds; ConfigError naming the file otherwise."""
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"Config file {path} is not valid YAML ({_yaml_problem(err)}). Fix that line "
+            "(indentation, a missing colon or bracket, an unquoted special character)."
+        ) from None
+    except (UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"Config file {path} cannot be read as text ({err}).") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"Config file {path} holds a {type(tree).__name__} at the top level; a config is a "
+            "mapping of sections, e.g.\n  model:\n    actor_path: path/to/model\n  trainer:\n"
+            "    iterations: 100"
+        )
     return tree
 
 
@@ -481,7 +525,7 @@ def load_config(
                 f"Config file {path} not found. Pass an existing YAML file "
                 "or no file at all for the built-in default example."
             )
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = read_yaml(path)
     tree = _merge(tree, parse_overrides(overrides or []))
     cfg = _build(Config, tree, "")
     validate(cfg)
@@ -558,6 +602,52 @@ def _check_lora(m: ModelConfig) -> None:
         raise ConfigError(f"`model.lora_dropout` must be in [0, 1), got {m.lora_dropout}.")
 
 
+def _check_lists(cfg: Config) -> None:
+    """List values: their length and the type of their items."""
+    for role in ("actor", "critic"):
+        key, betas = f"{role}.optim.betas", _get(cfg, f"{role}.optim.betas")
+        ok = len(betas) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+        )
+        if not ok:
+            raise ConfigError(
+                f"`{key}` must be two numbers in [0, 1) (Adam's beta1, beta2), like "
+                f"[0.9, 0.95]; got {betas!r}."
+            )
+    ids = cfg.rollout.stop_token_ids
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(
+            f"`rollout.stop_token_ids` must be a list of token ids (integers >= 0), like "
+            f"[13]; got {ids!r}."
+        )
+    modules = cfg.model.lora_target_modules
+    if not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(
+            f"`model.lora_target_modules` must be a list of module names, like "
+            f"[q_proj, v_proj]; got {modules!r}."
+        )
+
+
+def _check_optim(cfg: Config) -> None:
+    for role in ("actor", "critic"):
+        o = _get(cfg, f"{role}.optim")
+        for name, value in (("lr", o.lr), ("weight_decay", o.weight_decay)):
+            if value < 0:
+                raise ConfigError(f"`{role}.optim.{name}` must be >= 0, got {value}.")
+        if o.eps <= 0:
+            raise ConfigError(f"`{role}.optim.eps` must be > 0 (e.g. 1e-8), got {o.eps}.")
+        if o.grad_clip < 0:
+            raise ConfigError(
+                f"`{role}.optim.grad_clip` must be >= 0 (0 = no clipping), got {o.grad_clip}."
+            )
+        if not 0 <= o.min_lr_ratio <= 1:
+            raise ConfigError(
+                f"`{role}.optim.min_lr_ratio` must be in [0, 1], got {o.min_lr_ratio}."
+            )
+        if o.warmup_steps < 0:
+            raise ConfigError(f"`{role}.optim.warmup_steps` must be >= 0, got {o.warmup_steps}.")
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError naming the key for anything that cannot run (any command)."""
     for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
@@ -584,10 +674,20 @@ def validate(cfg: Config) -> None:
     ):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
-    for key in ("trainer.iterations", "trainer.save_every", "trainer.keep_checkpoints"):
+    if cfg.trainer.iterations <= 0:
+        raise ConfigError(
+            f"`trainer.iterations` must be >= 1, got {cfg.trainer.iterations}: a run trains at "
+            "least one iteration (use `proxima eval` to only evaluate)."
+        )
+    for key in (
+        "trainer.save_every",
+        "trainer.keep_checkpoints",
+    ):
         if _get(cfg, key) < 0:
             raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
     _check_lora(cfg.model)
+    _check_lists(cfg)
+    _check_optim(cfg)
     if cfg.actor.target_kl < 0:
         raise ConfigError(
             f"`actor.target_kl` must be >= 0 (0 = no early stopping), got {cfg.actor.target_kl}."
