@@ -302,7 +302,14 @@ class TrainerConfig:
     save_every: int = _f(
         0,
         "Write a full checkpoint (models, optimizers, RNG, step) to "
-        "output_dir/checkpoints/iter_N every N iterations; one is always written at the end.",
+        "output_dir/checkpoints/iter_N every N iterations (0 = only by time: save_every_minutes); "
+        "one is always written at the end and when the run is stopped (Ctrl-C, SIGTERM).",
+    )
+    save_every_minutes: float = _f(
+        30.0,
+        "Also write a checkpoint once this many minutes have passed since the last one (0 = "
+        "off), so a killed run loses at most that much; iterations whose metrics look "
+        "diverged (guard.*) are not saved.",
     )
     keep_checkpoints: int = _f(
         2, "Newest checkpoints kept in output_dir/checkpoints (older ones deleted; 0 = keep all)."
@@ -319,6 +326,32 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class GuardConfig:
+    patience: int = _f(
+        3,
+        "Stop the run after this many consecutive unhealthy iterations (collapse: see the "
+        "other guard.* keys), keeping the last good checkpoint as the result; 0 = never. "
+        "Non-finite weights or outputs always stop the run at once.",
+    )
+    min_entropy: float = _f(
+        1e-4,
+        "An iteration is unhealthy when actor/entropy (nats per response token) is below this: "
+        "the policy collapsed onto single tokens.",
+    )
+    max_kl_per_token: float = _f(
+        5.0,
+        "An iteration is unhealthy when the KL to the reference per response token (kl / "
+        "response_length) is above this: a KL runaway (reward hacking when the score rises); "
+        "0 = off.",
+    )
+    min_length_ratio: float = _f(
+        0.1,
+        "An iteration is unhealthy when the mean response length falls below this fraction "
+        "of the run's first iteration's (length collapse); 0 = off.",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -332,6 +365,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     @property
     def rollout_batch_size(self) -> int:
@@ -681,7 +715,12 @@ def validate(cfg: Config) -> None:
         )
     for key in (
         "trainer.save_every",
+        "trainer.save_every_minutes",
         "trainer.keep_checkpoints",
+        "guard.patience",
+        "guard.min_entropy",
+        "guard.max_kl_per_token",
+        "guard.min_length_ratio",
     ):
         if _get(cfg, key) < 0:
             raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")

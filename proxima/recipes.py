@@ -21,5 +21,6 @@ def train(cfg: Config) -> dict:
     if cfg.trainer.resume_from:  # the task is not prepared again: its checkpoint names it
         return train_ppo(resumed_task_config(cfg))
     run_dir = new_run_dir(cfg.trainer.output_dir)
+    print(f"run folder: {run_dir}")
     cfg, info = prepare_task(cfg, run_dir)
     return train_ppo(cfg, run_dir, summary={"task": info})

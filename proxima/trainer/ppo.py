@@ -30,6 +30,7 @@ from proxima.models.saving import load_role, save_role
 from proxima.rng import rng_state, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.score import build_experience
+from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
@@ -37,18 +38,26 @@ from proxima.types import Experience
 
 
 class PhaseTimer:
-    """Wall seconds per phase, for this iteration and summed over the run."""
+    """Wall seconds per phase, for this iteration and summed over the run. A `listener`
+    (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show it while it runs."""
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
+        self.listener = None  # .start(name), .end(name, seconds)
 
     @contextmanager
     def __call__(self, name: str):
+        if self.listener is not None:
+            self.listener.start(name)
         start = time.perf_counter()
-        yield
-        self.last[name] = time.perf_counter() - start
-        self.total[name] += self.last[name]
+        try:
+            yield
+        finally:
+            self.last[name] = time.perf_counter() - start
+            self.total[name] += self.last[name]
+            if self.listener is not None:
+                self.listener.end(name, self.last[name])
 
 
 def build_kl_controller(cfg: Config):
@@ -107,11 +116,24 @@ class PPOTrainer:
 
     def generate(self) -> Rollout:
         cfg = self.cfg
-        return generate_rollout(
-            self.roles.actor, self.roles.tokenizer, next(self.loader), cfg.rollout, self.device
-        )
+        try:
+            return generate_rollout(
+                self.roles.actor, self.roles.tokenizer, next(self.loader), cfg.rollout, self.device
+            )
+        except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
+            if "inf" in str(err) and "nan" in str(err):
+                raise NonFiniteOutputsError(f"sampling failed: {err}") from err
+            raise
 
     def score(self, ro: Rollout) -> Experience:
+        exp = self._score(ro)
+        for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                what = "log-probs" if role == "actor" else "values"
+                raise NonFiniteOutputsError(f"its {what} of the rollout are not finite", role)
+        return exp
+
+    def _score(self, ro: Rollout) -> Experience:
         return build_experience(
             ro.gen,
             actor=self.roles.actor,

@@ -12,6 +12,7 @@ from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
     config_vocab_size,
     describe_model,
+    folder_problem,
     has_tokenizer,
     load_causal_lm,
     load_critic,
@@ -69,9 +70,11 @@ class Roles:
         return "\n".join(lines)
 
 
-def build_reward(cfg: Config, tokenizer, device: torch.device):
+def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
+    """The reward source: the function of reward.function (`fn` when already imported) or
+    the reward model of reward.model_path."""
     if cfg.reward.function:
-        fn = load_reward_function(cfg.reward.function)
+        fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
         return FunctionReward(fn, cfg.reward.function)
     rm = load_reward_model(cfg.reward.model_path, dtype=_DTYPES[cfg.model.dtype], device=device)
     return ModelReward(
@@ -144,7 +147,102 @@ def check_vocabularies(cfg: Config, tokenizer) -> None:
             )
 
 
-def load_roles(cfg: Config, device: torch.device) -> Roles:
+def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, bool]]:
+    """(config key, folder, needs a tokenizer) of every model folder `command` loads."""
+    m = cfg.model
+    out = [("model.actor_path", m.actor_path, True)]
+    if command == "train":
+        if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
+            out.append(("model.reference_path", m.reference_path, False))
+        if cfg.algorithm.adv_estimator == "gae" and m.critic_path:
+            out.append(("model.critic_path", m.critic_path, False))
+    if command in ("train", "eval") and cfg.reward.model_path:
+        out.append(("reward.model_path", cfg.reward.model_path, True))
+    return out
+
+
+def check_model_folders(cfg: Config, command: str = "train") -> None:
+    """Every model folder the command loads holds config.json, readable weights (a truncated
+    safetensors file is caught from its header) and, where needed, tokenizer files; checked
+    from the files, before anything is loaded or written."""
+    for key, folder, tokenizer in model_folders(cfg, command):
+        problem = folder_problem(folder, tokenizer=tokenizer)
+        if problem:
+            raise ConfigError(
+                f"`{key}`: {folder} {problem}. Point `{key}` at a Hugging Face model folder "
+                "(config.json, weights and tokenizer files, as save_pretrained writes them), "
+                "or build a tiny one with `proxima init-model --out DIR --alphabet CHARS`."
+            )
+
+
+def with_key(key: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), with a data or reward error's message prefixed by its config key."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, OSError) as err:
+        if isinstance(err, ConfigError) or str(err).startswith(f"`{key}`"):
+            raise
+        try:
+            named = type(err)(f"`{key}`: {err}")
+        except TypeError:  # an error type with more arguments (UnicodeDecodeError, ...)
+            named = ValueError(f"`{key}`: {err}")
+        raise named from err
+
+
+def check_enough(data, batch_size: int, size_key: str, data_key: str) -> None:
+    """A data set must fill one batch (the loaders drop an incomplete last batch)."""
+    if len(data) < batch_size:
+        raise ConfigError(
+            f"`{data_key}` holds {len(data)} usable records, fewer than one batch of "
+            f"`{size_key}`={batch_size}; lower `{size_key}` or add records."
+        )
+
+
+def load_data(cfg: Config, tokenizer) -> tuple:
+    """Training prompts, held-out evaluation prompts (maybe none), ptx records (maybe none),
+    each error named by its config key; a prompt set smaller than one batch is refused."""
+    prompts = with_key("data.train_path", load_prompts, cfg, cfg.data.train_path, tokenizer)
+    check_enough(prompts, cfg.data.train_batch_size, "data.train_batch_size", "data.train_path")
+    eval_items = []
+    if cfg.data.eval_path:
+        eval_items = list(
+            with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tokenizer)
+        )
+    eval_items = eval_items[: cfg.eval.max_prompts or None]
+    sft = None
+    if cfg.actor.ptx_coef:
+        max_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+        sft = with_key("data.sft_path", load_sft, cfg, cfg.data.sft_path, tokenizer, max_len)
+        micro = cfg.actor.ppo_micro_batch_size
+        check_enough(sft, micro, "actor.ppo_micro_batch_size", "data.sft_path")
+    return prompts, eval_items, sft
+
+
+@dataclass
+class RunInputs:
+    """What a PPO run reads besides its models, checked and loaded before a run folder is
+    created or any model is loaded (a failed start leaves nothing behind)."""
+
+    tokenizer: object
+    prompts: PromptDataset
+    eval_items: list
+    sft: SFTDataset | None
+    reward_fn: object | None  # the imported reward.function, or None for a reward model
+
+
+def prepare_inputs(cfg: Config) -> RunInputs:
+    """Model folders, the policy's tokenizer, shared vocabularies, the data, the reward."""
+    check_model_folders(cfg)
+    tok = load_tokenizer(cfg.model.actor_path)
+    check_vocabularies(cfg, tok)
+    prompts, eval_items, sft = load_data(cfg, tok)
+    fn = None
+    if cfg.reward.function:
+        fn = with_key("reward.function", load_reward_function, cfg.reward.function)
+    return RunInputs(tok, prompts, eval_items, sft, fn)
+
+
+def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None) -> Roles:
     """Actor (trained), reference (frozen), critic (trained, GAE only), reward source.
 
     With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
@@ -152,7 +250,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
     model.reference_path names another model (no second copy of the weights)."""
     dtype = _DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
-    tok = load_tokenizer(cfg.model.actor_path)
+    tok = tokenizer or load_tokenizer(cfg.model.actor_path)
     check_vocabularies(cfg, tok)  # from tokenizer files, before any model loads
     actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
     if lora:
@@ -179,7 +277,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
         )
         if lora and cfg.model.critic_lora:
             critic = add_lora(critic, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
-    return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device))
+    return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device, reward_fn))
 
 
 def load_prompts(cfg: Config, path: str, tokenizer) -> PromptDataset:
@@ -199,4 +297,5 @@ def load_sft(cfg: Config, path: str | Path, tokenizer, max_length: int) -> SFTDa
         prompt_key=cfg.data.prompt_key,
         response_key=cfg.data.response_key,
         max_length=max_length,
+        overlong=cfg.data.overlong_prompts,
     )
