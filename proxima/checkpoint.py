@@ -139,15 +139,62 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_orphans(folder: str | Path) -> list[Path]:
+    """Delete the `.iter_N.tmp-PID` folders in `folder` that a killed checkpoint write left
+    behind (their process is gone; a live writer's folder is left alone). Returns them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for child in folder.iterdir():
+        match = re.fullmatch(r"\.iter_\d+\.tmp-(\d+)", child.name)
+        if match and child.is_dir() and not _pid_running(int(match.group(1))):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
 def save_periodic(trainer, run_dir: str | Path, keep: int, extra: dict | None = None) -> Path:
     """Checkpoint to run_dir/checkpoints/iter_N (N = trainer.iteration), then delete all but
-    the newest `keep` (0 = keep all). Old ones go only after the new one is complete."""
+    the newest `keep` (0 = keep all). Old ones go only after the new one is complete, and so
+    do temporary folders of killed writes (`remove_orphans`)."""
     root = Path(run_dir) / "checkpoints"
     folder = save_checkpoint(root / f"iter_{trainer.iteration}", trainer, extra)
+    if getattr(trainer, "is_main", True):
+        remove_orphans(root)
     if keep > 0 and getattr(trainer, "is_main", True):
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old)
     return folder
+
+
+def checkpoint_iteration(folder: str | Path) -> int:
+    """The iteration a checkpoint folder was written at (from checkpoint.json)."""
+    return int(json.loads((Path(folder) / META_FILE).read_text())["iteration"])
+
+
+MODEL_FOLDERS = ("actor", "critic", "actor_adapter", "critic_adapter")
+
+
+def copy_models(folder: str | Path, dest: str | Path) -> list[str]:
+    """Copy a checkpoint's model folders (actor/, critic/, LoRA adapters) into `dest` (a run
+    folder, where they are the run's result); returns the names copied."""
+    copied = []
+    for name in MODEL_FOLDERS:
+        if (Path(folder) / name).is_dir():
+            shutil.copytree(Path(folder) / name, Path(dest) / name, dirs_exist_ok=True)
+            copied.append(name)
+    return copied
 
 
 # --------------------------------------------------------------------------- finding

@@ -135,7 +135,10 @@ def _is_main_process() -> bool:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
+    checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
     from proxima.recipes import train
+    from proxima.trainer.guard import EXIT_DIVERGED
 
     summary = train(_load(ns, default_example=True))
     if not _is_main_process():
@@ -148,6 +151,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
         f"wall time {summary['wall_seconds']:.1f} s; phases: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_seconds"].items())
     )
+    if "diverged" in summary:
+        return EXIT_DIVERGED
+    if "stopped" in summary:
+        return summary["stopped"]["exit_status"]
     return 0
 
 
@@ -192,15 +199,17 @@ def _fresh_out(path: str) -> Path:
 
 def cmd_sft(ns: argparse.Namespace) -> int:
     from proxima.models import load_causal_lm, load_tokenizer
-    from proxima.trainer.setup import load_sft
+    from proxima.trainer.setup import check_enough, check_model_folders, load_sft, with_key
     from proxima.trainer.sft import sft_train
 
     cfg = _load(ns)
     out = _fresh_out(cfg.sft.out)
+    check_model_folders(cfg, "sft")
     device = _threads_and_device(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
+    data = with_key("data.sft_path", load_sft, cfg, cfg.data.sft_path, tok, cfg.sft.max_length)
+    check_enough(data, cfg.sft.batch_size, "sft.batch_size", "data.sft_path")
     model = load_causal_lm(cfg.model.actor_path, device=device)
-    data = load_sft(cfg, cfg.data.sft_path, tok, cfg.sft.max_length)
     s = cfg.sft
     losses = sft_train(
         model,
@@ -223,10 +232,12 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     from proxima.data.preferences import PreferenceDataset
     from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
     from proxima.trainer.rm import CURVES, rm_train
+    from proxima.trainer.setup import check_model_folders, with_key
 
     cfg = _load(ns)
     r = cfg.rm
     out = _fresh_out(r.out)
+    check_model_folders(cfg, "rm")
     device = _threads_and_device(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
     opts = {
@@ -237,8 +248,12 @@ def cmd_rm(ns: argparse.Namespace) -> int:
         "max_length": r.max_length,
         "overlong": r.overlong,
     }
-    train = PreferenceDataset(load_records(r.train_path), tok, **opts)
-    held = PreferenceDataset(load_records(r.eval_path), tok, **opts) if r.eval_path else None
+
+    def pairs(key: str, path: str) -> PreferenceDataset:
+        return with_key(key, lambda: PreferenceDataset(load_records(path), tok, **opts))
+
+    train = pairs("rm.train_path", r.train_path)
+    held = pairs("rm.eval_path", r.eval_path) if r.eval_path else None
     model = init_reward_model(
         cfg.model.actor_path, device=device, seed=cfg.trainer.seed, pad_token_id=tok.pad_token_id
     )
@@ -275,12 +290,14 @@ def cmd_rm(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.models import load_causal_lm, load_tokenizer
     from proxima.trainer.evaluate import evaluate
-    from proxima.trainer.setup import build_reward, load_prompts
+    from proxima.trainer.setup import build_reward, check_model_folders, load_prompts, with_key
 
     cfg = _load(ns)
+    check_model_folders(cfg, "eval")
     device = _threads_and_device(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
-    items = list(load_prompts(cfg, cfg.data.eval_path, tok))[: cfg.eval.max_prompts or None]
+    items = list(with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tok))
+    items = items[: cfg.eval.max_prompts or None]
     actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
     reward = build_reward(cfg, tok, device)
     modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
@@ -350,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
     try:
         return ns.fn(ns)
+    except KeyboardInterrupt as err:  # Ctrl-C outside the training loop, or a second one
+        print(f"\naborted: {err or 'interrupted'}", file=sys.stderr)
+        return 130
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise

@@ -60,13 +60,20 @@ class TaskConfig:
 class ModelConfig:
     actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
     reference_path: str = _f(
-        "", "Folder of the reference policy; empty = frozen copy of actor_path."
+        "",
+        "Folder of the reference policy; empty = frozen copy of actor_path. Must share the "
+        "policy's vocabulary (checked).",
     )
-    critic_path: str = _f("", "Folder the critic starts from; empty = actor_path.")
+    critic_path: str = _f(
+        "",
+        "Folder the critic starts from; empty = actor_path. Its tokenizer must number every "
+        "token as the policy's does (checked before any model loads).",
+    )
     critic_init: str = _f(
         "actor",
         "How the critic starts: actor (backbone + new value head), "
-        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises) or "
+        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises; "
+        "it must share the policy's vocabulary, checked before any model loads) or "
         "critic (a critic saved by proxima).",
     )
     dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
@@ -150,7 +157,13 @@ class AlgorithmConfig:
         True, "Whiten advantages over the batch (masked) before the update."
     )
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
-    use_kl_in_reward: bool = _f(True, "Put -kl_coef * KL into the token rewards.")
+    use_kl_in_reward: bool | None = _f(
+        None,
+        "Put -kl_coef * KL into the token rewards. Unset (null): on, unless actor.use_kl_loss "
+        'is on; then the KL is in the loss only, as in verl ("When used, we are not applying '
+        'KL in the reward function") and start-up says so. true together with '
+        "actor.use_kl_loss=true counts the KL twice (reward and loss): only when set explicitly.",
+    )
     kl_penalty: str = _f(
         "k1",
         "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl) | full "
@@ -212,6 +225,12 @@ class ActorConfig:
         "(exact over the vocabulary; one more reference forward pass per micro-batch).",
     )
     ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
+    target_kl: float = _f(
+        0.0,
+        "Early stopping on the old-policy KL (PPO-KL, as Stable-Baselines3 and OpenRLHF): skip "
+        "the iteration's remaining actor epochs once a finished epoch's mean approx_kl "
+        "exceeds this; counted as actor/early_stopped. 0 = off (e.g. 0.02 with ppo_epochs > 1).",
+    )
 
 
 @dataclass(frozen=True)
@@ -284,7 +303,14 @@ class TrainerConfig:
     save_every: int = _f(
         0,
         "Write a full checkpoint (models, optimizers, RNG, step) to "
-        "output_dir/checkpoints/iter_N every N iterations; one is always written at the end.",
+        "output_dir/checkpoints/iter_N every N iterations (0 = only by time: save_every_minutes); "
+        "one is always written at the end and when the run is stopped (Ctrl-C, SIGTERM).",
+    )
+    save_every_minutes: float = _f(
+        30.0,
+        "Also write a checkpoint once this many minutes have passed since the last one (0 = "
+        "off), so a killed run loses at most that much; iterations whose metrics look "
+        "diverged (guard.*) are not saved.",
     )
     keep_checkpoints: int = _f(
         2, "Newest checkpoints kept in output_dir/checkpoints (older ones deleted; 0 = keep all)."
@@ -332,6 +358,32 @@ class FSDPConfig:
 
 
 @dataclass(frozen=True)
+class GuardConfig:
+    patience: int = _f(
+        3,
+        "Stop the run after this many consecutive unhealthy iterations (collapse: see the "
+        "other guard.* keys), keeping the last good checkpoint as the result; 0 = never. "
+        "Non-finite weights or outputs always stop the run at once.",
+    )
+    min_entropy: float = _f(
+        1e-4,
+        "An iteration is unhealthy when actor/entropy (nats per response token) is below this: "
+        "the policy collapsed onto single tokens.",
+    )
+    max_kl_per_token: float = _f(
+        5.0,
+        "An iteration is unhealthy when the KL to the reference per response token (kl / "
+        "response_length) is above this: a KL runaway (reward hacking when the score rises); "
+        "0 = off.",
+    )
+    min_length_ratio: float = _f(
+        0.1,
+        "An iteration is unhealthy when the mean response length falls below this fraction "
+        "of the run's first iteration's (length collapse); 0 = off.",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -346,11 +398,21 @@ class Config:
     rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     @property
     def rollout_batch_size(self) -> int:
         """Sequences per iteration: prompts x samples per prompt."""
         return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether -kl_coef * KL goes into the token rewards: algorithm.use_kl_in_reward as
+        set, and when unset (None) on unless the KL is already in the actor loss (verl's
+        docs on actor.use_kl_loss: "When used, we are not applying KL in the reward
+        function", https://verl.readthedocs.io/en/latest/examples/config.html)."""
+        explicit = self.algorithm.use_kl_in_reward
+        return (not self.actor.use_kl_loss) if explicit is None else explicit
 
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
         """The config section of each role PPO trains, by role name."""
@@ -393,7 +455,10 @@ def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check a YAML value against a field type; ints are accepted for floats."""
     if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
-        return value
+        if value is None:
+            return None
+        inner = [t for t in typing.get_args(typ) if t is not type(None)]
+        return _coerce(value, inner[0], where) if len(inner) == 1 else value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
@@ -446,6 +511,19 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What PyYAML was parsing and what it found, with 1-based line and column."""
+    parts = []
+    for text, mark in (
+        (getattr(err, "context", None), getattr(err, "context_mark", None)),
+        (getattr(err, "problem", None), getattr(err, "problem_mark", None)),
+    ):
+        if text:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            parts.append(text + where)
+    return "; ".join(parts) or str(err)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """`["a.b=1", "c.d=x"]` -> nested dict; values parsed as YAML scalars."""
     tree: dict = {}
@@ -453,7 +531,38 @@ def parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"Override `{item}` is not of the form section.key=value.")
         key, raw = item.split("=", 1)
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        if not key.strip() or "" in key.strip().split("."):
+            raise ConfigError(f"Override `{item}` has no key: write section.key=value.")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"Override `{item}`: the value {raw!r} is not valid YAML ({_yaml_problem(err)}). "
+                f"Fix it, e.g. {key}=[1, 2] for a list, or quote a string: {key}='{raw}'."
+            ) from None
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def read_yaml(path: Path) -> dict:
+    """The mapping a YAML config file holds; ConfigError naming the file otherwise."""
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"Config file {path} is not valid YAML ({_yaml_problem(err)}). Fix that line "
+            "(indentation, a missing colon or bracket, an unquoted special character)."
+        ) from None
+    except (UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"Config file {path} cannot be read as text ({err}).") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"Config file {path} holds a {type(tree).__name__} at the top level; a config is a "
+            "mapping of sections, e.g.\n  model:\n    actor_path: path/to/model\n  trainer:\n"
+            "    iterations: 100"
+        )
     return tree
 
 
@@ -483,7 +592,7 @@ def load_config(
                 f"Config file {path} not found. Pass an existing YAML file "
                 "or no file at all for the built-in default example."
             )
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = read_yaml(path)
     tree = _merge(tree, parse_overrides(overrides or []))
     cfg = _build(Config, tree, "")
     validate(cfg)
@@ -582,6 +691,52 @@ def _check_lora(m: ModelConfig) -> None:
         raise ConfigError(f"`model.lora_dropout` must be in [0, 1), got {m.lora_dropout}.")
 
 
+def _check_lists(cfg: Config) -> None:
+    """List values: their length and the type of their items."""
+    for role in ("actor", "critic"):
+        key, betas = f"{role}.optim.betas", _get(cfg, f"{role}.optim.betas")
+        ok = len(betas) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+        )
+        if not ok:
+            raise ConfigError(
+                f"`{key}` must be two numbers in [0, 1) (Adam's beta1, beta2), like "
+                f"[0.9, 0.95]; got {betas!r}."
+            )
+    ids = cfg.rollout.stop_token_ids
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(
+            f"`rollout.stop_token_ids` must be a list of token ids (integers >= 0), like "
+            f"[13]; got {ids!r}."
+        )
+    modules = cfg.model.lora_target_modules
+    if not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(
+            f"`model.lora_target_modules` must be a list of module names, like "
+            f"[q_proj, v_proj]; got {modules!r}."
+        )
+
+
+def _check_optim(cfg: Config) -> None:
+    for role in ("actor", "critic"):
+        o = _get(cfg, f"{role}.optim")
+        for name, value in (("lr", o.lr), ("weight_decay", o.weight_decay)):
+            if value < 0:
+                raise ConfigError(f"`{role}.optim.{name}` must be >= 0, got {value}.")
+        if o.eps <= 0:
+            raise ConfigError(f"`{role}.optim.eps` must be > 0 (e.g. 1e-8), got {o.eps}.")
+        if o.grad_clip < 0:
+            raise ConfigError(
+                f"`{role}.optim.grad_clip` must be >= 0 (0 = no clipping), got {o.grad_clip}."
+            )
+        if not 0 <= o.min_lr_ratio <= 1:
+            raise ConfigError(
+                f"`{role}.optim.min_lr_ratio` must be in [0, 1], got {o.min_lr_ratio}."
+            )
+        if o.warmup_steps < 0:
+            raise ConfigError(f"`{role}.optim.warmup_steps` must be >= 0, got {o.warmup_steps}.")
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError naming the key for anything that cannot run (any command)."""
     for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
@@ -608,10 +763,29 @@ def validate(cfg: Config) -> None:
     ):
         if _get(cfg, key) <= 0:
             raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
-    for key in ("trainer.iterations", "trainer.save_every", "trainer.keep_checkpoints"):
+    if cfg.trainer.iterations <= 0:
+        raise ConfigError(
+            f"`trainer.iterations` must be >= 1, got {cfg.trainer.iterations}: a run trains at "
+            "least one iteration (use `proxima eval` to only evaluate)."
+        )
+    for key in (
+        "trainer.save_every",
+        "trainer.save_every_minutes",
+        "trainer.keep_checkpoints",
+        "guard.patience",
+        "guard.min_entropy",
+        "guard.max_kl_per_token",
+        "guard.min_length_ratio",
+    ):
         if _get(cfg, key) < 0:
             raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
     _check_lora(cfg.model)
+    _check_lists(cfg)
+    _check_optim(cfg)
+    if cfg.actor.target_kl < 0:
+        raise ConfigError(
+            f"`actor.target_kl` must be >= 0 (0 = no early stopping), got {cfg.actor.target_kl}."
+        )
     if cfg.rollout.temperature <= 0:
         raise ConfigError(
             "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
@@ -698,11 +872,29 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
         )
     if cfg.algorithm.adv_estimator != "gae":
         lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
+    lines += kl_plan(cfg)
     lines.append(
         f"  total : {cfg.trainer.iterations} iterations, "
         f"{cfg.trainer.iterations * rollout} sequences"
     )
     return "\n".join(lines)
+
+
+def kl_plan(cfg: Config) -> list[str]:
+    """Where the KL penalty goes, when the KL loss makes that a choice (printed at start-up)."""
+    if not cfg.actor.use_kl_loss:
+        return []
+    if cfg.kl_in_reward:
+        return [
+            "  KL    : in the reward (algorithm.use_kl_in_reward=true) AND in the actor loss "
+            "(actor.use_kl_loss=true): counted twice, as set"
+        ]
+    if cfg.algorithm.use_kl_in_reward is None:
+        return [
+            "  KL    : in the actor loss only: actor.use_kl_loss=true turns the in-reward KL "
+            "off (as verl); set algorithm.use_kl_in_reward=true to have both"
+        ]
+    return ["  KL    : in the actor loss only (algorithm.use_kl_in_reward=false)"]
 
 
 def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:

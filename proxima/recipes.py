@@ -25,6 +25,7 @@ def train(cfg: Config) -> dict:
     prepared = None
     if dist.is_main:
         run_dir = new_run_dir(cfg.trainer.output_dir)
+        print(f"run folder: {run_dir}")
         prepared = (run_dir, *prepare_task(cfg, run_dir))
     run_dir, cfg, info = dist.broadcast_object(prepared)
     return train_ppo(cfg, run_dir, summary={"task": info}, dist=dist)

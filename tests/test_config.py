@@ -152,3 +152,77 @@ def test_each_command_names_the_keys_it_needs(command, overrides, key):
     # what one command needs, another does not: train's sources are not asked of sft
     if command == "sft" and len(overrides) == 2:
         load_config(None, [*overrides, "sft.out=o"], command="sft")
+
+
+def test_kl_loss_turns_the_in_reward_kl_off_unless_both_are_asked_for():
+    """Issue 7.5: verl's docs on actor.use_kl_loss, "When used, we are not applying KL in the
+    reward function". Unset, algorithm.use_kl_in_reward follows that; set, it is obeyed."""
+    plain = load_config(None, BASE)
+    assert plain.algorithm.use_kl_in_reward is None and plain.kl_in_reward
+    assert "KL" not in batch_plan(plain)  # no KL loss: nothing to choose, nothing printed
+
+    loss_only = load_config(None, BASE + ["actor.use_kl_loss=true"])
+    assert not loss_only.kl_in_reward
+    assert "in the actor loss only" in batch_plan(loss_only)
+    assert "set algorithm.use_kl_in_reward=true to have both" in batch_plan(loss_only)
+
+    both = load_config(None, BASE + ["actor.use_kl_loss=true", "algorithm.use_kl_in_reward=true"])
+    assert both.kl_in_reward and "counted twice, as set" in batch_plan(both)
+
+    neither = load_config(None, BASE + ["algorithm.use_kl_in_reward=false"])
+    assert not neither.kl_in_reward
+    unset = load_config(None, BASE + ["algorithm.use_kl_in_reward=null"])
+    assert unset.algorithm.use_kl_in_reward is None
+    with pytest.raises(ConfigError, match="`algorithm.use_kl_in_reward` must be true or false"):
+        load_config(None, BASE + ["algorithm.use_kl_in_reward=3"])
+
+
+def test_target_kl_must_not_be_negative():
+    assert load_config(None, BASE).actor.target_kl == 0.0  # off by default
+    with pytest.raises(ConfigError, match=r"`actor.target_kl` must be >= 0 \(0 = no early"):
+        load_config(None, BASE + ["actor.target_kl=-0.1"])
+
+
+def test_yaml_errors_name_the_file_and_the_line(tmp_path):
+    """Issue 8.3: invalid YAML, a YAML list at the top level and a bad YAML value in an
+    override stop with a ConfigError naming the file (or the override), not a traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  seed: [1,\n")
+    with pytest.raises(ConfigError, match=rf"Config file {bad} is not valid YAML \(.*line 3"):
+        load_config(bad)
+    nested = tmp_path / "indent.yaml"
+    nested.write_text("trainer:\n  seed: 1\n iterations: 3\n")
+    with pytest.raises(ConfigError, match=r"indent.yaml is not valid YAML .* at line 3, column 2"):
+        load_config(nested)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match=r"list.yaml holds a list at the top level; a config"):
+        load_config(listed)
+    with pytest.raises(ConfigError, match=r"Override `trainer.seed=\[1,`: the value '\[1,' is not"):
+        load_config(None, BASE + ["trainer.seed=[1,"])
+    with pytest.raises(ConfigError, match="Override `=3` has no key"):
+        load_config(None, BASE + ["=3"])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing but a comment\n")
+    assert load_config(empty, BASE) == load_config(None, BASE)  # an empty file is no change
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.iterations=0", "`trainer.iterations` must be >= 1, got 0"),
+        ("actor.optim.betas=[0.9]", r"`actor.optim.betas` must be two numbers in \[0, 1\)"),
+        ("critic.optim.betas=[0.9, 1.5]", r"`critic.optim.betas` must be two numbers"),
+        ("actor.optim.betas=[a, b]", r"`actor.optim.betas` must be two numbers"),
+        ("rollout.stop_token_ids=[1, x]", r"`rollout.stop_token_ids` must be a list of token ids"),
+        ("model.lora_target_modules=[1]", r"`model.lora_target_modules` must be a list of module"),
+        ("actor.optim.eps=0", r"`actor.optim.eps` must be > 0"),
+        ("critic.optim.lr=-1", r"`critic.optim.lr` must be >= 0"),
+        ("actor.optim.grad_clip=-1", r"`actor.optim.grad_clip` must be >= 0"),
+    ],
+)
+def test_values_checked_before_anything_loads(override, message):
+    """Issue 8.5: values that used to pass validation and fail later (an IndexError for one
+    beta, "No such file or directory: metrics.jsonl" for zero iterations)."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, BASE + [override])

@@ -115,7 +115,6 @@ def _make_item(
         prompt = render_prompt(record[keys["--prompt-key"]], tokenizer)
     except ValueError as exc:
         raise ValueError(f"record {i}, column {keys['--prompt-key']!r}: {exc}") from exc
-    prompt_ids = tokenize_text(prompt, tokenizer, add_bos)
     sides = []
     for option in ("--chosen-key", "--rejected-key"):
         text = record[keys[option]]
@@ -124,9 +123,29 @@ def _make_item(
                 f"record {i}: column {keys[option]!r} holds a {type(text).__name__}, expected "
                 f"the response text (a string); point `proxima rm {option}` at the text column."
             )
-        sides.append(prompt_ids + tokenize_text(text, tokenizer) + [tokenizer.eos_token_id])
+        ids, prompt_length = reward_input_ids(prompt, text, tokenizer, add_bos=add_bos)
+        sides.append(ids)
     margin = _margin(i, record, keys.get("--margin-key"))
-    return PreferenceItem(sides[0], sides[1], len(prompt_ids), margin)
+    return PreferenceItem(sides[0], sides[1], prompt_length, margin)
+
+
+def reward_input_ids(
+    prompt: str, response: str, tokenizer: Any, ended: bool = True, add_bos: bool = False
+) -> tuple[list[int], int]:
+    """The token layout a reward model is trained on (`proxima rm`) and scored in during PPO
+    when it has its own tokenizer (`ModelReward`): the rendered prompt and the response, each
+    tokenized on its own without special tokens, then EOS when the response ended with it.
+    Returns (ids, number of prompt ids).
+
+    Tokenizing the two texts apart gives the ids the policy fed the reward model (its prompt
+    ids, then the response ids it generated); tokenizing their concatenation would let a
+    BPE merge across the boundary and give other ids.
+    """
+    prompt_ids = tokenize_text(prompt, tokenizer, add_bos)
+    ids = prompt_ids + tokenize_text(response, tokenizer)
+    if ended and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids, len(prompt_ids)
 
 
 def _margin(i: int, record: Mapping[str, Any], key: str | None) -> float:

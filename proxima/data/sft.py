@@ -104,7 +104,8 @@ class SFTDataset:
             return SFTItem(item.ids[:limit], item.prompt_length)
         raise ValueError(
             f"example {i} has {len(item.ids)} tokens (prompt {item.prompt_length}), more than "
-            f"max_length={limit}; raise the limit (`proxima sft --max-length`, or for ptx data "
+            f"max_length={limit}; raise the limit (`sft.max_length`, --max-length of "
+            f"`proxima sft`; for ptx data "
             f"`data.max_prompt_length` + `rollout.max_response_length`) or set "
             f"`data.overlong_prompts=drop`"
             + ("." if item.prompt_length >= limit else " or truncate.")

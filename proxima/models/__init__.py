@@ -4,7 +4,10 @@ built locally for tests and examples."""
 from proxima.models.forward import position_ids_from_mask, reward_model_scores
 from proxima.models.loading import (
     CRITIC_INIT,
+    config_vocab_size,
     describe_model,
+    folder_problem,
+    has_tokenizer,
     init_reward_model,
     load_causal_lm,
     load_critic,
@@ -12,6 +15,7 @@ from proxima.models.loading import (
     load_tokenizer,
     quiet_transformers,
     scalar_head,
+    vocabulary_difference,
 )
 from proxima.models.tiny import (
     ARCHITECTURES,
@@ -27,6 +31,10 @@ __all__ = [
     "init_reward_model",
     "ARCHITECTURES",
     "CRITIC_INIT",
+    "config_vocab_size",
+    "folder_problem",
+    "has_tokenizer",
+    "vocabulary_difference",
     "SIZES",
     "SPECIAL_TOKENS",
     "build_bpe_tokenizer",

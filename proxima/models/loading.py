@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import transformers
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -111,15 +111,24 @@ def _finish(model: PreTrainedModel, device: str | torch.device, trainable: bool)
 
 
 def _load(auto_cls, folder: Path, config: PretrainedConfig, dtype: torch.dtype):
-    """from_pretrained from a local folder only; returns (model, loading info)."""
-    with quiet_transformers():
-        return auto_cls.from_pretrained(
-            folder,
-            config=config,
-            local_files_only=True,
-            output_loading_info=True,
-            **_dtype_kwarg(dtype),
-        )
+    """from_pretrained from a local folder only; returns (model, loading info). Unreadable
+    weights raise a ValueError naming the folder (not safetensors' bare error)."""
+    problem = _weights_problem(folder)
+    if problem:
+        raise ValueError(f"model folder {folder} {problem}; save or copy the model again.")
+    try:
+        with quiet_transformers():
+            return auto_cls.from_pretrained(
+                folder,
+                config=config,
+                local_files_only=True,
+                output_loading_info=True,
+                **_dtype_kwarg(dtype),
+            )
+    except SafetensorError as err:
+        raise ValueError(
+            f"the weights in {folder} cannot be read ({err}); save or copy the model again."
+        ) from err
 
 
 def _require_loaded(info: dict, folder: Path, role: str, allowed: tuple[str, ...] = ()) -> None:
@@ -145,6 +154,121 @@ def _check_architecture(config: PretrainedConfig, suffix: str, folder: Path, rol
             f"{role} folder {folder} has num_labels={config.num_labels}, a scalar head needs 1; "
             + fix
         )
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether `folder` holds tokenizer files (any of TOKENIZER_FILES or a *.tiktoken)."""
+    folder = Path(folder)
+    return any((folder / f).is_file() for f in TOKENIZER_FILES) or any(folder.glob("*.tiktoken"))
+
+
+def config_vocab_size(folder: str | Path) -> int | None:
+    """`vocab_size` of the model config in `folder` (rows of its embedding table), read from
+    config.json without building anything; None when absent."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return size if isinstance(size, int) else None
+
+
+def vocabulary_difference(tokenizer: Any, other: Any) -> str | None:
+    """None when two tokenizers number every token alike, else what differs (sizes and one
+    token with another id, or missing): a model of one cannot read the other's token ids."""
+    mine, theirs = tokenizer.get_vocab(), other.get_vocab()
+    if mine == theirs:
+        return None
+    sizes = f"{len(theirs)} tokens there, {len(mine)} in the policy's"
+    for token in sorted(mine, key=mine.get):
+        if theirs.get(token) != mine[token]:
+            there = "missing" if token not in theirs else f"id {theirs[token]}"
+            return f"{sizes}; e.g. token {token!r} is {there} there, id {mine[token]} here"
+    extra = next(t for t in theirs if t not in mine)
+    return f"{sizes}; e.g. token {extra!r} (id {theirs[extra]}) is not in the policy's"
+
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why a .safetensors file cannot be read (truncated, not safetensors), or None. Reads
+    only its header: 8 bytes of header length, the JSON header, whose data offsets say how
+    long the file must be (https://github.com/huggingface/safetensors#format)."""
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+            if n < 0 or 8 + n > size:
+                return f"has a {file.name} that is truncated or not safetensors ({size} bytes)"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as err:
+        return f"has a {file.name} with an unreadable header ({err})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    needed = 8 + n + max(ends, default=0)
+    if size < needed:
+        return f"has a truncated {file.name} ({size} bytes, its header promises {needed})"
+    return None
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """Why the weights of a model folder cannot be loaded, or None (checked without loading)."""
+    present = [f for f in WEIGHT_FILES if (folder / f).is_file()]
+    if not present:
+        return f"holds no weights ({', '.join(WEIGHT_FILES)})"
+    files = []
+    for index in [f for f in present if f.endswith(".index.json")]:
+        try:
+            shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            return f"has an unreadable {index} ({err})"
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            return f"lacks weight shards listed in {index}: {', '.join(missing[:3])}"
+        files += [folder / s for s in shards]
+    files += [folder / f for f in present if f.endswith(".safetensors")]
+    for file in files:
+        if file.suffix == ".safetensors":
+            problem = _safetensors_problem(file)
+            if problem:
+                return problem
+    return None
+
+
+def folder_problem(path: str | Path, tokenizer: bool = True) -> str | None:
+    """What keeps `path` from being a loadable Hugging Face model folder (config.json, weights
+    and, when `tokenizer`, tokenizer files), or None; checked from the files, before loading."""
+    folder = Path(path)
+    if not folder.exists():
+        return "does not exist"
+    if not folder.is_dir():
+        return "is a file, not a model folder"
+    if not (folder / "config.json").is_file():
+        empty = not any(folder.iterdir())
+        return "is empty" if empty else "has no config.json, so it is not a model folder"
+    try:
+        json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"has a config.json that is not valid JSON ({err})"
+    problem = _weights_problem(folder)
+    if problem is None and tokenizer and not has_tokenizer(folder):
+        problem = f"has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...)"
+    return problem
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

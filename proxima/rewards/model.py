@@ -1,9 +1,11 @@
 """Reward-model reward source, with or without the policy's tokenizer.
 
 When the reward model shares the policy's vocabulary, the policy's token ids are scored
-as they are (no decode/encode round trip). Otherwise the prompt + response text is
-re-tokenized with the reward model's own tokenizer (TRL required a shared
-tokenizer; here it is optional).
+as they are (no decode/encode round trip). Otherwise the prompt and response texts are
+re-tokenized with the reward model's own tokenizer (TRL required a shared tokenizer; here it
+is optional) into the very layout `proxima rm` trains on (`reward_input_ids`: prompt ids,
+response ids, EOS when the policy's response ended with its EOS), so a pair scores the same
+in PPO as in reward-model training and evaluation.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 import torch
 
+from proxima.algos import last_token_index
+from proxima.data.preferences import reward_input_ids
 from proxima.rewards.function import RewardError
 
 ScoreFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -54,6 +58,7 @@ class ModelReward:
         self.max_length = max_length
         # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
         self.shares_tokenizer = same_vocabulary(rm_tokenizer, policy_tokenizer)
+        self.policy_eos = getattr(policy_tokenizer, "eos_token_id", None)
 
     def __call__(
         self,
@@ -67,7 +72,8 @@ class ModelReward:
         if self.shares_tokenizer:
             input_ids, mask = sequences, attention_mask
         else:
-            input_ids, mask = self.retokenize(prompts, responses)
+            ended = self.ended_with_eos(sequences, attention_mask)
+            input_ids, mask = self.retokenize(prompts, responses, ended)
         scores = self._score_in_chunks(input_ids, mask)
         bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
         if bad:
@@ -78,14 +84,26 @@ class ModelReward:
             )
         return scores
 
+    def ended_with_eos(self, sequences: torch.Tensor, attention_mask: torch.Tensor) -> list[bool]:
+        """[B] whether each policy sequence [B, L] ends (last real token) with the policy's EOS,
+        which decoding drops from the response text; any other stop token stays in the text."""
+        if self.policy_eos is None:
+            return [False] * sequences.shape[0]
+        last, _ = last_token_index(attention_mask)
+        rows = torch.arange(sequences.shape[0], device=sequences.device)
+        return (sequences[rows, last] == self.policy_eos).tolist()
+
     def retokenize(
-        self, prompts: list[str], responses: list[str]
+        self, prompts: list[str], responses: list[str], ended: list[bool] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ``input_ids`` and ``attention_mask`` [B, L] of prompt + response text
-        under the reward model's tokenizer (its own special tokens added)."""
+        """Right-padded ``input_ids`` and ``attention_mask`` [B, L] under the reward model's
+        tokenizer, laid out as `proxima rm` trains (``reward_input_ids``): prompt ids, response
+        ids, and the reward model's EOS where ``ended`` (default: every response ended, as
+        every training pair does)."""
+        ended = [True] * len(prompts) if ended is None else ended
         rows = [
-            list(self.rm_tokenizer(p + r, add_special_tokens=True)["input_ids"])
-            for p, r in zip(prompts, responses, strict=True)
+            reward_input_ids(p, r, self.rm_tokenizer, ended=e)[0]
+            for p, r, e in zip(prompts, responses, ended, strict=True)
         ]
         if self.max_length is not None:
             rows = [row[-self.max_length :] for row in rows]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -83,13 +84,20 @@ class Dist:
         parts = self.all_gather_object(t.detach().cpu())
         return torch.cat(parts).to(t.device)
 
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any rank."""
+        if not self.active:
+            return bool(flag)
+        return bool(self.all_reduce_sum(torch.tensor(float(bool(flag)))) > 0)
+
     def barrier(self) -> None:
         if self.active:
             tdist.barrier()
 
     def agree(self, fn: Callable[[], T], what: str) -> T:
-        """Run `fn` on every rank; if it raises on any rank, raise on every rank, naming the
-        rank and its error, instead of leaving the others waiting in the next collective."""
+        """Run `fn` on every rank; if it raises on any rank, raise on every rank (the first
+        failing rank's exception, its rank named) instead of leaving the others waiting in
+        the next collective."""
         try:
             result, error = fn(), None
         except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
@@ -98,16 +106,24 @@ class Dist:
             if error is not None:
                 raise error
             return result
-        errors = self.all_gather_object(
-            None if error is None else f"{type(error).__name__}: {error}"
-        )
+        errors = self.all_gather_object(None if error is None else _portable(error))
         failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-        if failed:
-            if error is not None and len(failed) == 1:
-                raise error
-            detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise RuntimeError(f"{what} failed on {len(failed)} rank(s): {detail}") from error
-        return result
+        if not failed:
+            return result
+        if error is not None:
+            raise error
+        rank, first = failed[0]
+        first.args = (f"{what} failed on rank {rank}: {first}", *first.args[1:])
+        raise first
+
+
+def _portable(error: Exception) -> Exception:
+    """`error` if it pickles (to send it to the other ranks), else a RuntimeError saying it."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return RuntimeError(f"{type(error).__name__}: {error}")
 
 
 def env_world() -> tuple[int, int, int]:

@@ -56,18 +56,46 @@ def finetune_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup_ste
     return build_optimizer(model, cfg, steps)
 
 
+class NonFiniteWeightsError(ValueError):
+    """An optimizer step with a finite gradient made weights inf or nan (a learning rate far
+    too high); the model cannot be used any more. `role` names it (set by TrainedRole)."""
+
+    role = "model"
+
+
+def first_non_finite(model: torch.nn.Module) -> str | None:
+    """Name of the first trainable parameter holding inf or nan, or None (one device sync)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(p).all() for _, p in named])
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
+
+
 def optimizer_step(
     model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
 ) -> tuple[float, bool]:
     """Clip and step, for every training loop (PPO, SFT, reward model). A step whose
     gradient is not finite is skipped, and does not advance the learning-rate schedule
-    either: it did not happen. Returns (gradient norm before clipping, stepped)."""
+    either: it did not happen. A step that makes the weights non-finite raises
+    NonFiniteWeightsError (the gradient was fine, the step size was not). Returns
+    (gradient norm before clipping, stepped)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     ok = bool(torch.isfinite(norm))
     if ok:
+        lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
+        bad = first_non_finite(model)
+        if bad is not None:
+            opt.zero_grad(set_to_none=True)
+            raise NonFiniteWeightsError(
+                f"parameter {bad} is not finite after an optimizer step at learning rate "
+                f"{lr:g} with a finite gradient norm {float(norm):.4g}; lower the learning rate"
+            )
     opt.zero_grad(set_to_none=True)
     return float(norm), ok
 
@@ -111,7 +139,13 @@ class TrainedRole:
         return self.optimizer.param_groups[0]["lr"]
 
     def step(self) -> tuple[float, bool]:
-        return optimizer_step(self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip)
+        try:
+            return optimizer_step(
+                self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip
+            )
+        except NonFiniteWeightsError as err:
+            err.role = self.name
+            raise
 
     def state_dict(self) -> dict:
         """Optimizer and schedule; under FSDP2 the optimizer state is gathered whole onto

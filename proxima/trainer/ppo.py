@@ -32,6 +32,7 @@ from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.score import build_experience
 from proxima.trainer.dist import Dist, shard, wrap_trained
+from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
@@ -39,18 +40,26 @@ from proxima.types import Experience
 
 
 class PhaseTimer:
-    """Wall seconds per phase, for this iteration and summed over the run."""
+    """Wall seconds per phase, for this iteration and summed over the run. A `listener`
+    (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show it while it runs."""
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
+        self.listener = None  # .start(name), .end(name, seconds)
 
     @contextmanager
     def __call__(self, name: str):
+        if self.listener is not None:
+            self.listener.start(name)
         start = time.perf_counter()
-        yield
-        self.last[name] = time.perf_counter() - start
-        self.total[name] += self.last[name]
+        try:
+            yield
+        finally:
+            self.last[name] = time.perf_counter() - start
+            self.total[name] += self.last[name]
+            if self.listener is not None:
+                self.listener.end(name, self.last[name])
 
 
 @dataclass
@@ -142,12 +151,12 @@ class PPOTrainer:
 
     def step(self) -> tuple[dict[str, float], Rollout]:
         t = self.timer
-        with t("generate"):
-            ro = self.generate()  # 1. the actor writes responses
+        with t("generate"):  # 1. the actor writes responses
+            ro = self.dist.agree(self.generate, "generation")
         with t("reward"):  # 2. the reward model / function scores them (on every rank)
             self.dist.agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
-        with t("score"):
-            exp = self.score(ro)  # 3. old / reference log-probs, values, per-token KL
+        with t("score"):  # 3. old / reference log-probs, values, per-token KL
+            exp = self.dist.agree(lambda: self.score(ro), "scoring")
         with t("rewards"):
             batch = BatchView.gather(exp, self.dist, len(ro.prompts) // self.cfg.rollout.n)
             shaping = self.shape_rewards(batch)  # 4. -kl_coef * KL + shaped, clipped score
@@ -167,11 +176,24 @@ class PPOTrainer:
         items = next(self.loader)
         k = len(items) // self.dist.world_size
         mine = items[self.dist.rank * k : (self.dist.rank + 1) * k]
-        return generate_rollout(
-            self.roles.actor, self.roles.tokenizer, mine, self.cfg.rollout, self.device
-        )
+        try:
+            return generate_rollout(
+                self.roles.actor, self.roles.tokenizer, mine, self.cfg.rollout, self.device
+            )
+        except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
+            if "inf" in str(err) and "nan" in str(err):
+                raise NonFiniteOutputsError(f"sampling failed: {err}") from err
+            raise
 
     def score(self, ro: Rollout) -> Experience:
+        exp = self._score(ro)
+        for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
+            if tensor is not None and not bool(torch.isfinite(tensor).all()):
+                what = "log-probs" if role == "actor" else "values"
+                raise NonFiniteOutputsError(f"its {what} of the rollout are not finite", role)
+        return exp
+
+    def _score(self, ro: Rollout) -> Experience:
         return build_experience(
             ro.gen,
             actor=self.roles.actor,
@@ -196,7 +218,7 @@ class PPOTrainer:
             exp.stopped,
             exp.kl,
             exp.response_mask,
-            kl_coef=self.kl_ctl.value if a.use_kl_in_reward else 0.0,
+            kl_coef=self.kl_ctl.value if self.cfg.kl_in_reward else 0.0,
             clip_reward_value=a.clip_reward_value or None,
             no_stop_penalty=self.cfg.rollout.no_stop_penalty,
             score_mean=mean,
@@ -241,12 +263,13 @@ class PPOTrainer:
                     actor.model, mb, actor.cfg, temperature, self.roles.reference
                 ),
                 extra_loss=self._ptx_loss if actor.cfg.ptx_coef else None,
+                target_kl=actor.cfg.target_kl,
             )
         )
         return stats
 
     def _update_role(
-        self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None
+        self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None, target_kl=0.0
     ) -> dict[str, float]:
         """Epochs x mini-batches of one trained role, as its config section says."""
         stats = run_updates(
@@ -256,6 +279,7 @@ class PPOTrainer:
             generator=self.generator,
             extra_loss=extra_loss,
             dist=self.dist,
+            target_kl=target_kl,
         )
         return {f"{role.name}/{k}": v for k, v in stats.items()}
 

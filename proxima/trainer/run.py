@@ -4,20 +4,41 @@ evaluation after, outputs. (A built-in task is prepared above this, in proxima.r
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from proxima.checkpoint import check_resume, load_checkpoint, save_periodic
-from proxima.config import Config, batch_plan, check_sources
+from proxima.checkpoint import (
+    check_resume,
+    checkpoint_iteration,
+    copy_models,
+    list_checkpoints,
+    load_checkpoint,
+    remove_orphans,
+    save_periodic,
+)
+from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
 from proxima.trainer.dist import Dist, env_world
 from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import evaluate
+from proxima.trainer.guard import (
+    Divergence,
+    HealthMonitor,
+    NonFiniteOutputsError,
+    PhaseWatch,
+    SaveSchedule,
+    StopSignals,
+    non_finite_divergence,
+    should_stop,
+)
+from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
+from proxima.trainer.setup import load_roles, prepare_inputs, resolve_device
 
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
@@ -48,14 +69,34 @@ PLOT_KEYS = [
 
 
 def new_run_dir(path: str | Path) -> Path:
-    """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten."""
+    """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten.
+    A folder that cannot be created is a ConfigError naming trainer.output_dir."""
     base = Path(path)
     candidate, k = base, 1
-    while candidate.exists() and any(candidate.iterdir()):
-        k += 1
-        candidate = base.with_name(f"{base.name}-{k}")
-    candidate.mkdir(parents=True, exist_ok=True)
+    try:
+        while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
+            k += 1
+            candidate = base.with_name(f"{base.name}-{k}")
+        candidate.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"`trainer.output_dir`={path}: cannot create the run folder {candidate} "
+            f"({err.strerror or err}). Point trainer.output_dir at a folder you can write to."
+        ) from None
     return candidate
+
+
+def remove_orphans_near(output_dir: str | Path) -> None:
+    """Temporary checkpoint folders left by killed writes in the runs at `output_dir`
+    (`output_dir`, `output_dir-2`, ...), removed when the next run starts."""
+    base = Path(output_dir)
+    if not base.parent.is_dir():
+        return
+    pattern = re.compile(re.escape(base.name) + r"(-\d+)?")
+    for run in base.parent.iterdir():
+        if pattern.fullmatch(run.name) and run.is_dir():
+            for orphan in remove_orphans(run / "checkpoints"):
+                print(f"removed {orphan}: an unfinished checkpoint of a killed run")
 
 
 def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
@@ -92,23 +133,8 @@ def _say(trainer: PPOTrainer, text: str) -> None:
         print(text)
 
 
-def _load_data(cfg: Config, tokenizer) -> tuple:
-    """Training prompts, held-out evaluation prompts (maybe none), ptx records (maybe none)."""
-    prompts = load_prompts(cfg, cfg.data.train_path, tokenizer)
-    eval_items = (
-        list(load_prompts(cfg, cfg.data.eval_path, tokenizer)) if cfg.data.eval_path else []
-    )
-    eval_items = eval_items[: cfg.eval.max_prompts or None]
-    sft = None
-    if cfg.actor.ptx_coef:
-        max_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
-        sft = load_sft(cfg, cfg.data.sft_path, tokenizer, max_len)
-    return prompts, eval_items, sft
-
-
 def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
-    """The process group (under torchrun) and this process's device; threads and seeds
-    (the global seed is offset by rank: each rank samples its own responses)."""
+    """The process group (under torchrun) and this process's device; threads."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     _, _, local = env_world()
@@ -122,40 +148,50 @@ def train_ppo(
 ) -> dict:
     """Run PPO as configured into `run_dir` (default: a new folder at trainer.output_dir);
     returns (and writes) the run's summary, which starts from `summary`. Under torchrun every
-    rank calls it; rank 0 alone writes files and prints."""
+    rank calls it; rank 0 alone writes files and prints (the seed is offset by rank: each
+    rank samples its own responses).
+
+    Everything a user can get wrong (config, model folders, data, reward source, the
+    checkpoint to resume) is checked before the run folder is created or a model is loaded.
+    A run stopped by SIGINT / SIGTERM ends with a checkpoint and `summary["stopped"]`; a
+    diverged one with `summary["diverged"]` and the last good checkpoint as its result."""
     start = time.perf_counter()
     check_sources(cfg)
     resume = check_resume(cfg)  # checked before anything is written
-    dist, device = (
-        start_dist(cfg)
-        if dist is None
-        else (dist, resolve_device(cfg.model.device, dist.local_rank))
-    )
-    if run_dir is None:
-        run_dir = dist.broadcast_object(
-            new_run_dir(cfg.trainer.output_dir) if dist.is_main else None
-        )
+    if dist is None:
+        dist, device = start_dist(cfg)
+    else:
+        device = resolve_device(cfg.model.device, dist.local_rank)
     seed_everything(cfg.trainer.seed + dist.rank)
-    summary = {"run_dir": str(run_dir), "world_size": dist.world_size, **(summary or {})}
+    inputs = prepare_inputs(cfg)  # folders, tokenizer, data, reward: before any model loads
     main = dist.is_main
+    if main:
+        remove_orphans_near(cfg.trainer.output_dir)
+        if resume is not None:
+            remove_orphans(resume.parent)
+    if run_dir is None:
+        run_dir = new_run_dir(cfg.trainer.output_dir) if main else None
+        run_dir = dist.broadcast_object(run_dir)
+        if main:
+            print(f"run folder: {run_dir}")
+    summary = {"run_dir": str(run_dir), "world_size": dist.world_size, **(summary or {})}
     if main:
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         print(batch_plan(cfg, dist.world_size))
-    roles = load_roles(cfg, device)
+    roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
     if main:
         print("roles:\n" + roles.report())
-    prompts, eval_items, sft = _load_data(cfg, roles.tokenizer)
-    trainer = PPOTrainer(cfg, roles, prompts, device, sft_data=sft, dist=dist)
+    trainer = PPOTrainer(cfg, roles, inputs.prompts, device, sft_data=inputs.sft, dist=dist)
     if resume is not None:
         load_checkpoint(resume, trainer)
         summary["resumed_from"] = str(resume)
         _say(trainer, f"resumed from {resume} at iteration {trainer.iteration}")
     logger = RunLogger(run_dir, tensorboard=cfg.trainer.tensorboard, enabled=main)
     try:
-        summary.update(_loop(trainer, cfg, logger, eval_items, run_dir))
+        summary.update(_loop(trainer, cfg, logger, inputs.eval_items, run_dir))
     finally:
         logger.close()
-    trainer.save_models(run_dir)  # the value model too: kept, not thrown away
+    _keep_result(trainer, run_dir, summary, resume)
     summary.update(
         config=cfg.to_dict(),
         iterations=trainer.iteration,
@@ -164,30 +200,86 @@ def train_ppo(
     )
     if main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_metrics(run_dir / "metrics.jsonl", run_dir / "curves.png", PLOT_KEYS)
+        _plot(run_dir)
+        _report(summary, run_dir)
+    dist.barrier()  # no rank leaves before the files are written
+    return summary
+
+
+def _keep_result(trainer: PPOTrainer, run_dir: Path, summary: dict, resume: Path | None) -> None:
+    """The run's result in run_dir/actor/ (and critic/): the trained models, or after a
+    divergence the last good checkpoint's (the diverged weights are not kept)."""
+    diverged = summary.get("diverged")
+    if diverged is None:
+        trainer.save_models(run_dir)  # the value model too: kept, not thrown away
+        return
+    if not trainer.dist.is_main:
+        return
+    good = [
+        c
+        for c in [resume, *list_checkpoints(run_dir / "checkpoints")]
+        if c is not None and checkpoint_iteration(c) <= diverged["last_good_iteration"]
+    ]
+    if good:
+        copy_models(good[-1], run_dir)
+        diverged["result"] = str(good[-1])
+    else:
+        diverged["result"] = None
+
+
+def _plot(run_dir: Path) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        plot_metrics(metrics, run_dir / "curves.png", PLOT_KEYS)
+
+
+def _report(summary: dict, run_dir: Path) -> None:
+    """The last lines of a run: where everything is, or why it stopped and how to go on."""
+    stopped, diverged = summary.get("stopped"), summary.get("diverged")
+    if diverged is not None:
+        result = diverged["result"]
+        kept = (
+            f"the result (actor/, critic/) is the last good checkpoint {result}"
+            if result
+            else "no checkpoint was written before it, so no result is kept: the initial "
+            "model is model.actor_path, unchanged"
+        )
+        print(f"error: {diverged['diagnosis']}\n{kept}; run folder: {run_dir}", file=sys.stderr)
+    elif stopped is not None:
+        print(
+            f"stopped at iteration {stopped['iteration']} ({stopped['signal']}); resume with "
+            f"`proxima train trainer.resume_from={run_dir}`"
+        )
+    else:
         print(
             f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
             "actor/, critic/)"
         )
-    dist.barrier()  # no rank leaves before the files are written
-    return summary
 
 
 def _eval_metrics(res: dict) -> dict[str, float]:
     return {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
 
 
-def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path) -> dict:
-    out: dict = {}
-    if eval_items:
-        with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
-            out["eval_before"] = _eval(trainer, eval_items, cfg, "before")
-        logger.log(trainer.iteration, _eval_metrics(out["eval_before"]))
+def _iterate(
+    trainer: PPOTrainer,
+    cfg: Config,
+    logger: RunLogger,
+    eval_items,
+    run_dir: Path,
+    bar,
+    signals: StopSignals,
+) -> Divergence | None:
+    """The iterations, until trainer.iterations or `should_stop` (a signal, a divergence).
+    Periodic checkpoints are written only after healthy iterations."""
     total = cfg.trainer.iterations
-    bar = progress(total=total, desc="ppo", disable=None if trainer.dist.is_main else True)
-    bar.update(trainer.iteration)
-    while trainer.iteration < total:
-        metrics, ro = trainer.step()
+    monitor, schedule = HealthMonitor(cfg), SaveSchedule(cfg.trainer)
+    divergence = None
+    while trainer.iteration < total and not should_stop(signals.agreed(trainer.dist), divergence):
+        try:
+            metrics, ro = trainer.step()
+        except (NonFiniteWeightsError, NonFiniteOutputsError) as err:
+            return non_finite_divergence(err, cfg, trainer.iteration + 1)
         it = trainer.iteration
         if eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
             metrics.update(_eval_metrics(_eval(trainer, eval_items, cfg, f"it {it}")))
@@ -197,10 +289,54 @@ def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_d
         bar.update(1)
         if trainer.dist.is_main:
             bar.write(format_line(it, total, metrics, LINE_KEYS))
-        if (cfg.trainer.save_every and it % cfg.trainer.save_every == 0) or it == total:
+        divergence = monitor.observe(it, metrics)  # metrics are the same on every rank
+        due = trainer.dist.any(it == total or (monitor.healthy and schedule.due(it)))
+        if divergence is None and due:
             save_periodic(trainer, run_dir, cfg.trainer.keep_checkpoints, {"run_dir": str(run_dir)})
-    bar.close()
-    if eval_items:
-        out["eval_after"] = _eval(trainer, eval_items, cfg, "after")
-        logger.log(trainer.iteration, _eval_metrics(out["eval_after"]))
+            schedule.saved()
+    return divergence
+
+
+def _train(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path):
+    """Evaluation before, then the iterations, with SIGINT / SIGTERM turned into a stop
+    request; returns (why it stopped early or None, the divergence, the signal's number)."""
+    out: dict = {}
+    with StopSignals() as signals:
+        if eval_items:
+            with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
+                out["eval_before"] = _eval(trainer, eval_items, cfg, "before")
+            logger.log(trainer.iteration, _eval_metrics(out["eval_before"]))
+        bar = progress(
+            total=cfg.trainer.iterations, desc="ppo", disable=not trainer.dist.is_main or None
+        )
+        bar.update(trainer.iteration)
+        trainer.timer.listener = watch = PhaseWatch(bar, lambda: trainer.iteration + 1)
+        try:
+            divergence = _iterate(trainer, cfg, logger, eval_items, run_dir, bar, signals)
+        finally:
+            watch.close()
+            trainer.timer.listener = None
+            bar.close()
+    finished = trainer.iteration >= cfg.trainer.iterations and divergence is None
+    reason = None if finished else should_stop(signals.agreed(trainer.dist), divergence)
+    return out, reason, divergence, signals
+
+
+def _loop(trainer: PPOTrainer, cfg: Config, logger: RunLogger, eval_items, run_dir: Path) -> dict:
+    out, reason, divergence, signals = _train(trainer, cfg, logger, eval_items, run_dir)
+    if reason == "diverged":
+        out["diverged"] = divergence.to_dict()
+    elif reason == "signal":
+        if not (run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
+            save_periodic(trainer, run_dir, cfg.trainer.keep_checkpoints, {"run_dir": str(run_dir)})
+        out["stopped"] = {"signal": signals.name, "iteration": trainer.iteration}
+        out["stopped"]["exit_status"] = 128 + int(signals.received)
+    elif eval_items and signals.agreed(trainer.dist).received:  # during the last iteration
+        _say(trainer, f"evaluation after training skipped ({signals.name}); the run is complete")
+    elif eval_items:
+        try:
+            out["eval_after"] = _eval(trainer, eval_items, cfg, "after")
+            logger.log(trainer.iteration, _eval_metrics(out["eval_after"]))
+        except KeyboardInterrupt:  # the run is complete: keep it, skip the evaluation
+            _say(trainer, "evaluation after training interrupted and skipped; the run is kept")
     return out

@@ -7,15 +7,19 @@ from pathlib import Path
 
 import torch
 
-from proxima.config import Config
+from proxima.config import Config, ConfigError
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
+    config_vocab_size,
     describe_model,
+    folder_problem,
+    has_tokenizer,
     load_causal_lm,
     load_critic,
     load_reward_model,
     load_tokenizer,
     reward_model_scores,
+    vocabulary_difference,
 )
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
@@ -70,9 +74,11 @@ class Roles:
         return "\n".join(lines)
 
 
-def build_reward(cfg: Config, tokenizer, device: torch.device):
+def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
+    """The reward source: the function of reward.function (`fn` when already imported) or
+    the reward model of reward.model_path."""
     if cfg.reward.function:
-        fn = load_reward_function(cfg.reward.function)
+        fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
         return FunctionReward(fn, cfg.reward.function)
     rm = load_reward_model(cfg.reward.model_path, dtype=_DTYPES[cfg.model.dtype], device=device)
     return ModelReward(
@@ -99,7 +105,148 @@ def critic_source(cfg: Config) -> str:
     return cfg.model.actor_path
 
 
-def load_roles(cfg: Config, device: torch.device) -> Roles:
+def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
+    """(config key, folder, fix) of every model other than the actor that reads the policy's
+    token ids: the critic (GAE runs) and the reference, when they come from another folder."""
+    m, out = cfg.model, []
+    if cfg.algorithm.adv_estimator == "gae":
+        if m.critic_path:
+            fix = "point it at a model with the policy's tokenizer, or leave it empty"
+            out.append(("model.critic_path", m.critic_path, fix))
+        elif m.critic_init == "reward_model" and cfg.reward.model_path:
+            fix = (
+                "a reward source may keep its own tokenizer (its text is re-tokenized) but the "
+                "critic reads the policy's ids: start the critic from the actor "
+                "(model.critic_init=actor) or train the reward model from the policy "
+                "(`proxima rm --model <model.actor_path>`)"
+            )
+            key = "model.critic_init=reward_model (reward.model_path)"
+            out.append((key, cfg.reward.model_path, fix))
+    if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
+        fix = "point it at a model with the policy's tokenizer, or leave it empty"
+        out.append(("model.reference_path", m.reference_path, fix))
+    return out
+
+
+def check_vocabularies(cfg: Config, tokenizer) -> None:
+    """The critic and the reference read the policy's token ids through their own embedding
+    tables: a model whose tokenizer numbers tokens otherwise would read other tokens, silently.
+    Checked on the tokenizer files (every token -> id alike), before any model loads; a
+    folder without a tokenizer is checked on its config's vocab_size against the actor's."""
+    for key, folder, fix in _id_readers(cfg):
+        if has_tokenizer(folder):
+            why = vocabulary_difference(tokenizer, load_tokenizer(folder))
+        else:
+            theirs, mine = config_vocab_size(folder), config_vocab_size(cfg.model.actor_path)
+            why = (
+                f"an embedding table of {theirs} rows, the actor's {mine}"
+                if theirs != mine
+                else None
+            )
+        if why:
+            raise ConfigError(
+                f"`{key}`: {folder} has another vocabulary than the policy "
+                f"(model.actor_path={cfg.model.actor_path}): {why}. That model would read the "
+                f"policy's token ids as other tokens. Fix: {fix}."
+            )
+
+
+def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, bool]]:
+    """(config key, folder, needs a tokenizer) of every model folder `command` loads."""
+    m = cfg.model
+    out = [("model.actor_path", m.actor_path, True)]
+    if command == "train":
+        if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
+            out.append(("model.reference_path", m.reference_path, False))
+        if cfg.algorithm.adv_estimator == "gae" and m.critic_path:
+            out.append(("model.critic_path", m.critic_path, False))
+    if command in ("train", "eval") and cfg.reward.model_path:
+        out.append(("reward.model_path", cfg.reward.model_path, True))
+    return out
+
+
+def check_model_folders(cfg: Config, command: str = "train") -> None:
+    """Every model folder the command loads holds config.json, readable weights (a truncated
+    safetensors file is caught from its header) and, where needed, tokenizer files; checked
+    from the files, before anything is loaded or written."""
+    for key, folder, tokenizer in model_folders(cfg, command):
+        problem = folder_problem(folder, tokenizer=tokenizer)
+        if problem:
+            raise ConfigError(
+                f"`{key}`: {folder} {problem}. Point `{key}` at a Hugging Face model folder "
+                "(config.json, weights and tokenizer files, as save_pretrained writes them), "
+                "or build a tiny one with `proxima init-model --out DIR --alphabet CHARS`."
+            )
+
+
+def with_key(key: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs), with a data or reward error's message prefixed by its config key."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, OSError) as err:
+        if isinstance(err, ConfigError) or str(err).startswith(f"`{key}`"):
+            raise
+        try:
+            named = type(err)(f"`{key}`: {err}")
+        except TypeError:  # an error type with more arguments (UnicodeDecodeError, ...)
+            named = ValueError(f"`{key}`: {err}")
+        raise named from err
+
+
+def check_enough(data, batch_size: int, size_key: str, data_key: str) -> None:
+    """A data set must fill one batch (the loaders drop an incomplete last batch)."""
+    if len(data) < batch_size:
+        raise ConfigError(
+            f"`{data_key}` holds {len(data)} usable records, fewer than one batch of "
+            f"`{size_key}`={batch_size}; lower `{size_key}` or add records."
+        )
+
+
+def load_data(cfg: Config, tokenizer) -> tuple:
+    """Training prompts, held-out evaluation prompts (maybe none), ptx records (maybe none),
+    each error named by its config key; a prompt set smaller than one batch is refused."""
+    prompts = with_key("data.train_path", load_prompts, cfg, cfg.data.train_path, tokenizer)
+    check_enough(prompts, cfg.data.train_batch_size, "data.train_batch_size", "data.train_path")
+    eval_items = []
+    if cfg.data.eval_path:
+        eval_items = list(
+            with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tokenizer)
+        )
+    eval_items = eval_items[: cfg.eval.max_prompts or None]
+    sft = None
+    if cfg.actor.ptx_coef:
+        max_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+        sft = with_key("data.sft_path", load_sft, cfg, cfg.data.sft_path, tokenizer, max_len)
+        micro = cfg.actor.ppo_micro_batch_size
+        check_enough(sft, micro, "actor.ppo_micro_batch_size", "data.sft_path")
+    return prompts, eval_items, sft
+
+
+@dataclass
+class RunInputs:
+    """What a PPO run reads besides its models, checked and loaded before a run folder is
+    created or any model is loaded (a failed start leaves nothing behind)."""
+
+    tokenizer: object
+    prompts: PromptDataset
+    eval_items: list
+    sft: SFTDataset | None
+    reward_fn: object | None  # the imported reward.function, or None for a reward model
+
+
+def prepare_inputs(cfg: Config) -> RunInputs:
+    """Model folders, the policy's tokenizer, shared vocabularies, the data, the reward."""
+    check_model_folders(cfg)
+    tok = load_tokenizer(cfg.model.actor_path)
+    check_vocabularies(cfg, tok)
+    prompts, eval_items, sft = load_data(cfg, tok)
+    fn = None
+    if cfg.reward.function:
+        fn = with_key("reward.function", load_reward_function, cfg.reward.function)
+    return RunInputs(tok, prompts, eval_items, sft, fn)
+
+
+def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None) -> Roles:
     """Actor (trained), reference (frozen), critic (trained, GAE only), reward source.
 
     With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
@@ -107,11 +254,12 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
     model.reference_path names another model (no second copy of the weights)."""
     dtype = _DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
-    tok = load_tokenizer(cfg.model.actor_path)
+    tok = tokenizer or load_tokenizer(cfg.model.actor_path)
+    check_vocabularies(cfg, tok)  # from tokenizer files, before any model loads
     actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
     if lora:
         actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
-    needs_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
+    needs_ref = cfg.kl_in_reward or cfg.actor.use_kl_loss
     reference = None
     if needs_ref and lora and not cfg.model.reference_path:
         reference = AdapterDisabled(actor)
@@ -133,7 +281,7 @@ def load_roles(cfg: Config, device: torch.device) -> Roles:
         )
         if lora and cfg.model.critic_lora:
             critic = add_lora(critic, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
-    return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device))
+    return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device, reward_fn))
 
 
 def load_prompts(cfg: Config, path: str, tokenizer) -> PromptDataset:
@@ -153,4 +301,5 @@ def load_sft(cfg: Config, path: str | Path, tokenizer, max_length: int) -> SFTDa
         prompt_key=cfg.data.prompt_key,
         response_key=cfg.data.response_key,
         max_length=max_length,
+        overlong=cfg.data.overlong_prompts,
     )

@@ -167,35 +167,55 @@ def run_updates(
     micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
     generator: torch.Generator,
     extra_loss: Callable[[], torch.Tensor] | None = None,
+    target_kl: float = 0.0,
     dist: Dist | None = None,
 ) -> dict[str, float]:
     """Epochs x shuffled mini-batches of `role` (sizes from its config section: the mini-
     batch is global, this process takes its share); each mini-batch one optimizer step.
     Gradients are synchronised across processes on the last backward of a mini-batch only
-    (`extra_loss`, the ptx term, when there is one)."""
+    (`extra_loss`, the ptx term, when there is one).
+
+    `target_kl` > 0: early stopping on the old-policy KL (PPO-KL): when the mean `approx_kl`
+    of a finished epoch (over all processes) exceeds it, the remaining epochs are skipped
+    (Stable-Baselines3's and OpenRLHF's target_kl; "The 37 Implementation Details of PPO",
+    https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/). The stats add
+    `optimizer_steps` (steps taken) and, with a target, `early_stopped` (1 when epochs were
+    skipped)."""
     dist = dist or Dist()
     sec, world = role.cfg, dist.world_size
     acc = StatsAccumulator()
     role.model.train()
-    skipped = 0
+    skipped = steps = 0
+    stopped = False
     size = sec.ppo_mini_batch_size // world
-    for mini in mini_batches(exp, size, sec.ppo_epochs, sec.shuffle, generator):
-        tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
-        micros = mini.split(sec.ppo_micro_batch_size)
-        for i, micro in enumerate(micros):
-            last = extra_loss is None and i == len(micros) - 1
-            loss, stats = micro_loss(micro)
-            w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
-            with grad_sync(role.model, last):
-                (loss * w).backward()
-            acc.add(stats, w)
-        if extra_loss is not None:
-            extra = extra_loss()
-            extra.backward()
-            acc.add({"ptx_loss": float(extra.detach())})
-        norm, ok = role.step()
-        skipped += not ok
-        acc.add({"grad_norm": norm})
+    for epoch in range(sec.ppo_epochs):
+        epoch_kl = StatsAccumulator()  # this epoch's approx_kl, weighted as `acc`
+        for mini in mini_batches(exp, size, 1, sec.shuffle, generator):
+            tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
+            micros = mini.split(sec.ppo_micro_batch_size)
+            for i, micro in enumerate(micros):
+                last = extra_loss is None and i == len(micros) - 1
+                loss, stats = micro_loss(micro)
+                w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
+                with grad_sync(role.model, last):
+                    (loss * w).backward()
+                acc.add(stats, w)
+                epoch_kl.add({k: v for k, v in stats.items() if k == "approx_kl"}, w)
+            if extra_loss is not None:
+                extra = extra_loss()
+                extra.backward()
+                acc.add({"ptx_loss": float(extra.detach())})
+            norm, ok = role.step()
+            skipped += not ok
+            steps += 1
+            acc.add({"grad_norm": norm})
+        kl = epoch_kl.means(dist).get("approx_kl", 0.0) if target_kl > 0 else 0.0
+        if target_kl > 0 and epoch + 1 < sec.ppo_epochs and kl > target_kl:
+            stopped = True
+            break
     out = acc.means(dist)
     out["skipped_steps"] = float(skipped)
+    out["optimizer_steps"] = float(steps)
+    if target_kl > 0:
+        out["early_stopped"] = float(stopped)
     return out

@@ -116,3 +116,22 @@ def test_normalized_scores_keep_the_raw_score_logged(fast_overrides, make_model,
         # optimised is the standardised score (mean 0 over what was seen so far)
         assert 0.0 <= row["score"] <= 1.0
     assert abs(rows[0]["reward"]) < 1e-5  # first batch standardised by its own moments
+
+
+def test_kl_loss_alone_leaves_the_reward_without_kl(fast_overrides, make_model, tmp_path):
+    # issue 7.5: actor.use_kl_loss with algorithm.use_kl_in_reward unset puts the KL in the
+    # loss only: the shaped reward is the raw score (in [0, 1], never clipped by 5) although
+    # the measured KL is no longer 0 in iteration 2
+    rows = _run(fast_overrides, make_model, tmp_path, "actor.use_kl_loss=true")
+    assert rows[1]["kl"] != 0.0 and rows[1]["actor/kl_loss"] > 0
+    for row in rows:
+        assert row["reward"] == pytest.approx(row["score"], abs=1e-6)
+
+
+def test_target_kl_early_stops_the_actor_epochs(fast_overrides, make_model, tmp_path):
+    # one mini-batch per epoch: epoch 1 starts at the rollout policy (approx_kl exactly 0),
+    # epoch 2 measures the moved policy (> 1e-9), so epoch 3 of 3 is skipped: 2 steps
+    rows = _run(fast_overrides, make_model, tmp_path, "actor.ppo_epochs=3", "actor.target_kl=1e-9")
+    for row in rows:
+        assert row["actor/early_stopped"] == 1.0 and row["actor/optimizer_steps"] == 2.0
+        assert row["critic/optimizer_steps"] == 1.0  # the critic never stops early

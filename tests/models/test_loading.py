@@ -260,3 +260,49 @@ def test_critic_from_reward_model_other_file_layouts(tmp_path, layout):
         critic.transformer.wte.weight.detach(), rm.transformer.wte.weight.detach()
     )
     assert torch.count_nonzero(critic.classifier.bias) == 0
+
+
+def test_folder_problem_checks_files_before_loading(tmp_path):
+    """Issue 8.4: what keeps a folder from being a model, found from its files: an empty
+    folder, weights missing or truncated (from the safetensors header), a shard of an index
+    missing, no tokenizer; a complete folder (single, sharded or .bin) has no problem."""
+    from proxima.models import folder_problem
+
+    tok = build_char_tokenizer(ALPHABET)
+    model = build_tiny_model("gpt2", tok, "nano", max_positions=32, seed=1)
+    good = tmp_path / "good"
+    model.save_pretrained(good)
+    tok.save_pretrained(good)
+    assert folder_problem(good) is None
+    assert folder_problem(tmp_path / "nope") == "does not exist"
+    (tmp_path / "empty").mkdir()
+    assert folder_problem(tmp_path / "empty") == "is empty"
+    assert folder_problem(good / "config.json") == "is a file, not a model folder"
+
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    assert folder_problem(sharded, tokenizer=False) is None
+    assert "has no tokenizer files" in folder_problem(sharded)
+    shard = sorted(sharded.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    assert folder_problem(sharded, tokenizer=False) == (
+        f"lacks weight shards listed in model.safetensors.index.json: {shard.name}"
+    )
+
+    data = (good / "model.safetensors").read_bytes()
+    (good / "model.safetensors").write_bytes(data[:-10])
+    assert folder_problem(good) == (
+        f"has a truncated model.safetensors ({len(data) - 10} bytes, its header promises "
+        f"{len(data)})"
+    )
+    with pytest.raises(ValueError, match="has a truncated model.safetensors"):
+        load_causal_lm(good)  # the loader checks too: no bare SafetensorError
+    (good / "model.safetensors").write_bytes(b"\x01")
+    assert (
+        folder_problem(good)
+        == "has a model.safetensors that is truncated or not safetensors (1 bytes)"
+    )
+    (good / "model.safetensors").unlink()
+    assert folder_problem(good).startswith("holds no weights (model.safetensors, ")
+    torch.save(model.state_dict(), good / "pytorch_model.bin")
+    assert folder_problem(good) is None

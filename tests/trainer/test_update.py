@@ -248,3 +248,58 @@ def test_mini_batches_keep_rows_together_and_order_without_shuffle():
     for mb in mini_batches(exp, 3, 2, True, gen):
         assert torch.equal(mb.input_ids[:, 0], mb.group_ids)  # fields selected consistently
     assert _epochs(exp, 3, 2, shuffle=False) == [[[0, 1, 2], [3, 4, 5]]] * 2
+
+
+# --------------------------------------------------------------------------- target_kl
+
+
+def _kl_run(model, exp, epochs: int, target_kl: float) -> dict:
+    sec = ActorConfig(
+        optim=OptimConfig(lr=1e-3),
+        ppo_epochs=epochs,
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size=2,
+        target_kl=target_kl,
+    )
+    calls = []
+
+    def loss(mb):
+        out = actor_micro_loss(model, mb, sec, TEMPERATURE)
+        calls.append(out[1]["approx_kl"])
+        return out
+
+    stats = run_updates(
+        TrainedRole("actor", model, sec, total_steps=16),
+        exp,
+        micro_loss=loss,
+        generator=torch.Generator().manual_seed(0),
+        target_kl=target_kl,
+    )
+    return {**stats, "calls": calls}
+
+
+def test_target_kl_stops_the_remaining_epochs(tok):
+    """Issue 7.8: 4 rows, mini-batches of 2 -> 2 optimizer steps per epoch. The rollout's old
+    log-probs are the actor's plus 0.3 N(0, 1) noise, so the first epoch's approx_kl, mean of
+    0.5 (log-ratio)^2, is about 0.5 * 0.09 = 0.045 (measured below, not assumed)."""
+    model = build_tiny_model("llama", tok, "nano", max_positions=32, seed=9)
+    exp = make_experience(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    stopped = _kl_run(model, exp, epochs=4, target_kl=0.01)
+    first_epoch_kl = sum(stopped["calls"][:2]) / 2  # one micro-batch per mini-batch
+    assert first_epoch_kl > 0.01
+    assert stopped["calls"][2:] == []  # epochs 2-4 never ran
+    assert stopped["early_stopped"] == 1.0 and stopped["optimizer_steps"] == 2.0
+
+    model.load_state_dict(state)
+    full = _kl_run(model, exp, epochs=4, target_kl=10.0)  # a bound the KL never reaches
+    assert full["early_stopped"] == 0.0 and full["optimizer_steps"] == 8.0
+    assert full["calls"][:2] == stopped["calls"]  # same first epoch, the same shuffle
+
+    model.load_state_dict(state)
+    off = _kl_run(model, exp, epochs=4, target_kl=0.0)
+    assert "early_stopped" not in off and off["optimizer_steps"] == 8.0
+
+    model.load_state_dict(state)
+    last = _kl_run(model, exp, epochs=1, target_kl=0.01)  # nothing left to stop
+    assert last["early_stopped"] == 0.0 and last["optimizer_steps"] == 2.0

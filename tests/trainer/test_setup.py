@@ -1,0 +1,108 @@
+"""Set-up checks that need model folders but no model: issue 7.7, a critic (or reference)
+from a folder with another vocabulary stops before any model loads, naming the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxima.config import Config, ConfigError
+from proxima.models import (
+    build_bpe_tokenizer,
+    build_char_tokenizer,
+    build_tiny_model,
+    build_tiny_reward_model,
+    config_vocab_size,
+    load_tokenizer,
+    vocabulary_difference,
+)
+from proxima.trainer import setup
+
+ALPHABET = "0123456789+="
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Actor and reward model on the character tokenizer, a reward model and a causal LM on
+    a BPE tokenizer, and a copy of the BPE causal LM without its tokenizer files."""
+    root = tmp_path_factory.mktemp("vocab")
+    char = build_char_tokenizer(ALPHABET)
+    (root / "text.txt").write_text("12+34=46\n" * 50)
+    bpe = build_bpe_tokenizer(root / "text.txt", vocab_size=280)
+    out = {}
+    for name, tok, build in [
+        ("actor", char, lambda t: build_tiny_model("llama", t, "nano", max_positions=32)),
+        ("rm", char, lambda t: build_tiny_reward_model("llama", t, "nano", max_positions=32)),
+        ("bpe_rm", bpe, lambda t: build_tiny_reward_model("llama", t, "nano", max_positions=32)),
+        ("bpe_lm", bpe, lambda t: build_tiny_model("llama", t, "nano", max_positions=32)),
+        ("bare_lm", bpe, lambda t: build_tiny_model("llama", t, "nano", max_positions=32)),
+    ]:
+        build(tok).save_pretrained(root / name)
+        if name != "bare_lm":
+            tok.save_pretrained(root / name)
+        out[name] = str(root / name)
+    return out
+
+
+def _cfg(folders, **changes) -> Config:
+    base = {
+        "model.actor_path": folders["actor"],
+        "data.train_path": "p.jsonl",
+        "reward.model_path": folders["rm"],
+    }
+    return Config().replace({**base, **changes})
+
+
+def test_vocabulary_difference_names_a_token():
+    char = build_char_tokenizer(ALPHABET)
+    assert vocabulary_difference(char, build_char_tokenizer(ALPHABET)) is None
+    # "0123..." vs "1023...": ids 4 and 5 swap; same size, one token numbered otherwise
+    why = vocabulary_difference(char, build_char_tokenizer("1023456789+="))
+    assert why == "16 tokens there, 16 in the policy's; e.g. token '0' is id 5 there, id 4 here"
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"model.critic_init": "reward_model", "reward.model_path": "bpe_rm"}, "model.critic_init"),
+        ({"model.critic_path": "bpe_lm"}, "model.critic_path"),
+        ({"model.critic_path": "bare_lm"}, "model.critic_path"),  # no tokenizer: vocab_size
+        ({"model.reference_path": "bpe_lm"}, "model.reference_path"),
+    ],
+)
+def test_other_vocabulary_stops_before_any_model_loads(folders, monkeypatch, changes, key):
+    changes = {k: folders.get(v, v) for k, v in changes.items()}
+    cfg = _cfg(folders, **changes)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the vocabulary check")
+
+    for loader in ("load_causal_lm", "load_critic", "load_reward_model"):
+        monkeypatch.setattr(setup, loader, no_model)
+    with pytest.raises(ConfigError) as err:
+        setup.load_roles(cfg, torch.device("cpu"))
+    msg = str(err.value)
+    assert msg.startswith(f"`{key}") and "another vocabulary than the policy" in msg
+    assert "would read the policy's token ids as other tokens. Fix:" in msg
+    if "bare_lm" in str(changes):
+        rows = len(load_tokenizer(folders["bpe_lm"]))  # the BPE's size, < the asked 280
+        assert f"an embedding table of {rows} rows, the actor's 16" in msg
+
+
+def test_same_vocabulary_passes(folders):
+    for changes in (
+        {"model.critic_init": "reward_model"},
+        {"model.critic_path": folders["actor"]},
+        # another vocabulary but a critic-free estimator: no critic reads the ids
+        {"model.critic_path": folders["bpe_lm"], "algorithm.adv_estimator": "grpo"},
+    ):
+        setup.check_vocabularies(_cfg(folders, **changes), load_tokenizer(folders["actor"]))
+
+
+def test_bare_folder_vocab_size_from_config(folders):
+    assert config_vocab_size(folders["bare_lm"]) == len(load_tokenizer(folders["bpe_lm"]))
+    config = json.loads((Path(folders["actor"]) / "config.json").read_text())
+    assert config_vocab_size(folders["actor"]) == config["vocab_size"] == 16  # 4 special + 12
