@@ -8,6 +8,7 @@ complete and frozen.
 from __future__ import annotations
 
 from proxima.config import Config
+from proxima.rollout.engine import check_engine
 from proxima.tasks import check_task, prepare_task, resumed_task_config
 from proxima.trainer.run import new_run_dir, train_ppo
 
@@ -16,6 +17,7 @@ def train(cfg: Config) -> dict:
     """Run PPO as configured (preparing a built-in task first); returns the run's summary,
     also written to <run folder>/summary.json."""
     check_task(cfg)
+    check_engine(cfg)  # before a task's warm start: the engine must be installed
     if not cfg.task.name:
         return train_ppo(cfg)
     if cfg.trainer.resume_from:  # the task is not prepared again: its checkpoint names it

@@ -6,6 +6,7 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.rollout.collect import collect
+from proxima.rollout.engine import RolloutEngine
 
 
 def _is_binary(scores: torch.Tensor) -> bool:
@@ -14,7 +15,7 @@ def _is_binary(scores: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def evaluate(
-    actor: torch.nn.Module,
+    actor: RolloutEngine | torch.nn.Module,
     tokenizer,
     items: list,
     reward,
@@ -26,6 +27,7 @@ def evaluate(
 ) -> dict:
     """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`.
 
+    `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
     The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
     """

@@ -9,6 +9,7 @@ the shuffle generator, the global RNG, the iteration) and exposes it through tor
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 
@@ -19,16 +20,19 @@ from proxima.algos import (
     FixedKLController,
     RunningMoments,
     compute_advantages,
+    logprob_diff,
     masked_mean,
     masked_var,
     masked_whiten,
     shape_rewards,
+    truncated_is_weights,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader, collate_sft
-from proxima.models.saving import load_role, save_role
+from proxima.models.saving import export_weights, load_role, save_role
 from proxima.rng import rng_state, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
+from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine, build_engine
 from proxima.rollout.score import build_experience
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles
@@ -59,10 +63,19 @@ def build_kl_controller(cfg: Config):
 
 
 class PPOTrainer:
-    """Wires rollout, algos and the optimisers; holds no math of its own."""
+    """Wires rollout, algos and the optimisers; holds no math of its own.
+
+    `engine` writes the responses (default: the one `rollout.name` names, built here); the
+    trainer pushes the actor's weights into it whenever they changed (`sync_engine`)."""
 
     def __init__(
-        self, cfg: Config, roles: Roles, prompts, device: torch.device, sft_data=None
+        self,
+        cfg: Config,
+        roles: Roles,
+        prompts,
+        device: torch.device,
+        sft_data=None,
+        engine: RolloutEngine | None = None,
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
         self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
@@ -70,6 +83,8 @@ class PPOTrainer:
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
+        self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
+        self.engine = engine or build_engine(cfg, roles.actor, roles.tokenizer, device)
         self.timer = PhaseTimer()
         n_seq = cfg.rollout_batch_size
         self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained
@@ -100,19 +115,37 @@ class PPOTrainer:
             self.compute_advantages(exp)  # 5. GAE or a critic-free estimator
         with t("update"):
             train_stats = self.update(exp)  # 6. PPO epochs over shuffled mini-batches
+        with t("sync"):
+            self.sync_engine()  # 6b. the rollout engine gets the actor's new weights
         metrics = self.metrics(exp, shaping, train_stats)  # 7. metrics; KL controller
         self.kl_ctl.update(shaping["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro
 
     def generate(self) -> Rollout:
-        cfg = self.cfg
         return generate_rollout(
-            self.roles.actor, self.roles.tokenizer, next(self.loader), cfg.rollout, self.device
+            self.synced_engine(),
+            self.roles.tokenizer,
+            next(self.loader),
+            self.cfg.rollout,
+            self.device,
+            logprobs=True,  # the engine's own log-probs: rollout/logprob_diff_*, correction
         )
 
+    def sync_engine(self) -> None:
+        """Push the actor's weights into the rollout engine if it holds older ones (after an
+        actor update, after `load_models`, before the first rollout). The `hf` engine serves
+        the actor itself and never reads them; LoRA is merged into a copy first."""
+        if self.engine.weight_version != self.weight_version:
+            self.engine.update_weights(export_weights(self.roles.actor), self.weight_version)
+
+    def synced_engine(self) -> RolloutEngine:
+        """The rollout engine, holding the actor's current weights (training, evaluation)."""
+        self.sync_engine()
+        return self.engine
+
     def score(self, ro: Rollout) -> Experience:
-        return build_experience(
+        exp = build_experience(
             ro.gen,
             actor=self.roles.actor,
             reference=self.roles.reference,
@@ -123,6 +156,16 @@ class PPOTrainer:
             group_ids=ro.group_ids,
             kl_estimator=self.cfg.algorithm.kl_penalty,
         )
+        a = self.cfg.algorithm
+        if a.rollout_correction and exp.rollout_logprobs is not None:
+            exp.is_weights, _ = truncated_is_weights(
+                exp.old_logprobs,
+                exp.rollout_logprobs,
+                exp.response_mask,
+                cap=a.rollout_correction_cap,
+                level=a.rollout_correction,
+            )
+        return exp
 
     def shape_rewards(self, exp: Experience) -> dict[str, float]:
         """Fill exp.token_rewards; return the shaping stats (kl, reward, no_stop_fraction)."""
@@ -183,6 +226,7 @@ class PPOTrainer:
                 extra_loss=self._ptx_loss if actor.cfg.ptx_coef else None,
             )
         )
+        self.weight_version += 1
         return stats
 
     def _update_role(
@@ -226,9 +270,38 @@ class PPOTrainer:
         }
         if exp.values is not None:
             m["values_mean"] = float(masked_mean(exp.values, mask))
+        m.update(self._rollout_trust(exp))
         m.update({f"{name}/lr": role.lr for name, role in self.trained.items()})
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
+        return m
+
+    def _rollout_trust(self, exp: Experience) -> dict[str, float]:
+        """How far the engine's log-probs are from the trainer's old ones (and the rollout
+        correction's weights); warns above rollout.logprob_diff_warn."""
+        if exp.rollout_logprobs is None:
+            return {}
+        diff = logprob_diff(exp.rollout_logprobs, exp.old_logprobs, exp.response_mask)
+        m = {f"rollout/logprob_diff_{k}": float(v) for k, v in diff.items()}
+        if exp.is_weights is not None:  # the stats of algos.truncated_is_weights
+            w, cap = exp.is_weights, self.cfg.algorithm.rollout_correction_cap
+            m["rollout/is_weight_mean"] = float(masked_mean(w, exp.response_mask))
+            m["rollout/is_truncated_frac"] = float(
+                masked_mean((w >= cap).float(), exp.response_mask)
+            )
+        limit = self.cfg.rollout.logprob_diff_warn
+        if limit and m["rollout/logprob_diff_mean"] > limit:
+            warnings.warn(
+                LogprobMismatchWarning(
+                    f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
+                    f"rollout.logprob_diff_warn={limit} at iteration {self.iteration}: the "
+                    f"{self.engine.name} engine's log-probs differ from the trainer's "
+                    "(dtype or kernels, top_p / top_k renormalisation, or stale weights). "
+                    "PPO's ratio uses the trainer's; consider algorithm.rollout_correction="
+                    "token, rollout.vllm.dtype=float32, or a higher threshold."
+                ),
+                stacklevel=2,
+            )
         return m
 
     # ------------------------------------------------------------------ state
@@ -272,3 +345,4 @@ class PPOTrainer:
         """Weights written by `save_models`, in place (the optimizers keep their tensors)."""
         for name, role in self.trained.items():
             load_role(role.model, folder, name)
+        self.weight_version += 1  # the engine gets these at the next rollout

@@ -13,6 +13,7 @@ from proxima.checkpoint import check_resume, load_checkpoint, save_periodic
 from proxima.config import Config, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
+from proxima.rollout.engine import check_engine
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles, load_sft, resolve_device
@@ -28,6 +29,7 @@ LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "critic/explained_variance": "ev",
     "eval/accuracy": "eval_acc",
     "tokens_per_s": "tok/s",
+    "rollout/logprob_diff_mean": "lp_diff",
 }
 PLOT_KEYS = [
     "score",
@@ -42,6 +44,8 @@ PLOT_KEYS = [
     "critic/explained_variance",
     "kl_coef",
     "actor/grad_norm",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
 ]
 
 
@@ -61,7 +65,7 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     roles = trainer.roles
     runs = {
         greedy: evaluate(
-            roles.actor,
+            trainer.synced_engine(),
             roles.tokenizer,
             items,
             roles.reward,
@@ -99,6 +103,7 @@ def train_ppo(cfg: Config, run_dir: Path | None = None, summary: dict | None = N
     returns (and writes) the run's summary, which starts from `summary`."""
     start = time.perf_counter()
     check_sources(cfg)
+    check_engine(cfg)  # rollout.name=vllm: installed, and able to run this model
     resume = check_resume(cfg)  # checked before anything is written
     run_dir = run_dir or new_run_dir(cfg.trainer.output_dir)
     seed_everything(cfg.trainer.seed)
