@@ -229,3 +229,22 @@ def test_logprobs_match_the_trainers_within_tolerance(engine, tok, models, tempe
     assert (gen.logprobs[gen.response_mask == 0] == 0).all()
     diff = (gen.logprobs - want).abs() * gen.response_mask
     assert float(diff.max()) < LOGPROB_TOL, float(diff.max())
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_sleep_releases_gpu_memory_and_wake_up_serves_again(engine, tok, models):
+    """CUDA only (vLLM's CPU build ignores sleep mode): sleep frees the KV cache and offloads
+    the weights; after wake_up the engine answers as before."""
+    if engine.name != "vllm" or not engine.sleep_mode:
+        pytest.skip("sleep mode is vLLM's, on a platform that supports it")
+    _push(engine, models[0], 0)
+    ids, mask = _batch(tok)
+    sampling = Sampling(MAX_NEW, (tok.eos_token_id,), greedy=True)
+    want = engine.generate(ids, mask, sampling)
+    free_awake, _ = torch.cuda.mem_get_info()
+    engine.sleep()
+    free_asleep, _ = torch.cuda.mem_get_info()
+    assert free_asleep > free_awake
+    engine.wake_up()
+    _assert_same_generation(engine.generate(ids, mask, sampling), want)
