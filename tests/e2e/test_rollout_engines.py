@@ -145,3 +145,19 @@ def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path):
     assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
+
+
+@pytest.mark.vllm
+def test_eval_with_vllm_answers_as_hf(make_model, prompt_file, reward_spec, tmp_path):
+    """`proxima eval rollout.name=vllm`: greedy answers, hence scores, equal the hf engine's."""
+    init = make_model("llama", "small")
+    results = {}
+    for name in ("hf", "vllm"):
+        out = tmp_path / f"{name}.json"
+        argv = ["eval", "--model", str(init), "--data", str(prompt_file), "--reward"]
+        argv += [reward_spec("fn"), "--max-prompts", "20", "--max-new-tokens", "6"]
+        argv += ["--device", "cpu", "--out", str(out), f"rollout.name={name}"]
+        assert main([*argv, "data.max_prompt_length=16", "model.dtype=float32"]) == 0
+        results[name] = json.loads(out.read_text())["greedy"]
+    assert results["vllm"]["samples"] == results["hf"]["samples"]
+    assert results["vllm"]["mean_reward"] == results["hf"]["mean_reward"]
