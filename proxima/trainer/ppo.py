@@ -84,7 +84,11 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
-        self.engine = engine or build_engine(cfg, roles.actor, roles.tokenizer, device)
+        self.engine = (
+            engine
+            if engine is not None
+            else build_engine(cfg, roles.actor, roles.tokenizer, device)
+        )
         self.timer = PhaseTimer()
         n_seq = cfg.rollout_batch_size
         self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained

@@ -132,17 +132,28 @@ def test_vllm_engine_refuses_a_head_size_its_cpu_kernels_lack(make_model, fast_o
 
 
 @pytest.mark.vllm
-def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path):
-    """`proxima train rollout.name=vllm` on a small Llama (head size 32): runs, the actor
-    moves, vLLM's log-probs stay within float32 noise of the trainer's every iteration."""
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, lora):
+    """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning and
+    LoRA (merged weights pushed): runs, and vLLM's log-probs stay within float32 noise of the
+    trainer's every iteration, so every push landed (stale weights would differ by far more
+    once the actor moved)."""
     out = tmp_path / "run"
+    extra = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2") if lora else ()
     argv = fast_overrides(
-        make_model("llama", "small"), out, 3, "rollout.name=vllm", "model.dtype=float32"
+        make_model("llama", "small"),
+        out,
+        3,
+        "rollout.name=vllm",
+        "model.dtype=float32",
+        "algorithm.kl_penalty=full",  # exact KL to the reference: > 0 once the actor moved
+        *extra,
     )
     assert main(["train", *argv]) == 0
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_mean" in r]
     assert len(rows) == 3
     assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+    assert rows[0]["kl"] == 0.0 and rows[2]["kl"] > 0.0  # the actor did move
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
 
