@@ -59,7 +59,7 @@ test-vllm: install-vllm
 	$(VPY) -m pytest -m vllm -p no:cacheprovider
 
 bench-vllm: install-vllm
-	$(VPY) benchmarks/bench_rollout_engines.py
+	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

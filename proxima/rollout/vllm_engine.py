@@ -219,7 +219,7 @@ class VLLMEngine:
                 picked = [pos[t].logprob for pos, t in zip(c.logprobs, c.token_ids, strict=True)]
                 logprobs[i, : len(picked)] = torch.tensor(picked)
         mask = (torch.arange(r).unsqueeze(0) < lengths.unsqueeze(1)).long()
-        stop = torch.tensor(sampling.stop_ids)
+        stop = torch.tensor(sampling.stop_ids, dtype=torch.long)
         last = response.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1))[:, 0]
         stopped = (lengths > 0) & torch.isin(last, stop)
         device = prompt_ids.device
