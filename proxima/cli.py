@@ -289,6 +289,8 @@ def cmd_rm(ns: argparse.Namespace) -> int:
 
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.models import load_causal_lm, load_tokenizer
+    from proxima.models.saving import export_weights
+    from proxima.rollout.engine import build_engine
     from proxima.trainer.evaluate import evaluate
     from proxima.trainer.setup import build_reward, check_model_folders, load_prompts, with_key
 
@@ -300,10 +302,19 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     items = items[: cfg.eval.max_prompts or None]
     actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
     reward = build_reward(cfg, tok, device)
+    engine = build_engine(cfg, actor, tok, device)  # rollout.name: hf or vllm
+    engine.update_weights(export_weights(actor), version=0)
     modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
     results = {
         mode: evaluate(
-            actor, tok, items, reward, cfg.rollout, device, greedy=g, batch_size=cfg.eval.batch_size
+            engine,
+            tok,
+            items,
+            reward,
+            cfg.rollout,
+            device,
+            greedy=g,
+            batch_size=cfg.eval.batch_size,
         )
         for mode, g in modes.items()
     }

@@ -117,7 +117,52 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class VLLMConfig:
+    """`rollout.name=vllm`: the engine options users know from verl's rollout config."""
+
+    tensor_model_parallel_size: int = _f(
+        1,
+        "GPUs one vLLM engine shards the model over; > 1 needs a torchrun launch with that "
+        "many processes (vLLM's external_launcher).",
+    )
+    gpu_memory_utilization: float = _f(
+        0.5,
+        "Share of GPU memory vLLM may take for weights and KV cache, next to training "
+        "(colocated); ignored on CPU (see VLLM_CPU_KVCACHE_SPACE in the README).",
+    )
+    enable_prefix_caching: bool = _f(
+        True,
+        "Reuse the KV cache of shared prompt prefixes (the rollout.n samples of a prompt); "
+        "reset after every weight push.",
+    )
+    enable_sleep_mode: bool = _f(
+        True,
+        "Release the KV cache (and offload the weights) between rollouts so training gets "
+        "the memory back; where the platform supports it (CUDA; a no-op on CPU).",
+    )
+    enforce_eager: bool = _f(
+        True,
+        "Run eagerly; False captures CUDA graphs and compiles: faster decoding on a GPU, "
+        "a slower start.",
+    )
+    dtype: str = _f(
+        "auto", "Weights and activations in vLLM: auto (= model.dtype)|float32|bfloat16|float16."
+    )
+    seed: int = _f(
+        0,
+        "vLLM's engine seed (offset by rank). Each request's sampling seed is drawn from "
+        "the trainer's RNG, so a resumed run replays its rollouts.",
+    )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
+    name: str = _f(
+        "hf",
+        "Rollout engine: hf (transformers generate with the KV cache on the actor itself; "
+        "works everywhere) | vllm (vLLM in the training process, weights pushed after each "
+        "update; needs the vllm or vllm-cpu package, see the README).",
+    )
     n: int = _f(
         1,
         "Samples per prompt. grpo / rloo / reinforce_plus_plus_baseline want > 1: with 1, as "
@@ -135,7 +180,15 @@ class RolloutConfig:
         "Added to the score of responses that hit max_response_length "
         "without a stop token (e.g. -1.0); 0 disables.",
     )
-    micro_batch_size: int = _f(64, "Sequences per generation call and per scoring forward pass.")
+    micro_batch_size: int = _f(
+        64, "Sequences per generation call (hf engine) and per scoring forward pass."
+    )
+    logprob_diff_warn: float = _f(
+        0.05,
+        "Warn when rollout/logprob_diff_mean (mean |engine log-prob - trainer log-prob| over "
+        "response tokens, logged every iteration) exceeds this; 0 disables the warning.",
+    )
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass(frozen=True)
@@ -179,6 +232,15 @@ class AlgorithmConfig:
     )
     clip_reward_value: float = _f(
         5.0, "Scores are clipped to [-c, c] (DeepSpeed-Chat's clip_reward_value); 0 disables."
+    )
+    rollout_correction: str = _f(
+        "",
+        "Truncated importance sampling against the rollout engine's own log-probs mu (TIS, "
+        "verl's rollout_is): each token's policy loss is weighted by min(pi_old / mu, "
+        "rollout_correction_cap), per token (token) or per sequence (sequence); empty = off.",
+    )
+    rollout_correction_cap: float = _f(
+        2.0, "Cap of the rollout correction weights (verl's rollout_is_threshold); >= 1."
     )
 
 
@@ -606,6 +668,8 @@ def load_config(
 _CHOICES = {
     "model.critic_init": ("actor", "reward_model", "critic"),
     "model.dtype": ("float32", "bfloat16", "float16"),
+    "rollout.name": ("hf", "vllm"),
+    "rollout.vllm.dtype": ("auto", "float32", "bfloat16", "float16"),
     "data.overlong_prompts": ("error", "drop", "truncate"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "actor.optim.schedule": ("constant", "cosine"),
@@ -749,6 +813,7 @@ def validate(cfg: Config) -> None:
         "rollout.n",
         "rollout.max_response_length",
         "rollout.micro_batch_size",
+        "rollout.vllm.tensor_model_parallel_size",
         "actor.ppo_epochs",
         "critic.ppo_epochs",
         "data.max_prompt_length",
@@ -793,6 +858,23 @@ def validate(cfg: Config) -> None:
         )
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
+    if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "`rollout.vllm.gpu_memory_utilization` must be in (0, 1] (a share of GPU memory), "
+            f"got {cfg.rollout.vllm.gpu_memory_utilization}."
+        )
+    if cfg.algorithm.rollout_correction not in ("", "token", "sequence"):
+        raise ConfigError(
+            "`algorithm.rollout_correction` must be token, sequence or empty (off); got "
+            f"{cfg.algorithm.rollout_correction!r}."
+        )
+    if cfg.algorithm.rollout_correction_cap < 1:
+        raise ConfigError(
+            "`algorithm.rollout_correction_cap` must be >= 1 (weights above it are truncated), "
+            f"got {cfg.algorithm.rollout_correction_cap}; verl uses 2.0."
+        )
+    if cfg.rollout.logprob_diff_warn < 0:
+        raise ConfigError("`rollout.logprob_diff_warn` must be >= 0 (0 disables the warning).")
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError("`actor.clip_ratio_c` must be > 1 (dual clip) or 0 to disable it.")
     if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:
@@ -806,6 +888,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "`trainer.strategy=fsdp2` with `model.lora_rank` > 0 is not supported yet: use "
             "trainer.strategy=ddp for LoRA (its adapters are small), or model.lora_rank=0."
+        )
+    if cfg.rollout.name == "vllm" and world_size() > 1:
+        raise ConfigError(
+            "`rollout.name=vllm` in a multi-process (torchrun) job is not supported yet: use "
+            "rollout.name=hf with several processes, or vllm in a single process."
         )
     _check_batch_sizes(cfg, world_size())
 

@@ -8,6 +8,7 @@ complete and frozen.
 from __future__ import annotations
 
 from proxima.config import Config
+from proxima.rollout.engine import check_engine
 from proxima.tasks import check_task, prepare_task, resumed_task_config
 from proxima.trainer.run import new_run_dir, start_dist, train_ppo
 
@@ -17,6 +18,7 @@ def train(cfg: Config) -> dict:
     also written to <run folder>/summary.json. Under torchrun every rank calls it: the main
     rank prepares the task (its SFT warm start included) and the others receive its config."""
     check_task(cfg)
+    check_engine(cfg)  # before a task's warm start: the engine must be installed
     dist, _ = start_dist(cfg)
     if not cfg.task.name:
         return train_ppo(cfg, dist=dist)

@@ -30,6 +30,11 @@ class Experience:
     advantages: torch.Tensor | None = None  # [B, R]
     returns: torch.Tensor | None = None  # [B, R]
     group_ids: torch.Tensor | None = None  # [B] prompt index of each sequence (rollout.n groups)
+    # [B, R] the rollout engine's own log-probs of the sampled tokens (the behaviour policy
+    # it actually sampled from), when the engine returned them
+    rollout_logprobs: torch.Tensor | None = None
+    # [B, R] truncated importance weights pi_old / mu (algorithm.rollout_correction), or None
+    is_weights: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -226,3 +226,26 @@ def test_values_checked_before_anything_loads(override, message):
     beta, "No such file or directory: metrics.jsonl" for zero iterations)."""
     with pytest.raises(ConfigError, match=message):
         load_config(None, BASE + [override])
+
+
+def test_rollout_engine_keys():
+    c = load_config(
+        None,
+        BASE
+        + ["rollout.name=vllm", "rollout.vllm.dtype=bfloat16", "rollout.vllm.enforce_eager=false"],
+    )
+    assert c.rollout.name == "vllm" and c.rollout.vllm.dtype == "bfloat16"
+    assert not c.rollout.vllm.enforce_eager and c.rollout.vllm.enable_sleep_mode
+    assert load_config(None, BASE).rollout.name == "hf"  # the default works everywhere
+    for override, message in [
+        ("rollout.name=sglang", "`rollout.name` must be one of hf, vllm"),
+        ("rollout.vllm.dtype=fp8", "`rollout.vllm.dtype` must be one of auto, float32"),
+        ("rollout.vllm.gpu_memory_utilization=1.5", "gpu_memory_utilization` must be in"),
+        ("rollout.vllm.tensor_model_parallel_size=0", "tensor_model_parallel_size` must be pos"),
+        ("rollout.vllm.tp=2", "Unknown config key `rollout.vllm.tp`"),
+        ("rollout.logprob_diff_warn=-1", "logprob_diff_warn` must be >= 0"),
+        ("algorithm.rollout_correction=geo", "must be token, sequence or empty"),
+        ("algorithm.rollout_correction_cap=0.5", "rollout_correction_cap` must be >= 1"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, BASE + [override])

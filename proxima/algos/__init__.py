@@ -33,10 +33,12 @@ from .masked import (
     masked_whiten,
 )
 from .rewards import last_token_index, shape_rewards, token_rewards
+from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGG_MODES",
+    "IS_LEVELS",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "EmptyMaskWarning",
@@ -52,6 +54,7 @@ __all__ = [
     "kl_full",
     "kl_penalty",
     "last_token_index",
+    "logprob_diff",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
@@ -63,5 +66,6 @@ __all__ = [
     "rloo",
     "shape_rewards",
     "token_rewards",
+    "truncated_is_weights",
     "value_loss",
 ]

@@ -107,6 +107,7 @@ def policy_loss(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float | None = 3.0,
     agg: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped PPO surrogate loss with the dual clip for negative advantages.
 
@@ -114,7 +115,9 @@ def policy_loss(
     clamped to [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high));
     the low/high bounds default to ``clip_ratio``. Dual clip (arXiv:1912.09729): where
     A < 0 the loss is further capped at -A * clip_ratio_c (must be > 1; None disables).
-    The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``.
+    The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``. Optional
+    ``is_weights`` [B, T] (constants, e.g. ``truncated_is_weights``) multiply the per-token
+    loss after clipping, as verl applies its rollout importance weights.
 
     All of logprobs, old_logprobs, advantages, response_mask are [B, T]. Returns
     (0-dim loss, stats) with detached 0-dim stats: ``clipfrac`` (share of tokens where the
@@ -160,6 +163,9 @@ def policy_loss(
         loss_cap = -adv * clip_ratio_c
         dual_binds = (adv < 0) & (loss_mat > loss_cap)
         loss_mat = torch.where(dual_binds, loss_cap, loss_mat)
+    if is_weights is not None:
+        check_same_shape("policy_loss", is_weights=is_weights, response_mask=mask)
+        loss_mat = loss_mat * select(is_weights.detach(), mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = _detached_stats(
         clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),

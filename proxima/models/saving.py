@@ -4,6 +4,7 @@ keeps pointing at the same tensors."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -79,22 +80,50 @@ def _saved_names(model: nn.Module) -> dict[str, str]:
     return names
 
 
-def _load_weights(model: nn.Module, folder: Path, role: str) -> None:
-    """Copy the safetensors of a saved HF folder into an already-built model, in place.
+def export_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights `save_role` would write, as (name, tensor) pairs in memory: what a rollout
+    engine loads after each update. LoRA adapters are merged into a copy (costs one model
+    copy while the pairs are read); names are those of the saved HF folder (transformers 5
+    writes some under the hub's names, e.g. GPT-NeoX's `embed_out`), which is what an
+    engine's checkpoint loader (vLLM's `load_weights`) expects. A tied LM head appears under
+    both names, as the same tensor. Lazy: nothing is copied until the pairs are read."""
+    if is_lora(model):
+        model = merged_copy(model)
+    own = {k: v.detach() for k, v in model.state_dict().items()}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4.x: state_dict names are the saved names
+        yield from own.items()
+        return
+    yield from revert_weight_conversion(model, own).items()
 
-    Weights tied to another (a tied LM head) are not saved separately; they are accepted
-    as missing when they share storage with a loaded tensor.
-    """
+
+def load_named_weights(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], where: str):
+    """Copy (saved name, tensor) pairs, as `export_weights` gives or a saved folder holds,
+    into an already-built plain HF model, in place. Raises ValueError naming `where` when the
+    names do not fit. Weights tied to another (a tied LM head) may be missing when they share
+    storage with a loaded tensor."""
     names = _saved_names(model)
-    weights = {names.get(k, k): v for k, v in read_role_weights(folder.parent, folder.name).items()}
+    weights = {names.get(k, k): v for k, v in named}
     own = model.state_dict()
     loaded_ptrs = {own[k].data_ptr() for k in weights if k in own}
     missing = sorted(k for k in own.keys() - weights.keys() if own[k].data_ptr() not in loaded_ptrs)
     unexpected = sorted(weights.keys() - own.keys())
     if missing or unexpected:
         raise ValueError(
-            f"the {role} weights in {folder} do not fit this run's {role} (missing "
-            f"{missing[:5]}, unexpected {unexpected[:5]}): resume with the model.* settings "
-            "the checkpoint was written with."
+            f"the weights in {where} do not fit {type(model).__name__} (missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]})"
         )
     model.load_state_dict(weights, strict=False)
+
+
+def _load_weights(model: nn.Module, folder: Path, role: str) -> None:
+    """Copy the safetensors of a saved HF folder into an already-built model, in place."""
+    weights = read_role_weights(folder.parent, folder.name)
+    try:
+        load_named_weights(model, weights.items(), f"{folder}")
+    except ValueError as err:
+        raise ValueError(
+            f"{err}, this run's {role}: resume with the model.* settings the checkpoint was "
+            "written with."
+        ) from err

@@ -1,6 +1,8 @@
 """Prompts -> responses (`generate_rollout`) -> raw scores (`score_rollout`): phase 1, shared by
-training and evaluation (`collect` does both). Scores are the reward source's own output:
-every shaping (normalisation, no-stop penalty, clipping, KL) is `algos.shape_rewards`."""
+training and evaluation (`collect` does both). The responses come from a rollout engine
+(proxima.rollout.engine: `hf` or `vllm`); a plain model is served by the `hf` engine. Scores
+are the reward source's own output: every shaping (normalisation, no-stop penalty, clipping,
+KL) is `algos.shape_rewards`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
-from proxima.rollout.generate import Generation, generate_responses
+from proxima.rollout.engine import RolloutEngine, Sampling, as_engine
+from proxima.rollout.generate import Generation
 
 
 @dataclass
@@ -34,26 +37,8 @@ def stop_token_ids(tokenizer, cfg: RolloutConfig) -> list[int]:
     return ids
 
 
-def _cat_generations(parts: list[Generation], pad_id: int) -> Generation:
-    """Concatenate generation chunks whose response widths differ (pad on the right)."""
-    r = max(p.response_mask.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-    ids, attn, masks = [], [], []
-    for p in parts:
-        extra = r - p.response_mask.shape[1]
-        ids.append(pad(p.input_ids, p.input_ids.shape[1] + extra, pad_id))
-        attn.append(pad(p.attention_mask, p.attention_mask.shape[1] + extra, 0))
-        masks.append(pad(p.response_mask, r, 0))
-    return Generation(
-        torch.cat(ids), torch.cat(attn), torch.cat(masks), torch.cat([p.stopped for p in parts])
-    )
-
-
 def generate_rollout(
-    actor: torch.nn.Module,
+    engine: RolloutEngine | torch.nn.Module,
     tokenizer,
     items: list,
     cfg: RolloutConfig,
@@ -61,31 +46,28 @@ def generate_rollout(
     *,
     greedy: bool = False,
     n: int | None = None,
+    logprobs: bool = False,
 ) -> Rollout:
-    """Generate `n` responses per prompt item (greedy or sampled), decoded; not scored."""
+    """Generate `n` responses per prompt item (greedy or sampled), decoded; not scored.
+
+    `engine` is a rollout engine or a model (served by the `hf` engine). With `logprobs`
+    the engine also returns its own log-probs of the sampled tokens (`gen.logprobs`). The
+    engine is woken for the call and put to sleep after it (vLLM frees its KV cache)."""
+    engine = as_engine(engine, tokenizer, cfg)
     n = cfg.n if n is None else n
-    items = [it for it in items for _ in range(n)]
-    group_ids = torch.arange(len(items) // n).repeat_interleave(n)
+    group_ids = torch.arange(len(items)).repeat_interleave(n)
     batch = collate_prompts(items, tokenizer.pad_token_id)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-    stops = stop_token_ids(tokenizer, cfg)
-    parts = [
-        generate_responses(
-            actor,
-            ids[i : i + cfg.micro_batch_size],
-            mask[i : i + cfg.micro_batch_size],
-            max_new_tokens=cfg.max_response_length,
-            stop_ids=stops,
-            pad_token_id=tokenizer.pad_token_id,
-            greedy=greedy,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-        )
-        for i in range(0, len(items), cfg.micro_batch_size)
-    ]
-    gen = _cat_generations(parts, tokenizer.pad_token_id)
+    sampling = Sampling.from_config(
+        cfg, stop_token_ids(tokenizer, cfg), greedy=greedy, n=n, logprobs=logprobs
+    )
+    engine.wake_up()
+    try:
+        gen = engine.generate(ids, mask, sampling).to(device)
+    finally:
+        engine.sleep()
     responses = tokenizer.batch_decode(gen.response_ids.cpu(), skip_special_tokens=True)
+    items = [it for it in items for _ in range(n)]
     prompts = [it.text for it in items]
     columns = {k: [it.columns.get(k) for it in items] for k in items[0].columns}
     return Rollout(gen, prompts, responses, columns, group_ids)
@@ -100,7 +82,7 @@ def score_rollout(ro: Rollout, reward) -> Rollout:
 
 
 def collect(
-    actor: torch.nn.Module,
+    engine: RolloutEngine | torch.nn.Module,
     tokenizer,
     items: list,
     reward,
@@ -111,5 +93,5 @@ def collect(
     n: int | None = None,
 ) -> Rollout:
     """`generate_rollout` then `score_rollout` (evaluation; training times them apart)."""
-    ro = generate_rollout(actor, tokenizer, items, cfg, device, greedy=greedy, n=n)
+    ro = generate_rollout(engine, tokenizer, items, cfg, device, greedy=greedy, n=n)
     return score_rollout(ro, reward)

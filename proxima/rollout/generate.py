@@ -1,14 +1,21 @@
-"""Phase 1a: the actor writes responses (HF `generate` with the KV cache).
+"""Phase 1a, the `hf` engine's generation: HF `generate` with the KV cache.
 
-One small interface, `generate_responses`, so another engine (a lean sampling loop, vLLM)
-can stand behind it later.
+`generate_responses` is the one function the `hf` rollout engine (proxima.rollout.engine)
+wraps; other engines (vLLM) return the same `Generation`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 @dataclass
@@ -17,10 +24,22 @@ class Generation:
     attention_mask: torch.Tensor  # [B, P + R]
     response_mask: torch.Tensor  # [B, R] up to and including the first stop token
     stopped: torch.Tensor  # [B] bool: the response ended with a stop token
+    # [B, R] float32, the engine's own log-prob of each response token under the distribution
+    # it was sampled from (after temperature, top-k, top-p), 0 where masked; None when the
+    # engine was not asked for them
+    logprobs: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, -self.response_mask.shape[1] :]
+
+    def to(self, device: torch.device | str) -> Generation:
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
+        return Generation(**moved)
 
 
 def response_mask_after_stop(
@@ -49,6 +68,47 @@ def synced_generation(model: torch.nn.Module) -> bool:
     return multi and isinstance(model, FSDPModule)
 
 
+class SampledLogprobs(LogitsProcessor):
+    """Records the log-prob of each sampled token under the distribution it was drawn from.
+
+    transformers runs the processors a caller passes before its own temperature / top-k /
+    top-p warpers, so this one applies the same warpers, in generate's order, to a copy of
+    the scores and keeps the log-softmax of the step; the token drawn from it is known one
+    step later (the last column of `input_ids`), or after generate returns for the last step
+    (`finish`). Memory: one [B, V] step, never [B, R, V]. Scores pass through unchanged.
+    """
+
+    def __init__(self, warpers: LogitsProcessorList) -> None:
+        self.warpers = warpers
+        self.previous: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor):
+        if self.previous is not None:
+            self.picked.append(self.previous.gather(1, input_ids[:, -1:]))
+        warped = self.warpers(input_ids, scores.detach().float().clone())
+        self.previous = torch.log_softmax(warped, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, R] float32, given the last generated column [B]."""
+        self.picked.append(self.previous.gather(1, last_tokens.unsqueeze(1)))
+        return torch.cat(self.picked, dim=1)
+
+
+def _warpers(greedy: bool, temperature: float, top_p: float, top_k: int) -> LogitsProcessorList:
+    if greedy:
+        return LogitsProcessorList()
+    out = LogitsProcessorList()
+    if temperature != 1.0:
+        out.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        out.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p < 1.0:
+        out.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    return out
+
+
 @torch.no_grad()
 def generate_responses(
     model: torch.nn.Module,
@@ -62,8 +122,10 @@ def generate_responses(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    logprobs: bool = False,
 ) -> Generation:
-    """Sample (or greedily decode) responses to left-padded prompts [B, P]."""
+    """Sample (or greedily decode) responses to left-padded prompts [B, P]; with
+    `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`)."""
     was_training = model.training
     model.eval()
     sampling = (
@@ -71,6 +133,7 @@ def generate_responses(
         if greedy
         else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     )
+    recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
     out = model.generate(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
@@ -79,6 +142,7 @@ def generate_responses(
         pad_token_id=pad_token_id,
         use_cache=True,
         synced_gpus=synced_generation(model),
+        logits_processor=LogitsProcessorList([recorder]) if recorder else None,
         **sampling,
     )
     model.train(was_training)
@@ -93,4 +157,7 @@ def generate_responses(
         attention_mask=torch.cat([prompt_mask.long(), mask], dim=1),
         response_mask=mask,
         stopped=stopped,
+        # after its stop a row's tokens are padding, possibly outside the top-k / top-p set
+        # (-inf): where, not a product, so no NaN
+        logprobs=torch.where(mask.bool(), recorder.finish(out[:, -1]), 0.0) if recorder else None,
     )

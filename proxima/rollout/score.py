@@ -87,6 +87,7 @@ def build_experience(
     `critic` is None for critic-free estimators. `kl_estimator` names how the per-token
     KL(actor || reference) is estimated: one of `algos.KL_ESTIMATORS` from the two
     log-probs, or `full`, exact over the vocabulary (one more pair of forward passes).
+    The engine's own log-probs (`gen.logprobs`), when present, travel as `rollout_logprobs`.
     """
     old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
     ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
@@ -108,4 +109,5 @@ def build_experience(
         stopped=gen.stopped.to(old.device),
         kl=kl,
         group_ids=group_ids,
+        rollout_logprobs=gen.logprobs.to(old.device) if gen.logprobs is not None else None,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from proxima.config import Config
 from proxima.models import init_model, load_causal_lm, load_tokenizer
 from proxima.rewards import FunctionReward
+from proxima.rollout.engine import check_engine
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.setup import load_prompts, load_sft
 from proxima.trainer.sft import sft_train
@@ -103,6 +104,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         max_positions=64,
         seed=cfg.trainer.seed,
     )
+    check_engine(cfg, str(init_dir))  # e.g. a head size vLLM's CPU build lacks: before SFT
     tok = load_tokenizer(init_dir)
     model = load_causal_lm(init_dir)
     losses, history = [], []

@@ -6,6 +6,7 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.rollout.collect import collect
+from proxima.rollout.engine import RolloutEngine
 from proxima.trainer.dist import Dist
 
 
@@ -41,7 +42,7 @@ def _summary(s: torch.Tensor, ln: torch.Tensor, samples: list, greedy: bool) -> 
 
 
 def evaluate(
-    actor: torch.nn.Module,
+    actor: RolloutEngine | torch.nn.Module,
     tokenizer,
     items: list,
     reward,
@@ -54,6 +55,7 @@ def evaluate(
 ) -> dict:
     """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`.
 
+    `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
     The score here is the reward source's raw output: no KL, no clipping, no stop penalty.
     With several processes each evaluates an equal share (the last items repeated to even

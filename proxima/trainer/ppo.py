@@ -9,6 +9,7 @@ the shuffle generator, the global RNG, the iteration) and exposes it through tor
 from __future__ import annotations
 
 import time
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,16 +21,19 @@ from proxima.algos import (
     FixedKLController,
     RunningMoments,
     compute_advantages,
+    logprob_diff,
     masked_mean,
     masked_var,
     masked_whiten,
     shape_rewards,
+    truncated_is_weights,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader, collate_sft
-from proxima.models.saving import save_role
+from proxima.models.saving import export_weights, save_role
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
+from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine, build_engine
 from proxima.rollout.score import build_experience
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
@@ -112,7 +116,10 @@ def build_kl_controller(cfg: Config):
 
 
 class PPOTrainer:
-    """Wires rollout, algos and the optimisers; holds no math of its own."""
+    """Wires rollout, algos and the optimisers; holds no math of its own.
+
+    `engine` writes the responses (default: the one `rollout.name` names, built here); the
+    trainer pushes the actor's weights into it whenever they changed (`sync_engine`)."""
 
     def __init__(
         self,
@@ -122,6 +129,7 @@ class PPOTrainer:
         device: torch.device,
         sft_data=None,
         dist: Dist | None = None,
+        engine: RolloutEngine | None = None,
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
         self.dist = dist = dist or Dist()
@@ -130,6 +138,12 @@ class PPOTrainer:
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
+        self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
+        self.engine = (
+            engine
+            if engine is not None
+            else build_engine(cfg, roles.actor, roles.tokenizer, device)
+        )
         self.timer = PhaseTimer()
         n_seq = cfg.rollout_batch_size
         self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained
@@ -165,25 +179,45 @@ class PPOTrainer:
             batch.scatter_to(exp, self.dist)
         with t("update"):
             train_stats = self.update(exp)  # 6. PPO epochs over shuffled mini-batches
-        metrics = self.metrics(batch, shaping, train_stats)  # 7. metrics; KL controller
+        with t("sync"):
+            self.sync_engine()  # 6b. the rollout engine gets the actor's new weights
+        metrics = self.metrics(batch, exp, shaping, train_stats)  # 7. metrics; KL controller
         self.kl_ctl.update(shaping["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro
 
     def generate(self) -> Rollout:
         """This rank's share of the next global batch of prompts (all samples of a prompt
-        stay on one rank), with rollout.n responses each."""
+        stay on one rank), with rollout.n responses each, and the engine's own log-probs
+        (rollout/logprob_diff_*, rollout correction)."""
         items = next(self.loader)
         k = len(items) // self.dist.world_size
         mine = items[self.dist.rank * k : (self.dist.rank + 1) * k]
         try:
             return generate_rollout(
-                self.roles.actor, self.roles.tokenizer, mine, self.cfg.rollout, self.device
+                self.synced_engine(),
+                self.roles.tokenizer,
+                mine,
+                self.cfg.rollout,
+                self.device,
+                logprobs=True,
             )
         except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
             if "inf" in str(err) and "nan" in str(err):
                 raise NonFiniteOutputsError(f"sampling failed: {err}") from err
             raise
+
+    def sync_engine(self) -> None:
+        """Push the actor's weights into the rollout engine if it holds older ones (after an
+        actor update, after `load_models`, before the first rollout). The `hf` engine serves
+        the actor itself and never reads them; LoRA is merged into a copy first."""
+        if self.engine.weight_version != self.weight_version:
+            self.engine.update_weights(export_weights(self.roles.actor), self.weight_version)
+
+    def synced_engine(self) -> RolloutEngine:
+        """The rollout engine, holding the actor's current weights (training, evaluation)."""
+        self.sync_engine()
+        return self.engine
 
     def score(self, ro: Rollout) -> Experience:
         exp = self._score(ro)
@@ -194,7 +228,7 @@ class PPOTrainer:
         return exp
 
     def _score(self, ro: Rollout) -> Experience:
-        return build_experience(
+        exp = build_experience(
             ro.gen,
             actor=self.roles.actor,
             reference=self.roles.reference,
@@ -205,6 +239,16 @@ class PPOTrainer:
             group_ids=ro.group_ids,
             kl_estimator=self.cfg.algorithm.kl_penalty,
         )
+        a = self.cfg.algorithm
+        if a.rollout_correction and exp.rollout_logprobs is not None:
+            exp.is_weights, _ = truncated_is_weights(
+                exp.old_logprobs,
+                exp.rollout_logprobs,
+                exp.response_mask,
+                cap=a.rollout_correction_cap,
+                level=a.rollout_correction,
+            )
+        return exp
 
     def shape_rewards(self, exp: BatchView) -> dict[str, float]:
         """Fill exp.token_rewards; return the shaping stats (kl, reward, no_stop_fraction)."""
@@ -266,6 +310,7 @@ class PPOTrainer:
                 target_kl=actor.cfg.target_kl,
             )
         )
+        self.weight_version += 1
         return stats
 
     def _update_role(
@@ -293,7 +338,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ metrics
 
-    def metrics(self, exp: BatchView, shaping: dict, train_stats: dict) -> dict[str, float]:
+    def metrics(
+        self, exp: BatchView, local: Experience, shaping: dict, train_stats: dict
+    ) -> dict[str, float]:
+        """The iteration's metrics from the whole batch (`exp`: the same on every rank); the
+        rollout-trust ones from this rank's `local` rows."""
         mask = exp.response_mask
         lengths = mask.sum(1).float()
         gen_s = self.timer.last["generate"]
@@ -311,9 +360,39 @@ class PPOTrainer:
         }
         if exp.values is not None:
             m["values_mean"] = float(masked_mean(exp.values, mask))
+        m.update(self._rollout_trust(local))
         m.update({f"{name}/lr": role.lr for name, role in self.trained.items()})
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
+        return m
+
+    def _rollout_trust(self, exp: Experience) -> dict[str, float]:
+        """How far the engine's log-probs are from the trainer's old ones (and the rollout
+        correction's weights), over the whole batch (this rank's rows `exp`, gathered);
+        warns above rollout.logprob_diff_warn."""
+        if exp.rollout_logprobs is None:
+            return {}
+        g = self.dist.gather_rows
+        mask = g(exp.response_mask)
+        diff = logprob_diff(g(exp.rollout_logprobs), g(exp.old_logprobs), mask)
+        m = {f"rollout/logprob_diff_{k}": float(v) for k, v in diff.items()}
+        if exp.is_weights is not None:  # the stats of algos.truncated_is_weights
+            w, cap = g(exp.is_weights), self.cfg.algorithm.rollout_correction_cap
+            m["rollout/is_weight_mean"] = float(masked_mean(w, mask))
+            m["rollout/is_truncated_frac"] = float(masked_mean((w >= cap).float(), mask))
+        limit = self.cfg.rollout.logprob_diff_warn
+        if limit and m["rollout/logprob_diff_mean"] > limit:
+            warnings.warn(
+                LogprobMismatchWarning(
+                    f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
+                    f"rollout.logprob_diff_warn={limit} at iteration {self.iteration}: the "
+                    f"{self.engine.name} engine's log-probs differ from the trainer's "
+                    "(dtype or kernels, top_p / top_k renormalisation, or stale weights). "
+                    "PPO's ratio uses the trainer's; consider algorithm.rollout_correction="
+                    "token, rollout.vllm.dtype=float32, or a higher threshold."
+                ),
+                stacklevel=2,
+            )
         return m
 
     # ------------------------------------------------------------------ state
@@ -372,3 +451,4 @@ class PPOTrainer:
         """Weights written by `save_models`, in place (the optimizers keep their tensors)."""
         for name, role in self.trained.items():
             role.load_weights(folder, name)
+        self.weight_version += 1  # the engine gets these at the next rollout

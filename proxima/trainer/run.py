@@ -23,6 +23,7 @@ from proxima.checkpoint import (
 from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
+from proxima.rollout.engine import check_engine
 from proxima.trainer.dist import Dist, env_world
 from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import evaluate
@@ -51,6 +52,7 @@ LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "critic/explained_variance": "ev",
     "eval/accuracy": "eval_acc",
     "tokens_per_s": "tok/s",
+    "rollout/logprob_diff_mean": "lp_diff",
 }
 PLOT_KEYS = [
     "score",
@@ -65,6 +67,8 @@ PLOT_KEYS = [
     "critic/explained_variance",
     "kl_coef",
     "actor/grad_norm",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
 ]
 
 
@@ -104,7 +108,7 @@ def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     roles = trainer.roles
     runs = {
         greedy: evaluate(
-            roles.actor,
+            trainer.synced_engine(),
             roles.tokenizer,
             items,
             roles.reward,
@@ -157,6 +161,7 @@ def train_ppo(
     diverged one with `summary["diverged"]` and the last good checkpoint as its result."""
     start = time.perf_counter()
     check_sources(cfg)
+    check_engine(cfg)  # rollout.name=vllm: installed, and able to run this model
     resume = check_resume(cfg)  # checked before anything is written
     if dist is None:
         dist, device = start_dist(cfg)

@@ -124,6 +124,7 @@ def actor_micro_loss(
         clip_ratio_high=cfg.clip_ratio_high or None,
         clip_ratio_c=cfg.clip_ratio_c or None,
         agg=cfg.loss_agg_mode,
+        is_weights=mb.is_weights,
     )
     stats = {k: float(v) for k, v in stats.items()}
     stats["pg_loss"] = float(loss.detach())

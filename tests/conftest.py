@@ -1,0 +1,21 @@
+"""Markers that depend on the machine: `vllm` tests need vLLM importable (`make test-vllm`
+builds .venv-vllm with the CPU build), `gpu` tests need CUDA. Both are skipped, with the
+reason, where their requirement is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    no_vllm = pytest.mark.skip(reason="vLLM is not installed here (`make test-vllm` runs these)")
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(no_vllm)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)

@@ -1,0 +1,174 @@
+"""The trainer and its rollout engine: weights pushed after every actor update (never a rollout
+from stale weights), the trust metric rollout/logprob_diff_* and its warning, the rollout
+correction's weights, and `proxima train rollout.name=vllm` end to end (vLLM marker).
+
+The fake engine serves from its own copy of the weights, started from perturbed ones, and
+compares that copy with the actor's current weights at every rollout (tests/rollout)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+
+from proxima.cli import main
+from proxima.config import ConfigError, load_config
+from proxima.logging import read_metrics
+from proxima.rollout.engine import HFEngine, LogprobMismatchWarning, check_engine
+from proxima.trainer.evaluate import evaluate
+from proxima.trainer.ppo import PPOTrainer
+from proxima.trainer.setup import load_prompts, load_roles
+from tests.rollout.fake_engine import FakeEngine, StaleWeightsError
+
+pytestmark = pytest.mark.slow
+
+
+def _trainer(make_model, fast_overrides, tmp_path, *extra: str, **fake):
+    cfg = load_config(None, fast_overrides(make_model(), tmp_path / "run", 3, *extra))
+    roles = load_roles(cfg, torch.device("cpu"))
+    engine = FakeEngine(
+        roles.actor, roles.tokenizer.pad_token_id, watch=lambda: roles.actor, **fake
+    )
+    prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
+    return PPOTrainer(cfg, roles, prompts, torch.device("cpu"), engine=engine), engine
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_every_rollout_samples_the_current_weights(make_model, fast_overrides, tmp_path, lora):
+    extra = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2") if lora else ()
+    trainer, engine = _trainer(make_model, fast_overrides, tmp_path, *extra)
+    before = {k: v.clone() for k, v in engine.inner.model.state_dict().items()}
+    diffs = []
+    for _ in range(3):
+        metrics, _ = trainer.step()  # the engine raises StaleWeightsError on stale weights
+        diffs.append(metrics["rollout/logprob_diff_mean"])
+    # pushed before the first rollout and after every update (the last one too)
+    assert engine.pushes == [0, 1, 2, 3] and engine.served == [0, 1, 2]
+    after = engine.inner.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # pushes really landed
+    # the fake engine is HF generate with the KV cache; the trainer's pass is a full forward
+    assert max(diffs) < 1e-4 and metrics["rollout/logprob_diff_max"] < 1e-3
+    # evaluation samples from the same, current weights
+    items = list(load_prompts(trainer.cfg, trainer.cfg.data.train_path, trainer.roles.tokenizer))
+    evaluate(trainer.synced_engine(), trainer.roles.tokenizer, items[:4], trainer.roles.reward,
+             trainer.cfg.rollout, torch.device("cpu"))  # fmt: skip
+
+
+def test_no_push_while_the_actor_waits_and_after_loading_weights(
+    make_model, fast_overrides, tmp_path
+):
+    trainer, engine = _trainer(make_model, fast_overrides, tmp_path, "critic.warmup_iterations=1")
+    trainer.step()  # critic warm-up: the actor is not updated, its weights stay version 0
+    trainer.step()
+    assert engine.pushes == [0, 1] and engine.served == [0, 0]
+    trainer.save_models(tmp_path / "saved")
+    trainer.load_models(tmp_path / "saved")  # new weights in place (resume): a new version
+    trainer.step()
+    assert engine.pushes == [0, 1, 2, 3] and engine.served == [0, 0, 2]
+
+
+def test_a_missed_push_is_caught(make_model, fast_overrides, tmp_path, monkeypatch):
+    trainer, _ = _trainer(make_model, fast_overrides, tmp_path)
+    trainer.step()
+    monkeypatch.setattr(trainer, "sync_engine", lambda: None)
+    trainer.step()  # samples the weights pushed after step 1, then updates the actor
+    with pytest.raises(StaleWeightsError, match="stale weights"):
+        trainer.step()
+
+
+def test_logprob_diff_is_measured_and_warns(make_model, fast_overrides, tmp_path):
+    trainer, _ = _trainer(make_model, fast_overrides, tmp_path, logprob_shift=0.5)
+    with pytest.warns(LogprobMismatchWarning, match="rollout.logprob_diff_warn=0.05"):
+        metrics, _ = trainer.step()
+    assert metrics["rollout/logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.5, abs=1e-3)
+
+
+@pytest.mark.parametrize(("cap", "mean", "frac"), [(2.0, math.exp(0.3), 0.0), (1.2, 1.2, 1.0)])
+def test_rollout_correction_weights(make_model, fast_overrides, tmp_path, cap, mean, frac):
+    """The engine reports log-probs 0.3 below the trainer's: pi_old / mu = exp(0.3) = 1.35 on
+    every token, under the cap 2 and truncated to 1.2 by the cap 1.2."""
+    extra = ("algorithm.rollout_correction=token", f"algorithm.rollout_correction_cap={cap}")
+    trainer, _ = _trainer(make_model, fast_overrides, tmp_path, *extra, logprob_shift=-0.3)
+    metrics, _ = trainer.step()
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(mean, abs=1e-3)
+    assert metrics["rollout/is_truncated_frac"] == frac
+
+
+def test_hf_engine_serving_the_actor_never_reads_pushed_weights(make_model):
+    from proxima.models import load_causal_lm
+
+    def never_read():
+        raise AssertionError("the hf engine read the weights it already serves")
+        yield  # pragma: no cover
+
+    engine = HFEngine(load_causal_lm(make_model()), pad_token_id=0, micro_batch_size=4)
+    engine.update_weights(never_read(), version=7)
+    assert engine.weight_version == 7
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_vllm_engine_without_vllm_stops_early(make_model, fast_overrides, tmp_path, capsys):
+    argv = fast_overrides(make_model(), tmp_path / "run", 1, "rollout.name=vllm")
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "`rollout.name=vllm` but vLLM cannot be imported" in err and "rollout.name=hf" in err
+    assert not (tmp_path / "run").exists()  # stopped before anything was written
+
+
+@pytest.mark.vllm
+def test_vllm_engine_refuses_a_head_size_its_cpu_kernels_lack(make_model, fast_overrides, tmp_path):
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the head-size limit is the CPU build's")
+    argv = fast_overrides(make_model("llama", "nano"), tmp_path / "run", 1, "rollout.name=vllm")
+    with pytest.raises(ConfigError, match="head sizes .* has 16 .*rollout.name=hf"):
+        check_engine(load_config(None, argv))
+    assert main(["train", *argv]) == 2 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, lora):
+    """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning and
+    LoRA (merged weights pushed): runs, and vLLM's log-probs stay within float32 noise of the
+    trainer's every iteration, so every push landed (stale weights would differ by far more
+    once the actor moved)."""
+    out = tmp_path / "run"
+    extra = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2") if lora else ()
+    argv = fast_overrides(
+        make_model("llama", "small"),
+        out,
+        3,
+        "rollout.name=vllm",
+        "model.dtype=float32",
+        "algorithm.kl_penalty=full",  # exact KL to the reference: > 0 once the actor moved
+        *extra,
+    )
+    assert main(["train", *argv]) == 0
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_mean" in r]
+    assert len(rows) == 3
+    assert max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+    assert rows[0]["kl"] == 0.0 and rows[2]["kl"] > 0.0  # the actor did move
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
+
+
+@pytest.mark.vllm
+def test_eval_with_vllm_answers_as_hf(make_model, prompt_file, reward_spec, tmp_path):
+    """`proxima eval rollout.name=vllm`: greedy answers, hence scores, equal the hf engine's."""
+    init = make_model("llama", "small")
+    results = {}
+    for name in ("hf", "vllm"):
+        out = tmp_path / f"{name}.json"
+        argv = ["eval", "--model", str(init), "--data", str(prompt_file), "--reward"]
+        argv += [reward_spec("fn"), "--max-prompts", "20", "--max-new-tokens", "6"]
+        argv += ["--device", "cpu", "--out", str(out), f"rollout.name={name}"]
+        assert main([*argv, "data.max_prompt_length=16", "model.dtype=float32"]) == 0
+        results[name] = json.loads(out.read_text())["greedy"]
+    assert results["vllm"]["samples"] == results["hf"]["samples"]
+    assert results["vllm"]["mean_reward"] == results["hf"]["mean_reward"]
