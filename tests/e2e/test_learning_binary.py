@@ -1,10 +1,14 @@
 """PPO learns a 0/1 task: copy the prompt's first character (rewards_fixture.copies_first_char)
 from a randomly initialised tiny Llama, with the default example's PPO settings (critic, GAE
-with lambda 1, whitened advantages), scaled down to 16 prompts x 4 samples.
+with lambda 1, whitened advantages, kl 0.01, critic warm-up) scaled down to 16 prompts x 4
+samples, and an actor learning rate of 1e-3 instead of 1e-4 (a random policy, not an SFT one).
 
-MEASURED and MARGIN are set below from the seeds listed in MEASURED (mean training score of
-the first 3 -> the last 3 iterations); the test runs one seed and asserts the margin.
-"""
+Measured with exactly this configuration (mean training score of the first 3 -> the last 3
+of 80 iterations; 15-20 s each on 1 thread of a loaded 2-core machine):
+  seed 0: 0.042 -> 0.484 (+0.44); seed 1: 0.078 -> 0.484 (+0.41); seed 2: 0.083 -> 0.474
+(+0.39); seed 3: 0.083 -> 0.495 (+0.41). With 30 iterations the gain was +0.05 to +0.12
+(too close to the noise of a 0/1 score over 64 samples). The test runs seed 0 and asserts
++0.25: a regression that roughly halves the gain fails it."""
 
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ from proxima.recipes import train
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 30
-MARGIN = 0.3
+ITERATIONS = 80
+MARGIN = 0.25
 
 
 def run(tmp_path, init, prompt_file, reward, seed: int) -> list[float]:
@@ -36,6 +40,7 @@ def run(tmp_path, init, prompt_file, reward, seed: int) -> list[float]:
             f"reward.function={reward}",
             "data.train_batch_size=16",
             "rollout.n=4",
+            "actor.optim.lr=1e-3",
             "actor.ppo_mini_batch_size=32",
             "actor.ppo_micro_batch_size=32",
             "critic.ppo_mini_batch_size=32",
@@ -60,4 +65,3 @@ def test_ppo_learns_a_binary_task(tmp_path, make_model, prompt_file, reward_spec
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
     assert first < 0.3, f"a random policy should rarely copy the digit, got {first:.3f}"
     assert last - first >= MARGIN, f"mean score {first:.3f} -> {last:.3f}: {scores}"
-
