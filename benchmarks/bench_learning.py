@@ -42,14 +42,18 @@ def main() -> None:
                 "before": s["eval_before"]["accuracy"],
                 "after": s["eval_after"]["accuracy"],
                 "sft_steps": s["task"]["sft_steps"],
-                "wall_s": s["wall_seconds"],
+                "sft_s": s["task"]["sft_seconds"],
+                "wall_s": s["task"]["sft_seconds"] + s["wall_seconds"],
             }
         )
-    print("\n| seed | SFT steps | before | after | gain | wall s |\n|---|---|---|---|---|---|")
+    print(
+        "\n| seed | SFT steps | before | after | gain | SFT s | total s |"
+        "\n|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         print(
             f"| {r['seed']} | {r['sft_steps']} | {r['before']:.1%} | {r['after']:.1%} | "
-            f"{r['after'] - r['before']:+.1%} | {r['wall_s']:.0f} |"
+            f"{r['after'] - r['before']:+.1%} | {r['sft_s']:.0f} | {r['wall_s']:.0f} |"
         )
     gains = [r["after"] - r["before"] for r in rows]
     print(f"median gain {statistics.median(gains):+.1%} over seeds {a.seeds}")

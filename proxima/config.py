@@ -45,13 +45,18 @@ class TaskConfig:
     n_train: int = _f(4000, "Number of RL training prompts the task writes.")
     n_eval: int = _f(256, "Number of held-out evaluation prompts (never seen in SFT or RL).")
     n_sft: int = _f(1000, "Number of supervised (prompt, answer) pairs for the SFT warm start.")
-    sft_steps: int = _f(1000, "Most optimizer steps of the SFT warm start (0 skips it).")
+    sft_steps: int = _f(3000, "Most optimizer steps of the SFT warm start (0 skips it).")
     sft_target_accuracy: float = _f(
         0.3,
         "Stop the SFT warm start once greedy accuracy on a "
         "validation split reaches this (0 = run all sft_steps).",
     )
     sft_check_every: int = _f(10, "SFT steps between two validation checks.")
+    sft_smooth_checks: int = _f(
+        3,
+        "The SFT stopping rule compares the mean accuracy of this many last validation "
+        "checks with sft_target_accuracy (1 = a single check, noisy).",
+    )
     sft_lr: float = _f(3e-3, "Learning rate of the SFT warm start.")
     sft_batch_size: int = _f(64, "Batch size of the SFT warm start.")
 

@@ -34,3 +34,10 @@ def dies_on_rank_1(prompts: list[str], responses: list[str], **_: list) -> list[
     if os.environ.get("RANK") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
     return fn(prompts, responses)
+
+
+def copies_first_char(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """0/1 reward: 1 when the response starts with the prompt's first character ("3+4=" ->
+    "3..."). It depends on the prompt, so a constant answer cannot earn it: about 1/10 for
+    a random policy over the 12-character alphabet, 1 once the digit is copied."""
+    return [float(bool(r) and r[0] == p[0]) for p, r in zip(prompts, responses, strict=True)]
