@@ -170,10 +170,9 @@ def save_periodic(trainer, run_dir: str | Path, keep: int, extra: dict | None = 
     do temporary folders of killed writes (`remove_orphans`)."""
     root = Path(run_dir) / "checkpoints"
     folder = save_checkpoint(root / f"iter_{trainer.iteration}", trainer, extra)
-    if getattr(trainer, "is_main", True):
+    if getattr(trainer, "is_main", True):  # the main rank alone touches the files
         remove_orphans(root)
-    if keep > 0 and getattr(trainer, "is_main", True):
-        for old in list_checkpoints(root)[:-keep]:
+        for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old)
     return folder
 

@@ -15,7 +15,7 @@ import os
 import pickle
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -236,32 +236,25 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
-    return (
-        getattr(model, "module", model)
-        if type(model).__name__ == "DistributedDataParallel"
-        else model
-    )
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return model.module if isinstance(model, DDP) else model
 
 
 @contextmanager
 def grad_sync(model: nn.Module, enabled: bool):
     """Gradient all-reduce on this backward or not: only the last backward of a mini-batch
-    synchronises (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`)."""
-    if enabled:
-        yield
-        return
-    if hasattr(model, "no_sync"):
+    synchronises (DDP `no_sync`, FSDP2 `set_requires_gradient_sync`; one process: nothing)."""
+    if not enabled and hasattr(model, "no_sync"):
         with model.no_sync():
             yield
-        return
-    if hasattr(model, "set_requires_gradient_sync"):
+    elif not enabled and hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             model.set_requires_gradient_sync(True)
-        return
-    with nullcontext():
+    else:
         yield
 
 
