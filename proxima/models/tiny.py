@@ -30,7 +30,7 @@ ARCHITECTURES = ("llama", "qwen2", "gpt2", "gpt_neox")
 
 SIZES: dict[str, dict[str, int]] = {
     "nano": {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 128},
-    "tiny": {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 256},
+    "tiny": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 256},
     "small": {"hidden": 128, "layers": 4, "heads": 4, "intermediate": 512},
 }
 
