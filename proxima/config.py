@@ -81,7 +81,17 @@ class ModelConfig:
         "it must share the policy's vocabulary, checked before any model loads) or "
         "critic (a critic saved by proxima).",
     )
-    dtype: str = _f("float32", "Parameter dtype: float32|bfloat16|float16.")
+    dtype: str = _f(
+        "float32",
+        "Parameter dtype: float32|bfloat16|float16 (weights and optimizer state; for speed "
+        "keep float32 and set mixed_precision).",
+    )
+    mixed_precision: str = _f(
+        "no",
+        "no | bf16: bfloat16 autocast for generation (hf engine), scoring, the reward model "
+        "and the updates, with float32 master weights and optimizer state (model.dtype must "
+        "be float32); the frozen reference and reward model are held in bfloat16.",
+    )
     device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
     lora_rank: int = _f(
         0,
@@ -187,6 +197,15 @@ class RolloutConfig:
     )
     micro_batch_size: int = _f(
         64, "Sequences per generation call (hf engine) and per scoring forward pass."
+    )
+    old_logprobs: str = _f(
+        "auto",
+        "PPO's old log-probs: recompute (an actor forward pass over the rollout), engine (the "
+        "engine's own log-probs of the sampled tokens: one forward pass less, numerics of "
+        "generation) or auto (engine where both are the same quantity: hf engine, float32 "
+        "without mixed precision, top_k=0, top_p=1, no rollout correction, and no sampling "
+        "option in the actor's generation_config; else recompute). "
+        "actor/first_logratio_abs shows the gap on the first mini-batch.",
     )
     logprob_diff_warn: float = _f(
         0.05,
@@ -674,6 +693,8 @@ _CHOICES = {
     "model.critic_init": ("actor", "reward_model", "critic"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "rollout.name": ("hf", "vllm"),
+    "rollout.old_logprobs": ("auto", "engine", "recompute"),
+    "model.mixed_precision": ("no", "bf16"),
     "rollout.vllm.dtype": ("auto", "float32", "bfloat16", "float16"),
     "data.overlong_prompts": ("error", "drop", "truncate"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
@@ -860,6 +881,18 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
             "for near-greedy sampling)."
+        )
+    if cfg.model.mixed_precision != "no" and cfg.model.dtype != "float32":
+        raise ConfigError(
+            f"`model.mixed_precision={cfg.model.mixed_precision}` keeps float32 master weights "
+            f"and autocasts the compute; `model.dtype` is {cfg.model.dtype}. Set "
+            "model.dtype=float32 (or mixed_precision=no to train in that dtype)."
+        )
+    if cfg.rollout.old_logprobs == "engine" and cfg.algorithm.rollout_correction:
+        raise ConfigError(
+            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
+            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
+            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
         )
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")

@@ -1,7 +1,8 @@
 """Phase 1b: scoring passes without gradients -> Experience.
 
-Old log-probs (actor, logits / temperature), reference log-probs, critic values and the
-per-token KL estimate of each generated sequence, computed in micro-batches.
+Old log-probs (actor, logits / temperature; or the engine's own, `engine_logprobs_exact`),
+reference log-probs, critic values and the per-token KL estimate of each generated sequence,
+computed in micro-batches.
 """
 
 from __future__ import annotations
@@ -14,6 +15,48 @@ from proxima.algos import kl_full, kl_penalty, logprobs_from_logits
 from proxima.models.forward import response_logits, response_values
 from proxima.rollout.generate import Generation
 from proxima.types import Experience
+
+# generation_config fields that do not change the distribution tokens are sampled from
+_NEUTRAL_GENERATION_FIELDS = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "max_length",
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "use_cache",
+    "transformers_version",
+    "_from_model_config",
+}
+
+
+def engine_logprobs_exact(cfg, actor: torch.nn.Module, engine: str = "hf") -> str:
+    """Why the engine's log-probs of the sampled tokens are NOT the trainer's old log-probs
+    (log-softmax of the actor's logits / temperature, float32), or "" when they are the same
+    quantity: the `hf` engine serves the actor itself, in float32 without autocast, samples
+    with no truncation (top_k=0, top_p=1) and the actor's generation_config adds no logits
+    processor (e.g. suppress_tokens, repetition_penalty). Then they differ only by the
+    KV-cached decode's float rounding (~1e-7), and the scoring forward pass can be skipped.
+    `engine`: the name of the engine that samples."""
+    r = cfg.rollout
+    if engine != "hf":
+        return f"the {engine} engine has its own kernels"
+    if cfg.model.dtype != "float32" or cfg.model.mixed_precision != "no":
+        return "not float32 (the KV-cached decode rounds differently from the forward pass)"
+    if r.top_k or r.top_p < 1.0:
+        return "top_k / top_p renormalise the sampled distribution"
+    if cfg.algorithm.rollout_correction:
+        return "algorithm.rollout_correction compares the two"
+    inner = getattr(actor, "module", actor)  # DDP
+    config = getattr(inner, "generation_config", None)
+    extra = sorted(set(config.to_diff_dict()) - _NEUTRAL_GENERATION_FIELDS) if config else []
+    if extra:
+        return f"the actor's generation_config sets {', '.join(extra)}"
+    return ""
 
 
 @torch.no_grad()
@@ -80,6 +123,7 @@ def build_experience(
     micro_batch_size: int,
     group_ids: torch.Tensor,
     kl_estimator: str = "k1",
+    old_from_engine: bool = False,
 ) -> Experience:
     """Run the scoring passes and pack everything into one Experience.
 
@@ -87,9 +131,15 @@ def build_experience(
     `critic` is None for critic-free estimators. `kl_estimator` names how the per-token
     KL(actor || reference) is estimated: one of `algos.KL_ESTIMATORS` from the two
     log-probs, or `full`, exact over the vocabulary (one more pair of forward passes).
-    The engine's own log-probs (`gen.logprobs`), when present, travel as `rollout_logprobs`.
+    The engine's own log-probs (`gen.logprobs`), when present, travel as `rollout_logprobs`;
+    with `old_from_engine` they are the old log-probs instead (no actor forward pass).
     """
-    old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
+    if old_from_engine:
+        if gen.logprobs is None:
+            raise ValueError("old_from_engine needs the engine's log-probs (logprobs=True)")
+        old = gen.logprobs.float() * gen.response_mask
+    else:
+        old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
     ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
     values = sequence_values(critic, gen, micro_batch_size) if critic is not None else None
     if reference is None:
@@ -98,6 +148,7 @@ def build_experience(
         kl = sequence_kl_full(actor, reference, gen, temperature, micro_batch_size)
     else:
         kl = kl_penalty(old, ref, kl_estimator) * gen.response_mask
+    engine_lp = None if old_from_engine or gen.logprobs is None else gen.logprobs.to(old.device)
     return Experience(
         input_ids=gen.input_ids,
         attention_mask=gen.attention_mask,
@@ -109,5 +160,5 @@ def build_experience(
         stopped=gen.stopped.to(old.device),
         kl=kl,
         group_ids=group_ids,
-        rollout_logprobs=gen.logprobs.to(old.device) if gen.logprobs is not None else None,
+        rollout_logprobs=engine_lp,
     )

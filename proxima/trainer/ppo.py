@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -34,11 +34,11 @@ from proxima.models.saving import export_weights, save_role
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine, build_engine
-from proxima.rollout.score import build_experience
+from proxima.rollout.score import build_experience, engine_logprobs_exact
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.setup import Roles
+from proxima.trainer.setup import Roles, autocast
 from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
 from proxima.types import Experience
 
@@ -145,6 +145,7 @@ class PPOTrainer:
             else build_engine(cfg, roles.actor, roles.tokenizer, device)
         )
         self.timer = PhaseTimer()
+        self.old_from_engine, self.old_logprobs_source = self._old_logprobs_source()
         n_seq = cfg.rollout_batch_size
         self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained
         for name, sec in cfg.trained_roles().items():
@@ -161,15 +162,32 @@ class PPOTrainer:
             else None
         )
 
+    def _old_logprobs_source(self) -> tuple[bool, str]:
+        """(take the engine's log-probs as old log-probs?, a line saying which and why)."""
+        mode = self.cfg.rollout.old_logprobs
+        if mode != "auto":
+            return mode == "engine", f"{mode} (rollout.old_logprobs={mode})"
+        why_not = engine_logprobs_exact(self.cfg, self.roles.actor, self.engine.name)
+        if why_not:
+            return False, f"recompute (an actor forward pass; auto: {why_not})"
+        return True, "engine (the hf engine's own, one forward pass less; auto: exact here)"
+
+    def autocast(self, generation: bool = False):
+        """Mixed-precision context (model.mixed_precision) of forward passes; for generation
+        only around the hf engine (vLLM has its own dtype)."""
+        if generation and self.engine.name != "hf":
+            return nullcontext()
+        return autocast(self.cfg, self.device)
+
     # ------------------------------------------------------------------ one iteration
 
     def step(self) -> tuple[dict[str, float], Rollout]:
         t = self.timer
-        with t("generate"):  # 1. the actor writes responses
+        with t("generate"), self.autocast(generation=True):  # 1. the actor writes responses
             ro = self.dist.agree(self.generate, "generation")
-        with t("reward"):  # 2. the reward model / function scores them (on every rank)
+        with t("reward"), self.autocast():  # 2. the reward model / function scores them
             self.dist.agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
-        with t("score"):  # 3. old / reference log-probs, values, per-token KL
+        with t("score"), self.autocast():  # 3. old / reference log-probs, values, KL
             exp = self.dist.agree(lambda: self.score(ro), "scoring")
         with t("rewards"):
             batch = BatchView.gather(exp, self.dist, len(ro.prompts) // self.cfg.rollout.n)
@@ -177,7 +195,7 @@ class PPOTrainer:
         with t("advantages"):
             self.compute_advantages(batch)  # 5. GAE or a critic-free estimator
             batch.scatter_to(exp, self.dist)
-        with t("update"):
+        with t("update"):  # (autocast per forward pass: run_updates)
             train_stats = self.update(exp)  # 6. PPO epochs over shuffled mini-batches
         with t("sync"):
             self.sync_engine()  # 6b. the rollout engine gets the actor's new weights
@@ -238,6 +256,7 @@ class PPOTrainer:
             micro_batch_size=self.cfg.rollout.micro_batch_size,
             group_ids=ro.group_ids,
             kl_estimator=self.cfg.algorithm.kl_penalty,
+            old_from_engine=self.old_from_engine,
         )
         a = self.cfg.algorithm
         if a.rollout_correction and exp.rollout_logprobs is not None:
@@ -325,6 +344,7 @@ class PPOTrainer:
             extra_loss=extra_loss,
             dist=self.dist,
             target_kl=target_kl,
+            autocast=self.autocast,
         )
         return {f"{role.name}/{k}": v for k, v in stats.items()}
 

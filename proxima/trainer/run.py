@@ -106,20 +106,21 @@ def remove_orphans_near(output_dir: str | Path) -> None:
 def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
     roles = trainer.roles
-    runs = {
-        greedy: evaluate(
-            trainer.synced_engine(),
-            roles.tokenizer,
-            items,
-            roles.reward,
-            cfg.rollout,
-            trainer.device,
-            greedy=greedy,
-            batch_size=cfg.eval.batch_size,
-            dist=trainer.dist,
-        )
-        for greedy in ((True, False) if cfg.eval.sampled else (True,))
-    }
+    with trainer.autocast(generation=True):
+        runs = {
+            greedy: evaluate(
+                trainer.synced_engine(),
+                roles.tokenizer,
+                items,
+                roles.reward,
+                cfg.rollout,
+                trainer.device,
+                greedy=greedy,
+                batch_size=cfg.eval.batch_size,
+                dist=trainer.dist,
+            )
+            for greedy in ((True, False) if cfg.eval.sampled else (True,))
+        }
     res = runs[True]
     if False in runs:
         res["sampled"] = {k: v for k, v in runs[False].items() if k != "samples"}
@@ -187,6 +188,8 @@ def train_ppo(
     if main:
         print("roles:\n" + roles.report())
     trainer = PPOTrainer(cfg, roles, inputs.prompts, device, sft_data=inputs.sft, dist=dist)
+    if main:
+        print(f"old log-probs: {trainer.old_logprobs_source}")
     if resume is not None:
         load_checkpoint(resume, trainer)
         summary["resumed_from"] = str(resume)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,21 @@ from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def frozen_dtype(cfg: Config) -> torch.dtype:
+    """Dtype of the frozen roles (reference, reward model): bfloat16 under mixed precision
+    (autocast computes in it anyway; half the memory), else model.dtype."""
+    return torch.bfloat16 if cfg.model.mixed_precision == "bf16" else _DTYPES[cfg.model.dtype]
+
+
+def autocast(cfg: Config, device: torch.device):
+    """The context of every forward pass (generation with the hf engine, scoring, reward
+    model, updates, evaluation): bfloat16 autocast under model.mixed_precision=bf16, with
+    the weights and optimizer state staying float32; else nothing."""
+    if cfg.model.mixed_precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -80,7 +96,7 @@ def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
     if cfg.reward.function:
         fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
         return FunctionReward(fn, cfg.reward.function)
-    rm = load_reward_model(cfg.reward.model_path, dtype=_DTYPES[cfg.model.dtype], device=device)
+    rm = load_reward_model(cfg.reward.model_path, dtype=frozen_dtype(cfg), device=device)
     return ModelReward(
         rm,
         load_tokenizer(cfg.reward.model_path),
@@ -266,7 +282,7 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     elif needs_ref:
         reference = load_causal_lm(
             cfg.model.reference_path or cfg.model.actor_path,
-            dtype=dtype,
+            dtype=frozen_dtype(cfg),
             device=device,
             trainable=False,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -28,6 +29,8 @@ from proxima.models.forward import response_logits, response_values
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience
+
+FIRST_STATS = ("logratio_abs",)  # also reported for the first mini-batch alone
 
 
 def micro_weight(
@@ -128,6 +131,10 @@ def actor_micro_loss(
     )
     stats = {k: float(v) for k, v in stats.items()}
     stats["pg_loss"] = float(loss.detach())
+    # |log pi - log pi_old|: on the first mini-batch, before any step, this is the gap
+    # between the old log-probs (recomputed, or the engine's) and the training forward
+    gap = (logprobs.detach() - mb.old_logprobs).abs()
+    stats["logratio_abs"] = float(masked_mean(gap, mb.response_mask))
     # the entropy is only built into the graph when it is part of the loss
     with torch.set_grad_enabled(bool(cfg.entropy_coef) and torch.is_grad_enabled()):
         entropy = entropy_from_logits(logits)
@@ -170,6 +177,7 @@ def run_updates(
     extra_loss: Callable[[], torch.Tensor] | None = None,
     target_kl: float = 0.0,
     dist: Dist | None = None,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> dict[str, float]:
     """Epochs x shuffled mini-batches of `role` (sizes from its config section: the mini-
     batch is global, this process takes its share); each mini-batch one optimizer step.
@@ -180,11 +188,16 @@ def run_updates(
     of a finished epoch (over all processes) exceeds it, the remaining epochs are skipped
     (Stable-Baselines3's and OpenRLHF's target_kl; "The 37 Implementation Details of PPO",
     https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/). The stats add
-    `optimizer_steps` (steps taken) and, with a target, `early_stopped` (1 when epochs were
-    skipped)."""
+    `optimizer_steps` (steps taken), `first_<stat>` for the `FIRST_STATS` of the first
+    mini-batch (before any step: the actor's `first_logratio_abs` must be ~0) and, with a
+    target, `early_stopped` (1 when epochs were skipped).
+
+    `autocast()` (mixed precision) wraps each forward pass and loss only: backward and the
+    optimizer step run outside it, because autocast caches its low-precision copies of the
+    weights while its context is open, and a step inside would leave them stale."""
     dist = dist or Dist()
     sec, world = role.cfg, dist.world_size
-    acc = StatsAccumulator()
+    acc, first = StatsAccumulator(), StatsAccumulator()
     role.model.train()
     skipped = steps = 0
     stopped = False
@@ -196,14 +209,18 @@ def run_updates(
             micros = mini.split(sec.ppo_micro_batch_size)
             for i, micro in enumerate(micros):
                 last = extra_loss is None and i == len(micros) - 1
-                loss, stats = micro_loss(micro)
+                with autocast():
+                    loss, stats = micro_loss(micro)
                 w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
                 with grad_sync(role.model, last):
                     (loss * w).backward()
                 acc.add(stats, w)
+                if steps == 0:
+                    first.add({f"first_{k}": stats[k] for k in FIRST_STATS if k in stats}, w)
                 epoch_kl.add({k: v for k, v in stats.items() if k == "approx_kl"}, w)
             if extra_loss is not None:
-                extra = extra_loss()
+                with autocast():
+                    extra = extra_loss()
                 extra.backward()
                 acc.add({"ptx_loss": float(extra.detach())})
             norm, ok = role.step()
@@ -214,7 +231,7 @@ def run_updates(
         if target_kl > 0 and epoch + 1 < sec.ppo_epochs and kl > target_kl:
             stopped = True
             break
-    out = acc.means(dist)
+    out = {**acc.means(dist), **first.means(dist)}
     out["skipped_steps"] = float(skipped)
     out["optimizer_steps"] = float(steps)
     if target_kl > 0:

@@ -1,0 +1,231 @@
+"""Where PPO's old log-probs come from (rollout.old_logprobs) and bfloat16 mixed precision
+(model.mixed_precision): the engine's log-probs replace the scoring forward pass only where
+they are the same quantity, and mixed precision computes in bfloat16 while the trained
+weights and their optimizer state stay float32. Nano models, a few seconds in all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxima.config import ConfigError, load_config
+from proxima.models import init_model, load_causal_lm
+from proxima.rollout.score import build_experience, engine_logprobs_exact
+from proxima.trainer.ppo import PPOTrainer
+from proxima.trainer.setup import load_prompts, load_roles
+
+REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("precision")
+    model = init_model(root / "m", "llama", "nano", alphabet="0123456789+=", max_positions=32)
+    prompts = [{"prompt": f"{a}+{b}="} for a in range(10) for b in range(2)]
+    (root / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    return {"model": model, "prompts": root / "p.jsonl"}
+
+
+def make_trainer(files, *extra: str) -> PPOTrainer:
+    cfg = load_config(
+        None,
+        [
+            f"model.actor_path={files['model']}",
+            "model.device=cpu",
+            f"data.train_path={files['prompts']}",
+            "data.train_batch_size=8",
+            f"reward.function={REWARD}:fn",
+            "rollout.max_response_length=6",
+            "rollout.temperature=0.7",
+            "actor.ppo_mini_batch_size=8",
+            "actor.ppo_micro_batch_size=4",
+            "actor.optim.lr=1e-3",
+            "critic.ppo_mini_batch_size=8",
+            "critic.ppo_micro_batch_size=4",
+            "critic.warmup_iterations=0",
+            "trainer.iterations=3",
+            *extra,
+        ],
+    )
+    cpu = torch.device("cpu")
+    roles = load_roles(cfg, cpu)
+    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), cpu)
+
+
+def _experience(trainer: PPOTrainer, ro, old_from_engine: bool):
+    r = trainer.roles
+    return build_experience(
+        ro.gen,
+        actor=r.actor,
+        reference=r.reference,
+        critic=r.critic,
+        scores=torch.zeros(len(ro.prompts)),
+        temperature=trainer.cfg.rollout.temperature,
+        micro_batch_size=3,
+        group_ids=ro.group_ids,
+        old_from_engine=old_from_engine,
+    )
+
+
+def test_auto_takes_the_engines_logprobs_in_float32_and_skips_the_actor_pass(files):
+    trainer = make_trainer(files)
+    assert trainer.old_from_engine and trainer.old_logprobs_source.startswith("engine")
+    torch.manual_seed(0)
+    ro = trainer.generate()
+    calls = []
+    hook = trainer.roles.actor.register_forward_hook(lambda *a: calls.append(1))
+    reused = _experience(trainer, ro, old_from_engine=True)
+    assert calls == []  # no actor forward pass
+    recomputed = _experience(trainer, ro, old_from_engine=False)
+    hook.remove()
+    assert calls  # the recompute path does run the actor
+    mask = ro.gen.response_mask.bool()
+    assert mask.sum() > 10
+    # the same quantity: only the KV-cached decode's rounding differs
+    torch.testing.assert_close(reused.old_logprobs, recomputed.old_logprobs, atol=1e-5, rtol=0)
+    assert (reused.old_logprobs[~mask] == 0).all()
+    # the KL penalty follows the old log-probs it was given
+    torch.testing.assert_close(reused.kl, recomputed.kl, atol=1e-5, rtol=0)
+    # the trust metric compares engine and trainer: meaningless once they are the same
+    assert reused.rollout_logprobs is None and recomputed.rollout_logprobs is not None
+
+
+@pytest.mark.parametrize("mode", ["auto", "recompute"])
+def test_first_minibatch_logratio_is_zero_before_any_step(files, mode):
+    trainer = make_trainer(files, f"rollout.old_logprobs={mode}")
+    torch.manual_seed(1)
+    metrics, _ = trainer.step()
+    assert 0 <= metrics["actor/first_logratio_abs"] < 1e-5
+    # after the first optimizer step (lr 1e-3) the mean over all mini-batches moves away
+    assert metrics["actor/logratio_abs"] >= metrics["actor/first_logratio_abs"]
+
+
+def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
+    """A stale or mismatched behaviour policy is visible: the engine samples from weights
+    the trainer no longer has."""
+    trainer = make_trainer(files, "rollout.old_logprobs=engine")
+    torch.manual_seed(2)
+    ro = trainer.generate()
+    with torch.no_grad():  # the actor changes after the rollout, before the update
+        for p in trainer.roles.actor.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    exp = _experience(trainer, ro, old_from_engine=True)
+    from proxima.trainer.update import actor_micro_loss
+
+    exp.advantages = torch.zeros_like(exp.old_logprobs)
+    _, stats = actor_micro_loss(trainer.roles.actor, exp, trainer.cfg.actor, 0.7)
+    assert stats["logratio_abs"] > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ("rollout.top_k=5", "top_k"),
+        ("rollout.top_p=0.9", "top_p"),
+        ("model.mixed_precision=bf16", "float32"),
+        ("algorithm.rollout_correction=token", "rollout_correction"),
+    ],
+)
+def test_auto_recomputes_where_the_engine_samples_another_distribution(files, override, reason):
+    trainer = make_trainer(files, override)
+    assert not trainer.old_from_engine
+    assert reason in trainer.old_logprobs_source
+
+
+def test_auto_recomputes_when_the_generation_config_changes_the_sampler(files):
+    trainer = make_trainer(files)
+    actor = load_causal_lm(files["model"])
+    assert engine_logprobs_exact(trainer.cfg, actor) == ""
+    actor.generation_config.suppress_tokens = [2]
+    assert "suppress_tokens" in engine_logprobs_exact(trainer.cfg, actor)
+
+
+def test_bf16_mixed_precision_computes_in_bf16_with_float32_master_weights(files):
+    fp32 = make_trainer(files, "rollout.old_logprobs=recompute")
+    mixed = make_trainer(files, "model.mixed_precision=bf16")
+    assert not mixed.old_from_engine  # auto: bf16 decode and forward pass round differently
+    assert next(mixed.roles.reference.parameters()).dtype == torch.bfloat16
+    torch.manual_seed(3)
+    ro = fp32.generate()
+    with mixed.autocast():
+        low = _experience(mixed, ro, old_from_engine=False)
+    high = _experience(fp32, ro, old_from_engine=False)
+    assert low.old_logprobs.dtype == torch.float32
+    assert not torch.equal(low.old_logprobs, high.old_logprobs)  # autocast did compute in bf16
+    torch.testing.assert_close(low.old_logprobs, high.old_logprobs, atol=0.1, rtol=0)
+    torch.testing.assert_close(low.values, high.values, atol=0.1, rtol=0)
+
+    actor = mixed.trained["actor"]
+    before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
+    for _ in range(2):
+        metrics, _ = mixed.step()
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    for name, p in actor.model.named_parameters():
+        assert p.dtype == torch.float32, name
+        for state in actor.optimizer.state[p].values():
+            assert not torch.is_floating_point(state) or state.dtype == torch.float32
+    moved = sum(not torch.equal(before[n], p) for n, p in actor.model.named_parameters())
+    assert moved == len(before)  # lr 1e-3 in float32: every tensor changes
+
+
+def test_precision_options_are_checked(files):
+    with pytest.raises(ConfigError, match="model.dtype=float32"):
+        load_config(None, ["model.mixed_precision=bf16", "model.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="rollout_correction"):
+        load_config(None, ["rollout.old_logprobs=engine", "algorithm.rollout_correction=token"])
+    with pytest.raises(ConfigError, match="rollout.old_logprobs"):
+        load_config(None, ["rollout.old_logprobs=cached"])
+
+
+def test_bf16_updates_see_the_weights_of_the_previous_optimizer_step(files):
+    """autocast caches its bfloat16 copies of the weights while its context is open; a
+    forward pass after an optimizer step in the same context would use the old weights.
+    The second mini-batch's forward must equal a fresh autocast forward of the weights after
+    the first step."""
+    trainer = make_trainer(
+        files,
+        "model.mixed_precision=bf16",
+        "critic.ppo_mini_batch_size=4",
+        "critic.ppo_micro_batch_size=4",
+    )
+    critic = trainer.trained["critic"]
+    calls, snapshots = [], []
+    critic.model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append((kwargs, out.logits.detach().clone())),
+        with_kwargs=True,
+    )
+    critic.optimizer.register_step_post_hook(
+        lambda *a: snapshots.append({k: v.clone() for k, v in critic.model.state_dict().items()})
+    )
+    torch.manual_seed(4)
+    trainer.step()
+    assert len(calls) == 3  # scoring, mini-batch 1, mini-batch 2 (after the first step)
+    kwargs, seen = calls[2]
+    fresh = load_critic_like(critic.model, snapshots[0])
+    with trainer.autocast(), torch.no_grad():
+        expected = fresh(**kwargs).logits
+    torch.testing.assert_close(seen, expected, atol=0, rtol=0)
+
+
+def load_critic_like(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+    import copy
+
+    clone = copy.deepcopy(model)
+    clone.load_state_dict(state)
+    return clone
+
+
+def test_auto_recomputes_for_another_engine(files):
+    trainer = make_trainer(files)
+    assert "vllm engine" in engine_logprobs_exact(trainer.cfg, trainer.roles.actor, "vllm")
