@@ -157,8 +157,6 @@ def _prompts(tok, words: list[str], rng: random.Random, n: int) -> list[dict]:
 
 def build_assets(root: Path, names: list[str]) -> dict:
     """Tokenizer, prompt file and, per workload, the actor and reward-model folders."""
-    import torch
-
     from proxima.models.loading import quiet_transformers
     from proxima.models.tiny import build_tiny_model, build_tiny_reward_model
     from proxima.models.tokenizers import build_bpe_tokenizer
@@ -198,7 +196,6 @@ def build_assets(root: Path, names: list[str]) -> dict:
         assert counts["actor"] == llama_params(w, len(tok)), (counts, llama_params(w, len(tok)))
         info["workloads"][name] = {**{k: str(v) for k, v in folders.items()}, "params": counts}
         del actor, rm
-    torch.set_num_threads(1)
     return info
 
 
@@ -253,7 +250,9 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
     cfg = load_config(None, base + spec["overrides"])
     cpu = torch.device("cpu")
     roles = load_roles(cfg, cpu)
-    trainer = PPOTrainer(cfg, roles, load_prompts(cfg, spec["prompt_file"], roles.tokenizer), cpu)
+    prompts = load_prompts(cfg, spec["prompt_file"], roles.tokenizer)
+    assert all(len(prompts[i].ids) == PROMPT_LEN for i in range(len(prompts)))
+    trainer = PPOTrainer(cfg, roles, prompts, cpu)
     records = []
     for _ in range(iterations):
         start = time.perf_counter()
@@ -330,12 +329,11 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
 
     PPOConfig, PPOTrainer = _import_trl_ppo()
     bf16 = spec["precision"] == "best"
-    if bf16:
-        # TRL 1.12's PPOTrainer builds its own `Accelerator(gradient_accumulation_steps=...)`,
-        # and transformers 5 no longer exports `bf16=True` to accelerate's environment, so the
-        # flag alone trains in fp32 (checked: `accelerator.mixed_precision` is "no"). This is
-        # what `accelerate launch --mixed_precision bf16` sets; the cell reports the mode used.
-        os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16"
+    # TRL 1.12's PPOTrainer builds its own `Accelerator(gradient_accumulation_steps=...)`, and
+    # transformers 5 no longer exports `bf16=True` to accelerate's environment, so the flag alone
+    # trains in fp32 (checked: `accelerator.mixed_precision` is "no"). The environment variable
+    # is what `accelerate launch --mixed_precision bf16` sets; the cell reports the mode used.
+    os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if bf16 else "no"
     tok = AutoTokenizer.from_pretrained(a["actor"])
     args = PPOConfig(
         output_dir=str(workdir / "trl_out"),
@@ -844,6 +842,8 @@ def main() -> None:
                 f"{prm['actor'] / 1e6:.2f} M, reward model {prm['reward'] / 1e6:.2f} M",
                 flush=True,
             )
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         out = open(args.out, "w") if args.out else None  # noqa: SIM115 - closed below
         results: dict[tuple, list[dict]] = {}
         try:
