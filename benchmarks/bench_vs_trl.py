@@ -1,23 +1,32 @@
-"""Seconds per PPO iteration: proxima's `PPOTrainer.step()` against TRL's PPOTrainer.
+"""Seconds per PPO iteration: proxima against TRL 1.12's PPOTrainer and the eager compute floor.
 
-    .venv-trl/bin/python benchmarks/bench_vs_trl.py --repeats 5
+    .venv-trl/bin/python benchmarks/bench_vs_trl.py --out runs/bench_vs_trl.jsonl
 
-Needs a virtualenv with both proxima and TRL (a TRL release that still ships PPO, i.e. < 1.13;
-see benchmarks/README.md). Nothing is downloaded: the policy, its character tokenizer and the
-reward model are built locally, once, and both frameworks load the same folders.
+Runs the matrix of issue 12 with one command: for each workload (--workloads, default W1 W2) x
+PPO epochs (--epochs, default 1 4) x precision (fp32 and each system's best), three systems:
 
-Shape of one iteration, identical on both sides: 64 two-digit addition prompts ("37+48=",
-6 tokens each) x 1 sample, at most 8 response tokens at temperature 1.0 (a response ends at EOS,
-as in proxima), 1 PPO epoch, one mini-batch of 64 = one micro-batch of 64 (one optimizer step
-per trained model), fp32, CPU, 2 torch threads, no evaluation, no saving, no logging sink.
-Critic: initialised from the reward model on both sides (TRL's documented setup passes the
-reward model folder as `value_model`).
+- trl: TRL 1.12's `PPOTrainer.train()`; fp32, and `bf16=True` (accelerate autocast, training only).
+- proxima: `PPOTrainer.step()` with `model.dtype=float32` plus `--proxima-fp32`, or the overrides
+  of `--proxima-best` for its best precision.
+- floor: the same math in plain torch + transformers, no framework: one KV-cached `generate`
+  (old log-probs from its own scores), the reference / critic / reward forwards, then per epoch
+  and mini-batch an actor and a critic forward + backward + AdamW step; fp32, and bf16 autocast
+  with fp32 weights for the best cell.
 
-Timing: proxima times `trainer.step()`; TRL has only `train()`, so a callback records the wall
-clock at every `on_step_end` and one iteration is the gap between two consecutive calls. Each
-framework runs `--rounds` blocks in ABBA order (proxima, TRL, TRL, proxima, ...), each block a
-fresh trainer doing 1 warm-up iteration (dropped) + `--repeats` timed ones. Reported: the median
-over all timed iterations of a framework.
+Workloads (identical for every system: one locally built byte-level BPE tokenizer, the same
+prompt file and the same model folders): four separate Llama models (actor, reference = actor
+weights, critic initialised from the reward model, reward model), prompts of exactly 16 tokens,
+exactly `response` sampled tokens (temperature 0.7, top-k/top-p off, EOS and pad suppressed
+through the actor folder's generation_config.json), 4 mini-batches (one optimizer step each for
+actor and critic per mini-batch and epoch), lr 3e-6, no gradient clipping, CPU.
+
+Every cell runs in a fresh subprocess (so its peak RSS is its own), builds its trainer, runs one
+warm-up iteration (dropped) and --repeats timed ones, and prints one JSON line. Within each
+(workload, epochs, precision) group the systems alternate in ABBA order over --rounds (and the
+order flips from one group to the next). A markdown summary follows the JSON lines.
+
+Needs a virtualenv with TRL 1.12 and proxima importable (see benchmarks/README.md). Nothing is
+downloaded. Run it on a quiet machine: 2 threads on 2 busy cores slow every system 10-20x.
 """
 
 from __future__ import annotations
@@ -27,114 +36,252 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+REPO = Path(__file__).resolve().parents[1]
+MARK = "@@cell "  # prefix of the one result line a child prints on stdout
 
-PROMPTS = 64  # prompts per iteration (x 1 sample)
-RESPONSE = 8  # most new tokens per response
-N_PROMPTS = 300  # size of the prompt file both frameworks sample from
+PROMPT_LEN = 16  # tokens per prompt, exactly
+VOCAB = 1024  # byte-level BPE vocabulary
+N_PROMPTS_FILE = 256  # prompts in the file every system samples its batches from
+MINI_BATCHES = 4
+TEMPERATURE = 0.7
+LR = 3e-6
+KL_COEF = 0.05
+SEED = 42
+SYSTEMS = ("trl", "proxima", "floor")
 
 
-# ---------------------------------------------------------------------------- shared models
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    prompts: int  # prompts per iteration (1 sample each)
+    response: int  # sampled tokens per response, exactly
+    # rough seconds per iteration of TRL fp32 on a quiet 2-core machine (issue 12), only for
+    # the time estimate printed before the run: rollout (generate + score), train per epoch
+    est_rollout: float
+    est_train: float
+
+    @property
+    def mini_batch(self) -> int:
+        return self.prompts // MINI_BATCHES
 
 
-def build_assets(root: Path) -> tuple[Path, Path, Path]:
-    """Policy folder, reward-model folder and prompt file (JSONL), built with proxima."""
-    from proxima.models import build_tiny_reward_model, init_model, load_tokenizer
+WORKLOADS = {
+    "W1": Workload("W1", 256, 4, 4, 1024, 64, 48, est_rollout=1.2, est_train=1.2),
+    "W2": Workload("W2", 512, 8, 8, 2048, 64, 48, est_rollout=6.0, est_train=7.1),
+    "smoke": Workload("smoke", 64, 2, 2, 256, 8, 8, est_rollout=0.05, est_train=0.05),
+}
 
-    policy = init_model(
-        root / "policy", arch="llama", size="tiny", alphabet="0123456789+=", max_positions=64
-    )
-    tok = load_tokenizer(policy)
-    rm = build_tiny_reward_model("llama", tok, size="tiny", seed=1, max_positions=64)
-    rm_dir = root / "reward"
-    rm.save_pretrained(rm_dir)
-    tok.save_pretrained(rm_dir)
+
+def llama_params(w: Workload, vocab: int = VOCAB, lm_head: bool = True) -> int:
+    """Parameters of a Llama with untied embeddings (lm_head=False: a 1-label score head)."""
+    attn = 4 * w.hidden * w.hidden  # q, k, v, o without bias (as many KV heads as heads)
+    mlp = 3 * w.hidden * w.intermediate
+    layer = attn + mlp + 2 * w.hidden  # two RMSNorm weights
+    head = vocab * w.hidden if lm_head else w.hidden
+    return vocab * w.hidden + w.layers * layer + w.hidden + head
+
+
+def maxrss_gb() -> float:
+    """Peak resident set size of this process, decimal GB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def vmhwm_gb() -> float | None:
+    """The same from /proc (the high-water mark of this address space only)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return None
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    out["transformers"] = transformers.__version__
+    for name in ("trl", "accelerate"):
+        try:
+            out[name] = __import__(name).__version__
+        except ImportError:
+            out[name] = "not installed"
+    return out
+
+
+# ---------------------------------------------------------------------------- assets
+
+
+def _corpus(path: Path, rng: random.Random) -> list[str]:
+    """Pseudo-words (a Zipf-like frequency) written as lines of text; returns the words."""
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "ch", "sh", "qu"]
+    words = sorted({"".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(3000)})
+    rng.shuffle(words)
+    weights = [1.0 / (i + 1) for i in range(len(words))]
+    with path.open("w") as f:
+        for _ in range(6000):
+            f.write(" ".join(rng.choices(words, weights, k=rng.randint(6, 18))) + ".\n")
+    return words
+
+
+def _prompts(tok, words: list[str], rng: random.Random, n: int) -> list[dict]:
+    """`n` texts that each tokenize (proxima's rule: no special tokens) to PROMPT_LEN ids."""
+    from proxima.data.prompts import tokenize_text
+
+    out = []
+    while len(out) < n:
+        text = rng.choice(words)
+        while len(tokenize_text(text, tok)) < PROMPT_LEN:
+            text += " " + rng.choice(words)
+        ids = tokenize_text(text, tok)
+        if len(ids) == PROMPT_LEN:
+            out.append({"prompt": text, "ids": ids})
+    return out
+
+
+def build_assets(root: Path, names: list[str]) -> dict:
+    """Tokenizer, prompt file and, per workload, the actor and reward-model folders."""
+    from proxima.models.loading import quiet_transformers
+    from proxima.models.tiny import build_tiny_model, build_tiny_reward_model
+    from proxima.models.tokenizers import build_bpe_tokenizer
+
+    root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
+    words = _corpus(root / "corpus.txt", rng)
+    tok = build_bpe_tokenizer(root / "corpus.txt", VOCAB)
+    tok.model_max_length = 256
     prompts = root / "prompts.jsonl"
     with prompts.open("w") as f:
-        for _ in range(N_PROMPTS):
-            a, b = rng.randint(10, 99), rng.randint(10, 99)
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n")
-    return policy, rm_dir, prompts
+        for rec in _prompts(tok, words, rng, N_PROMPTS_FILE):
+            f.write(json.dumps(rec) + "\n")
+    info: dict = {"vocab": len(tok), "prompt_file": str(prompts), "workloads": {}}
+    for name in names:
+        w = WORKLOADS[name]
+        dims = {
+            "hidden_size": w.hidden,
+            "num_hidden_layers": w.layers,
+            "num_attention_heads": w.heads,
+            "num_key_value_heads": w.heads,
+            "intermediate_size": w.intermediate,
+        }
+        actor = build_tiny_model("llama", tok, "tiny", max_positions=256, seed=0, **dims)
+        # both systems sample exactly w.response tokens: EOS (and pad, which TRL would read as
+        # the end of a response) can never be drawn
+        actor.generation_config.suppress_tokens = [tok.eos_token_id, tok.pad_token_id]
+        rm = build_tiny_reward_model("llama", tok, "tiny", seed=1, max_positions=256, **dims)
+        folders = {"actor": root / name / "actor", "reward": root / name / "reward"}
+        with quiet_transformers():
+            for model, key in ((actor, "actor"), (rm, "reward")):
+                model.save_pretrained(folders[key])
+                tok.save_pretrained(folders[key])
+        counts = {
+            k: sum(p.numel() for p in m.parameters()) for k, m in (("actor", actor), ("reward", rm))
+        }
+        assert counts["actor"] == llama_params(w, len(tok)), (counts, llama_params(w, len(tok)))
+        info["workloads"][name] = {**{k: str(v) for k, v in folders.items()}, "params": counts}
+        del actor, rm
+    return info
 
 
-def response_tokens(response_ids: torch.Tensor, eos_id: int) -> int:
-    """Tokens of [B, R] responses up to and including the first EOS (proxima's rule)."""
-    from proxima.rollout.generate import response_mask_after_stop
-
-    mask, _ = response_mask_after_stop(response_ids, [eos_id])
-    return int(mask.sum())
+def load_prompt_ids(path: str) -> list[list[int]]:
+    return [json.loads(line)["ids"] for line in Path(path).read_text().splitlines()]
 
 
 # ---------------------------------------------------------------------------- proxima
 
 
-def bench_proxima(policy: Path, rm: Path, prompts: Path, iterations: int) -> dict:
-    """Per-iteration seconds, response tokens and phase seconds of proxima's PPO step."""
+def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list[dict]:
+    import torch
+
     from proxima.config import load_config
     from proxima.trainer.ppo import PPOTrainer
     from proxima.trainer.setup import load_prompts, load_roles
 
+    mb = w.mini_batch
+    base = [
+        f"model.actor_path={a['actor']}",
+        f"reward.model_path={a['reward']}",
+        "model.critic_init=reward_model",
+        "model.dtype=float32",
+        "model.device=cpu",
+        f"data.train_path={spec['prompt_file']}",
+        f"data.train_batch_size={w.prompts}",
+        f"data.max_prompt_length={PROMPT_LEN}",
+        "rollout.n=1",
+        f"rollout.max_response_length={w.response}",
+        f"rollout.temperature={TEMPERATURE}",
+        "rollout.top_k=0",
+        "rollout.top_p=1.0",
+        f"rollout.micro_batch_size={w.prompts}",
+        f"reward.batch_size={w.prompts}",
+        "algorithm.adv_estimator=gae",
+        f"algorithm.kl_ctrl.kl_coef={KL_COEF}",
+        f"trainer.iterations={iterations}",
+        f"trainer.seed={SEED}",
+        f"trainer.threads={spec['threads']}",
+        f"trainer.output_dir={workdir / 'proxima'}",
+        "trainer.tensorboard=false",
+        "trainer.save_every_minutes=0",
+    ]
+    for role in ("actor", "critic"):
+        base += [
+            f"{role}.ppo_epochs={spec['epochs']}",
+            f"{role}.ppo_mini_batch_size={mb}",
+            f"{role}.ppo_micro_batch_size={mb}",
+            f"{role}.optim.lr={LR}",
+            f"{role}.optim.grad_clip=0",  # TRL's PPO loop does not clip gradients
+        ]
+    cfg = load_config(None, base + spec["overrides"])
     cpu = torch.device("cpu")
-    cfg = load_config(
-        None,
-        [
-            f"model.actor_path={policy}",
-            f"reward.model_path={rm}",
-            "model.critic_init=reward_model",
-            "model.dtype=float32",
-            "model.device=cpu",
-            f"data.train_path={prompts}",
-            f"data.train_batch_size={PROMPTS}",
-            "rollout.n=1",
-            f"rollout.max_response_length={RESPONSE}",
-            "rollout.temperature=1.0",
-            f"rollout.micro_batch_size={PROMPTS}",
-            f"reward.batch_size={PROMPTS}",
-            "algorithm.adv_estimator=gae",
-            "algorithm.kl_ctrl.kl_coef=0.05",
-            "actor.ppo_epochs=1",
-            "critic.ppo_epochs=1",
-            f"actor.ppo_mini_batch_size={PROMPTS}",
-            f"critic.ppo_mini_batch_size={PROMPTS}",
-            f"actor.ppo_micro_batch_size={PROMPTS}",
-            f"critic.ppo_micro_batch_size={PROMPTS}",
-            # TRL's PPO loop does not clip gradients; neither does proxima here
-            "actor.optim.grad_clip=0",
-            "critic.optim.grad_clip=0",
-            "actor.optim.lr=3e-6",
-            "critic.optim.lr=3e-6",
-            f"trainer.iterations={iterations}",
-            "trainer.tensorboard=false",
-        ],
-    )
     roles = load_roles(cfg, cpu)
-    trainer = PPOTrainer(cfg, roles, load_prompts(cfg, str(prompts), roles.tokenizer), cpu)
-    eos = roles.tokenizer.eos_token_id
-    seconds, tokens, widths, phases = [], [], [], {}
+    prompts = load_prompts(cfg, spec["prompt_file"], roles.tokenizer)
+    assert all(len(prompts[i].ids) == PROMPT_LEN for i in range(len(prompts)))
+    trainer = PPOTrainer(cfg, roles, prompts, cpu)
+    records = []
     for _ in range(iterations):
         start = time.perf_counter()
-        _, ro = trainer.step()
-        seconds.append(time.perf_counter() - start)
-        tokens.append(response_tokens(ro.gen.response_ids, eos))
-        widths.append(ro.gen.response_mask.shape[1])
-        for k, v in trainer.timer.last.items():
-            phases.setdefault(k, []).append(v)
-    return {"seconds": seconds, "tokens": tokens, "widths": widths, "phases": phases}
+        metrics, ro = trainer.step()
+        sec = time.perf_counter() - start
+        last = dict(trainer.timer.last)
+        gen = last.get("generate", 0.0)
+        score = last.get("reward", 0.0) + last.get("score", 0.0)
+        train = last.get("update", 0.0)
+        records.append(
+            {
+                "seconds": sec,
+                "phases": {"gen": gen, "score": score, "train": train},
+                "detail": last,
+                "tokens": int(ro.gen.response_mask.sum()),
+                "steps": {
+                    k: int(metrics.get(f"{k}/optimizer_steps", 0)) for k in ("actor", "critic")
+                },
+                "logprob_diff_mean": metrics.get("rollout/logprob_diff_mean"),
+            }
+        )
+    return records
 
 
 # ---------------------------------------------------------------------------- TRL
 
 
 def _import_trl_ppo():
-    """TRL's PPOTrainer/PPOConfig: top level in older releases, `trl.experimental.ppo` later."""
+    """TRL's PPOTrainer/PPOConfig: `trl.experimental.ppo` in 1.x, top level in older releases."""
     try:
         from trl.experimental.ppo import PPOConfig, PPOTrainer
     except ImportError:
@@ -142,46 +289,36 @@ def _import_trl_ppo():
     return PPOConfig, PPOTrainer
 
 
-def _trl_dataset(prompts: Path, tokenizer):
-    """The prompt file as TRL expects it: one `input_ids` column, tokenized as proxima does."""
-    from datasets import Dataset
+class _TimedGC:
+    """Stands in for the `gc` module inside TRL's PPO module: still collects, and times it."""
 
-    from proxima.data.prompts import tokenize_text
+    def __init__(self, real, sink) -> None:
+        self.real, self.sink = real, sink
 
-    rows = [json.loads(line) for line in prompts.read_text().splitlines()]
-    return Dataset.from_dict({"input_ids": [tokenize_text(r["prompt"], tokenizer) for r in rows]})
+    def collect(self, *args, **kwargs) -> int:
+        start = time.perf_counter()
+        n = self.real.collect(*args, **kwargs)
+        self.sink(start, time.perf_counter() - start)
+        return n
 
-
-def _record_generate(policy, eos_id: int, tokens: list[int], widths: list[int]) -> None:
-    """Wrap `policy.generate` (an instance attribute, no TRL code touched) to count tokens."""
-    original = policy.generate
-
-    def generate(*args, **kwargs):
-        out = original(*args, **kwargs)
-        response = out.sequences[:, kwargs["input_ids"].shape[1] :]
-        tokens.append(response_tokens(response, eos_id))
-        widths.append(response.shape[1])
-        return out
-
-    policy.generate = generate
+    def __getattr__(self, name):
+        return getattr(self.real, name)
 
 
-class _NoGC:
-    """Stands in for the `gc` module inside TRL's PPO module (diagnostic run only)."""
+def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list[dict]:
+    """TRL's train() for `iterations` iterations, timed from outside (no TRL code changed).
 
-    @staticmethod
-    def collect(*args, **kwargs) -> int:
-        return 0
-
-
-def bench_trl(
-    policy: Path, rm: Path, prompts: Path, iterations: int, workdir: Path, skip_gc: bool = False
-) -> dict:
-    """Per-iteration seconds and response tokens of TRL's PPOTrainer.train().
-
-    skip_gc: replace the two full `gc.collect()` calls TRL's loop makes per iteration by a
-    no-op (a diagnostic that isolates the rest of the loop; TRL as shipped keeps them).
+    One iteration = the gap between two consecutive `on_step_end` callbacks (the first one
+    starts at `on_train_begin`); inside it: `gen` = the policy's `generate` (wrapped instance
+    attribute), `train` = from the first gradient-enabled `forward` of the PPO epochs to the end
+    of the last `optimizer.step()`, `gc` = TRL's two `gc.collect()` calls (one in the rollout,
+    one after the previous `on_step_end`), `score` = from the end of `generate` to the start of
+    training, less the gc inside it (log-probs from the generation scores, reference forward,
+    value forward, reward forward, rewards and GAE; the forwards alone are `score_forwards`).
+    The rest (data loading, metrics with their `.item()` calls, logging, scheduler) is `other`.
     """
+    import torch
+    from datasets import Dataset
     from transformers import (
         AutoModelForCausalLM,
         AutoModelForSequenceClassification,
@@ -191,22 +328,27 @@ def bench_trl(
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     PPOConfig, PPOTrainer = _import_trl_ppo()
-    tok = AutoTokenizer.from_pretrained(policy)
+    bf16 = spec["precision"] == "best"
+    # TRL 1.12's PPOTrainer builds its own `Accelerator(gradient_accumulation_steps=...)`, and
+    # transformers 5 no longer exports `bf16=True` to accelerate's environment, so the flag alone
+    # trains in fp32 (checked: `accelerator.mixed_precision` is "no"). The environment variable
+    # is what `accelerate launch --mixed_precision bf16` sets; the cell reports the mode used.
+    os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if bf16 else "no"
+    tok = AutoTokenizer.from_pretrained(a["actor"])
     args = PPOConfig(
         output_dir=str(workdir / "trl_out"),
-        per_device_train_batch_size=PROMPTS,
+        per_device_train_batch_size=w.prompts,
         gradient_accumulation_steps=1,
-        num_mini_batches=1,
-        local_rollout_forward_batch_size=PROMPTS,
-        num_ppo_epochs=1,
-        response_length=RESPONSE,
-        stop_token="eos",
-        temperature=1.0,
-        total_episodes=PROMPTS * iterations,
-        kl_coef=0.05,
-        learning_rate=3e-6,
+        num_mini_batches=MINI_BATCHES,
+        local_rollout_forward_batch_size=w.prompts,
+        num_ppo_epochs=spec["epochs"],
+        response_length=w.response,
+        temperature=TEMPERATURE,
+        total_episodes=w.prompts * iterations,
+        kl_coef=KL_COEF,
+        learning_rate=LR,
         lr_scheduler_type="constant",
-        optim="adamw_torch",  # proxima's optimizer: torch.optim.AdamW, not the fused kernel
+        optim="adamw_torch",  # torch.optim.AdamW, as proxima and the floor use
         num_sample_generations=0,
         report_to="none",
         save_strategy="no",
@@ -214,172 +356,536 @@ def bench_trl(
         logging_strategy="no",
         disable_tqdm=True,
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         fp16=False,
-        seed=42,
+        seed=SEED,
     )
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
-    reward = AutoModelForSequenceClassification.from_pretrained(rm, dtype=torch.float32)
-    value = AutoModelForSequenceClassification.from_pretrained(rm, dtype=torch.float32)
-    tokens: list[int] = []
-    widths: list[int] = []
-    _record_generate(model, tok.eos_token_id, tokens, widths)
+    policy = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
+    ids = load_prompt_ids(spec["prompt_file"])
+
+    def new_rec() -> dict:
+        return {"gen": 0.0, "score_fwd": 0.0, "gc": [], "tokens": 0, "steps": 0}
+
+    recs: list[dict] = [new_rec()]
     stamps: list[float] = []
+    now = time.perf_counter
+
+    original_generate = policy.generate
+
+    def generate(*args_, **kwargs):
+        start = now()
+        out = original_generate(*args_, **kwargs)
+        rec = recs[-1]
+        rec["gen"] += now() - start
+        rec["gen_end"] = now()
+        response = out.sequences[:, kwargs["input_ids"].shape[1] :]
+        rec["tokens"] += _tokens_before_eos(response, tok.eos_token_id)
+        return out
+
+    policy.generate = generate  # an instance attribute: TRL's code is untouched
+
+    def timed(fn):
+        def wrapper(*args_, **kwargs):
+            grad, start = torch.is_grad_enabled(), now()
+            if grad:
+                recs[-1].setdefault("train_start", start)
+            out = fn(*args_, **kwargs)
+            if not grad:
+                recs[-1]["score_fwd"] += now() - start
+            return out
+
+        return wrapper
 
     class Clock(TrainerCallback):
-        def on_train_begin(self, *a, **k):
-            stamps.append(time.perf_counter())
+        def on_train_begin(self, *a_, **k_):
+            stamps.append(now())
 
-        def on_step_end(self, *a, **k):
-            stamps.append(time.perf_counter())
+        def on_step_end(self, *a_, **k_):
+            stamps.append(now())
+            recs.append(new_rec())
 
     trainer = PPOTrainer(
         args=args,
         processing_class=tok,
-        model=model,
-        ref_model=None,  # TRL copies the policy
+        model=policy,
+        ref_model=None,  # TRL deep-copies the policy: a separate reference model
         reward_model=reward,
-        train_dataset=_trl_dataset(prompts, tok),
+        train_dataset=Dataset.from_dict({"input_ids": ids}),
         value_model=value,
         callbacks=[Clock()],
     )
     for cb in (PrinterCallback, ProgressCallback):  # no console output inside the timed loop
         trainer.remove_callback(cb)
+    optimizer = trainer.optimizer
+    original_step = optimizer.step
+
+    def step(*args_, **kwargs):
+        out = original_step(*args_, **kwargs)
+        recs[-1]["train_end"] = now()
+        recs[-1]["steps"] += 1
+        return out
+
+    optimizer.step = step
     module = sys.modules[PPOTrainer.__module__]
-    saved_gc = module.gc
-    module.gc = _NoGC if skip_gc else saved_gc
+    saved = {k: getattr(module, k) for k in ("gc", "forward", "get_reward")}
+    module.gc = _TimedGC(saved["gc"], lambda s, d: recs[-1]["gc"].append((s, d)))
+    module.forward, module.get_reward = timed(saved["forward"]), timed(saved["get_reward"])
     try:
         trainer.train()
     finally:
-        module.gc = saved_gc
-    seconds = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return {"seconds": seconds, "tokens": tokens, "widths": widths}
+        for k, v in saved.items():
+            setattr(module, k, v)
+    records = []
+    for i, (t0, t1) in enumerate(zip(stamps, stamps[1:], strict=False)):
+        r = recs[i]
+        gc_total = sum(d for _, d in r["gc"])
+        gc_in_score = sum(d for s, d in r["gc"] if r["gen_end"] <= s < r["train_start"])
+        phases = {
+            "gen": r["gen"],
+            "score": r["train_start"] - r["gen_end"] - gc_in_score,
+            "train": r["train_end"] - r["train_start"],
+            "gc": gc_total,
+            "score_forwards": r["score_fwd"],
+        }
+        records.append(
+            {
+                "seconds": t1 - t0,
+                "phases": phases,
+                "tokens": r["tokens"],
+                "steps": {"policy+value": r["steps"]},  # one optimizer over both models
+            }
+        )
+    # bf16: accelerate wraps the trained model's forward in autocast (keeps `_original_forward`)
+    mode = str(trainer.accelerator.mixed_precision)
+    if hasattr(trainer.model, "_original_forward"):
+        mode += ", forward autocast"
+    for r in records:
+        r["mixed_precision"] = mode
+    return records
 
 
-# ---------------------------------------------------------------------------- report
+def _tokens_before_eos(response, eos_id: int) -> int:
+    """Response tokens up to and including the first EOS (all of them when none)."""
+    import torch
+
+    is_eos = (response == eos_id).long()
+    before = torch.cumsum(is_eos, dim=1) - is_eos
+    return int((before == 0).sum())
 
 
-def merge(blocks: list[dict]) -> dict:
-    """Concatenate the blocks of one framework, dropping each block's warm-up iteration."""
-    out: dict = {"seconds": [], "tokens": [], "widths": [], "phases": {}}
-    for b in blocks:
-        for key in ("seconds", "tokens", "widths"):
-            out[key] += b[key][1:]
-        for k, v in b.get("phases", {}).items():
-            out["phases"].setdefault(k, []).extend(v[1:])
+# ---------------------------------------------------------------------------- floor
+
+
+def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list[dict]:
+    """The eager compute the PPO math needs, in plain torch + transformers (no framework)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(SEED)
+    bf16 = spec["precision"] == "best"
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else (lambda: nullcontext())
+    actor = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32).eval()
+    critic = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
+    rm = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
+    rm.eval()
+    for m in (ref, rm):
+        m.requires_grad_(False)
+    opt_a = torch.optim.AdamW(actor.parameters(), lr=LR)
+    opt_c = torch.optim.AdamW(critic.parameters(), lr=LR)
+    prompts = torch.tensor(load_prompt_ids(spec["prompt_file"]))
+    p_len, r_len, mb = PROMPT_LEN, w.response, w.mini_batch
+    eos = actor.generation_config.eos_token_id
+
+    def logprobs(model, seq):
+        logits = model(input_ids=seq, logits_to_keep=r_len + 1).logits[:, :-1].float()
+        return torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, seq[:, p_len:, None])[..., 0]
+
+    def values(model, seq):
+        hidden = getattr(model, model.base_model_prefix)(input_ids=seq).last_hidden_state
+        return model.score(hidden[:, p_len - 1 : -1]).float()[..., 0]
+
+    def whiten(x):
+        return (x - x.mean()) / (x.std() + 1e-8)
+
+    records = []
+    for _ in range(iterations):
+        rows = torch.randperm(len(prompts))[: w.prompts]
+        t0 = time.perf_counter()
+        actor.eval()
+        with torch.no_grad(), amp():
+            out = actor.generate(
+                input_ids=prompts[rows],
+                attention_mask=torch.ones(w.prompts, p_len, dtype=torch.long),
+                max_new_tokens=r_len,
+                do_sample=True,
+                temperature=TEMPERATURE,
+                top_k=0,
+                top_p=1.0,
+                use_cache=True,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+        seq = out.sequences
+        response = seq[:, p_len:]
+        # the sampling distribution's own log-probs (after temperature and token suppression)
+        scores = torch.stack(out.scores, 1).float()
+        old_lp = torch.log_softmax(scores, -1).gather(-1, response[..., None])[..., 0]
+        t1 = time.perf_counter()
+        with torch.no_grad(), amp():
+            ref_lp = logprobs(ref, seq)
+            old_v = values(critic, seq)
+            score = rm(input_ids=seq).logits[:, 0].float()
+        rewards = -KL_COEF * (old_lp - ref_lp)
+        rewards[:, -1] += score
+        adv, last = torch.zeros_like(rewards), torch.zeros(w.prompts)
+        for t in reversed(range(r_len)):  # GAE, gamma 1, lambda 0.95
+            nxt = old_v[:, t + 1] if t + 1 < r_len else torch.zeros(w.prompts)
+            last = rewards[:, t] + nxt - old_v[:, t] + 0.95 * last
+            adv[:, t] = last
+        returns, adv = adv + old_v, whiten(adv)
+        t2 = time.perf_counter()
+        actor.train()
+        critic.train()
+        for _ in range(spec["epochs"]):
+            order = torch.randperm(w.prompts)
+            for s in range(0, w.prompts, mb):
+                i = order[s : s + mb]
+                with amp():
+                    ratio = torch.exp(logprobs(actor, seq[i]) - old_lp[i])
+                    pg = torch.max(-adv[i] * ratio, -adv[i] * ratio.clamp(0.8, 1.2)).mean()
+                pg.backward()
+                opt_a.step()
+                opt_a.zero_grad(set_to_none=True)
+                with amp():
+                    v = values(critic, seq[i])
+                    vc = old_v[i] + (v - old_v[i]).clamp(-0.2, 0.2)
+                    vf = 0.5 * torch.max((v - returns[i]) ** 2, (vc - returns[i]) ** 2).mean()
+                vf.backward()
+                opt_c.step()
+                opt_c.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        steps = spec["epochs"] * MINI_BATCHES
+        records.append(
+            {
+                "seconds": t3 - t0,
+                "phases": {"gen": t1 - t0, "score": t2 - t1, "train": t3 - t2},
+                "tokens": _tokens_before_eos(response, eos),
+                "steps": {"actor": steps, "critic": steps},
+            }
+        )
+    return records
+
+
+# ---------------------------------------------------------------------------- one cell (child)
+
+RUNNERS = {"trl": trl_cell, "proxima": proxima_cell, "floor": floor_cell}
+PARTS = ("gen", "score", "train", "gc")  # phases that split an iteration; the rest is "other"
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def run_cell(spec: dict) -> dict:
+    """Build one system's trainer, run 1 warm-up + `repeats` timed iterations, summarise."""
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    w = WORKLOADS[spec["workload"]]
+    rss_before = maxrss_gb()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        records = RUNNERS[spec["system"]](spec, w, spec["assets"], 1 + spec["repeats"], Path(tmp))
+    wall = time.perf_counter() - start
+    timed = records[1:]  # the first iteration is a warm-up
+    iters = []
+    for r in timed:
+        ph = dict(r["phases"])
+        ph["other"] = r["seconds"] - sum(ph.get(k, 0.0) for k in PARTS)
+        iters.append({"s": round(r["seconds"], 4), **{k: round(v, 4) for k, v in ph.items()}})
+    seconds = [r["seconds"] for r in timed]
+    out = {
+        "s_median": round(_median(seconds), 4),
+        "s_min": round(min(seconds), 4),
+        "s_max": round(max(seconds), 4),
+        "phases": {k: round(_median([i[k] for i in iters]), 4) for k in iters[0] if k != "s"},
+        "tokens_per_iter": _median([r["tokens"] for r in timed]),
+        "expected_tokens": w.prompts * w.response,
+        "optimizer_steps_per_iter": timed[0]["steps"],
+        "peak_rss_gb": round(maxrss_gb(), 3),
+        "vmhwm_gb": round(vmhwm_gb() or float("nan"), 3),
+        "rss_before_build_gb": round(rss_before, 3),
+        "threads": torch.get_num_threads(),
+        "wall_s": round(wall, 1),
+        "iters": iters,
+    }
+    if "detail" in timed[0]:  # proxima's own phase timer
+        keys = timed[0]["detail"]
+        out["proxima_timer"] = {k: round(_median([r["detail"][k] for r in timed]), 4) for k in keys}
+    diffs = [r["logprob_diff_mean"] for r in timed if r.get("logprob_diff_mean") is not None]
+    if diffs:  # proxima: mean |rollout log-prob - trainer log-prob|
+        out["logprob_diff_mean"] = _median(diffs)
+    if "mixed_precision" in timed[0]:
+        out["trl_mixed_precision"] = timed[0]["mixed_precision"]
     return out
 
 
-def summarise(name: str, run: dict) -> dict:
-    """Median seconds and mean response tokens over the timed iterations."""
-    sec, tok, wid = run["seconds"], run["tokens"], run["widths"]
-    s = statistics.median(sec)
-    slots = PROMPTS * statistics.median(wid)
+# ---------------------------------------------------------------------------- driver
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        TRL_EXPERIMENTAL_SILENCE="1",
+    )
+    return env
+
+
+def run_child(argv: list[str], threads: int, timeout: float | None) -> dict:
+    """Run this script as a child; its MARK line as a dict, or {"error": ...}."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+    try:
+        proc = subprocess.run(
+            cmd, env=child_env(threads), capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def precision_config(system: str, precision: str, args) -> tuple[str, list[str]]:
+    """A readable label of the cell's precision setting, and proxima's overrides."""
+    if system == "proxima":
+        extra = [o for o in (args.proxima_best if precision == "best" else args.proxima_fp32) if o]
+        return " ".join(["model.dtype=float32", *extra]), extra
+    if system == "trl":
+        return ("bf16=True" if precision == "best" else "bf16=False"), []
+    return ("bf16 autocast, fp32 weights" if precision == "best" else "fp32"), []
+
+
+def plan(args) -> list[tuple[tuple[str, int, str], list[tuple[int, str]]]]:
+    """Groups (workload, epochs, precision), each with its (round, system) cells in order."""
+    groups = []
+    for wname in args.workloads:
+        for epochs in args.epochs:
+            for precision in args.precisions:
+                g = len(groups)
+                cells = []
+                for r in range(args.rounds):
+                    order = list(args.systems)
+                    if (g + r) % 2:  # ABBA within a group, and flipped from group to group
+                        order.reverse()
+                    cells += [(r, s) for s in order]
+                groups.append(((wname, epochs, precision), cells))
+    return groups
+
+
+def estimate_seconds(args, groups) -> float:
+    """Rough wall time of the whole run on a quiet machine (issue 12's TRL timings)."""
+    total = 20.0  # assets
+    for (wname, epochs, precision), cells in groups:
+        w = WORKLOADS[wname]
+        per_it = (w.est_rollout + epochs * w.est_train) * (0.75 if precision == "best" else 1.0)
+        for _, system in cells:
+            start = 12.0 if w.hidden >= 512 else 8.0
+            total += start + (1 + args.repeats) * per_it * (0.7 if system == "floor" else 1.0)
+    return total * (2.0 / max(1, args.threads)) ** 0.7
+
+
+def merged(cells: list[dict]) -> dict | None:
+    """One system's cells of a group (its rounds) merged: medians over all timed iterations."""
+    ok = [c for c in cells if "error" not in c]
+    if not ok:
+        return None
+    iters = [i for c in ok for i in c["iters"]]
+    keys = [k for k in iters[0] if k != "s"]
     return {
-        "name": name,
-        "s": s,
-        "spread": (min(sec), max(sec)),
-        "tokens": statistics.mean(tok),
-        "slots": slots,
-        "tok_s": statistics.mean(tok) / s,
-        "slot_s": slots / s,
+        "s": _median([i["s"] for i in iters]),
+        "phases": {k: _median([i.get(k, 0.0) for i in iters]) for k in keys},
+        "rss": max(c["peak_rss_gb"] for c in ok),
     }
 
 
-def print_table(rows: list[dict], timed: int, rounds: int) -> None:
-    print(
-        f"\nPPO iteration, {PROMPTS} prompts x 1 sample, <= {RESPONSE} new tokens, 1 epoch, "
-        f"mini = micro = {PROMPTS}; median of {timed} timed iterations per framework "
-        f"({rounds} blocks, each after 1 warm-up iteration)"
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def summary(groups, results: dict) -> str:
+    head = (
+        "| workload | epochs | precision | TRL s/it | proxima s/it | TRL / proxima | floor s/it "
+        "| proxima / floor | TRL gen / score / train / gc / other | proxima gen / score / train "
+        "/ other | peak RSS GB TRL / proxima / floor |"
     )
-    head = f"| {'framework':20s} | s / iter | min - max     | resp. tokens | tokens/s | slots/s |"
-    print(head)
-    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    for r in rows:
-        print(
-            f"| {r['name']:20s} | {r['s']:8.3f} | {r['spread'][0]:.3f} - {r['spread'][1]:.3f} "
-            f"| {r['tokens']:12.1f} | {r['tok_s']:8.0f} | {r['slot_s']:7.0f} |"
+    lines = [head, "|" + "---|" * 11]
+    for key, _ in groups:
+        m = {s: merged(results.get((*key, s), [])) for s in SYSTEMS}
+        s = {k: (v["s"] if v else None) for k, v in m.items()}
+
+        def split(v, parts):
+            return "-" if v is None else " / ".join(_fmt(v["phases"].get(p, 0.0)) for p in parts)
+
+        ratio = s["trl"] / s["proxima"] if s["trl"] and s["proxima"] else None
+        floor = s["proxima"] / s["floor"] if s["proxima"] and s["floor"] else None
+        rss = " / ".join(_fmt(v["rss"] if v else None) for v in m.values())
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {_fmt(s['trl'])} | {_fmt(s['proxima'])} "
+            f"| {_fmt(ratio)}x | {_fmt(s['floor'])} | {_fmt(floor)}x "
+            f"| {split(m['trl'], ('gen', 'score', 'train', 'gc', 'other'))} "
+            f"| {split(m['proxima'], ('gen', 'score', 'train', 'other'))} | {rss} |"
         )
-    for r in rows[1:]:
-        print(f"ratio {r['name']} / proxima (s per iteration): {r['s'] / rows[0]['s']:.2f}x")
-
-
-def print_phases(phases: dict[str, list[float]]) -> None:
-    parts = ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in phases.items())
-    print(f"proxima phases (median s): {parts}")
-
-
-def print_gc_cost() -> None:
-    """What one full collection costs in this process: TRL's loop makes two per iteration."""
-    import gc
-
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        gc.collect()
-        times.append(time.perf_counter() - start)
-    print(
-        f"one full gc.collect() here: {statistics.median(times):.3f} s "
-        f"({len(gc.get_objects()):,} tracked objects)"
-    )
+    return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed iterations per framework")
-    p.add_argument("--rounds", type=int, default=2, help="blocks per framework, ABBA order")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--workloads", "--workload", nargs="+", default=["W1", "W2"], choices=list(WORKLOADS)
+    )
+    p.add_argument("--epochs", nargs="+", type=int, default=[1, 4], help="PPO epochs per cell")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "best"], choices=["fp32", "best"])
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    p.add_argument("--repeats", type=int, default=5, help="timed iterations per cell")
+    p.add_argument("--rounds", type=int, default=1, help="cells per system and group (ABBA)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads in every cell")
+    p.add_argument(
+        "--proxima-fp32",
+        nargs="*",
+        default=["rollout.old_logprobs=engine"],
+        help="proxima overrides of the fp32 cells, after model.dtype=float32 (none: pass '')",
+    )
+    p.add_argument(
+        "--proxima-best",
+        nargs="*",
+        default=["model.mixed_precision=bf16", "rollout.old_logprobs=engine"],
+        help="proxima overrides of its best-precision cells, after model.dtype=float32",
+    )
+    p.add_argument("--out", help="also write the per-cell JSON lines to this file")
+    p.add_argument("--assets", help="folder for the built models (kept, reused); default: temp")
+    p.add_argument("--cell-timeout", type=float, default=0, help="seconds per cell (0 = none)")
+    p.add_argument("--child", choices=["build", "cell"], help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.repeats < 1 or args.rounds < 1:
-        raise ValueError(
-            f"--repeats and --rounds must be >= 1, got {args.repeats} and {args.rounds}; "
-            "pass e.g. --repeats 5 --rounds 2"
+
+    if args.child == "build":
+        saved = Path(args.assets) / "assets.json"
+        info = json.loads(saved.read_text()) if saved.is_file() else {"workloads": {}}
+        if not set(args.workloads) <= set(info["workloads"]):
+            names = sorted(set(args.workloads) | set(info["workloads"]))
+            info = build_assets(Path(args.assets), names)
+            saved.write_text(json.dumps(info))
+        print(MARK + json.dumps({**info, "versions": versions()}), flush=True)
+        return
+    if args.child == "cell":
+        print(MARK + json.dumps(run_cell(json.loads(args.spec))), flush=True)
+        return
+
+    if args.repeats < 1 or args.rounds < 1 or args.threads < 1 or min(args.epochs) < 1:
+        raise SystemExit(
+            "--repeats, --rounds, --threads and --epochs must be >= 1, got "
+            f"{args.repeats}, {args.rounds}, {args.threads}, {args.epochs}"
         )
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import transformers
-    import trl
-
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-
+    groups = plan(args)
+    n_cells = sum(len(c) for _, c in groups)
+    est = estimate_seconds(args, groups)
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}"
-        f", {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores"
+        f"{len(groups)} groups x {len(args.systems)} systems x {args.rounds} round(s) = {n_cells} "
+        f"cells, each 1 warm-up + {args.repeats} timed iterations in a fresh process, "
+        f"{args.threads} threads; estimated {est / 60:.0f} min on a quiet machine "
+        f"({est:.0f} s)",
+        flush=True,
     )
+    started = time.perf_counter()
+    timeout = args.cell_timeout or None
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        policy, rm, prompts = build_assets(root)
-        n = args.repeats + 1
-        names = ["proxima", "trl", "trl-no-gc"]
-        runs: dict[str, list[dict]] = {k: [] for k in names}
-        # ABBA order (A B C, C B A, ...) cancels a linear drift of the machine's load
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
-                if name == "proxima":
-                    runs[name].append(bench_proxima(policy, rm, prompts, n))
-                else:
-                    skip = name == "trl-no-gc"
-                    workdir = root / f"{name}{r}"
-                    runs[name].append(bench_trl(policy, rm, prompts, n, workdir, skip))
-    merged = {k: merge(v) for k, v in runs.items()}
-    prox = merged["proxima"]
-    rows = [
-        summarise("proxima", prox),
-        summarise(f"TRL {trl.__version__} PPO", merged["trl"]),
-        summarise("TRL, no gc (diag.)", merged["trl-no-gc"]),
-    ]
-    print_table(rows, len(prox["seconds"]), args.rounds)
-    print_phases(prox["phases"])
-    print_gc_cost()
+        root = Path(args.assets or Path(tmp) / "assets").resolve()
+        built = run_child(
+            ["--child", "build", "--assets", str(root), "--workloads", *args.workloads],
+            args.threads,
+            timeout,
+        )
+        if "error" in built:
+            raise SystemExit(f"building the models failed: {built['error']}")
+        v = built["versions"]
+        print(
+            "versions: "
+            + ", ".join(f"{k} {x}" for k, x in v.items())
+            + f"; {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            + f"interpreter {sys.executable}",
+            flush=True,
+        )
+        if "trl" in args.systems and v["trl"] == "not installed":
+            raise SystemExit(
+                f"{sys.executable} has no trl: run with the TRL venv (benchmarks/README.md)"
+            )
+        for name in args.workloads:
+            w, prm = WORKLOADS[name], built["workloads"][name]["params"]
+            print(
+                f"{name}: {asdict(w)}; vocab {built['vocab']}; parameters per model: actor "
+                f"{prm['actor'] / 1e6:.2f} M, reward model {prm['reward'] / 1e6:.2f} M",
+                flush=True,
+            )
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        out = open(args.out, "w") if args.out else None  # noqa: SIM115 - closed below
+        results: dict[tuple, list[dict]] = {}
+        try:
+            for (wname, epochs, precision), cells in groups:
+                for rnd, system in cells:
+                    label, overrides = precision_config(system, precision, args)
+                    spec = {
+                        "workload": wname,
+                        "epochs": epochs,
+                        "precision": precision,
+                        "system": system,
+                        "round": rnd,
+                        "config": label,
+                        "overrides": overrides,
+                        "repeats": args.repeats,
+                        "threads": args.threads,
+                        "assets": built["workloads"][wname],
+                        "prompt_file": built["prompt_file"],
+                    }
+                    res = run_child(
+                        ["--child", "cell", "--spec", json.dumps(spec)], args.threads, timeout
+                    )
+                    head = {
+                        k: spec[k] for k in ("workload", "epochs", "precision", "system", "round")
+                    }
+                    row = {**head, "config": label, **res, "versions": v}
+                    results.setdefault((wname, epochs, precision, system), []).append(row)
+                    line = json.dumps(row)
+                    print(line, flush=True)
+                    if out:
+                        out.write(line + "\n")
+                        out.flush()
+        finally:
+            if out:
+                out.close()
+    took = time.perf_counter() - started
     print(
-        f"response width (generated positions): proxima {sorted(set(prox['widths']))}, "
-        f"TRL {sorted(set(merged['trl']['widths'] + merged['trl-no-gc']['widths']))}"
+        f"\nMedian s/iteration over {args.repeats * args.rounds} timed iterations per cell "
+        f"(after 1 warm-up each), {args.threads} threads; phases are medians in s; "
+        f"took {took / 60:.1f} min (estimated {est / 60:.0f})\n"
     )
+    print(summary(groups, results))
 
 
 if __name__ == "__main__":
