@@ -1,10 +1,11 @@
 """Learning benchmark: the default example over several seeds.
 
-    python benchmarks/bench_learning.py --seeds 1 2 3 [--out runs/bench_learning] [key=value ...]
+    python benchmarks/bench_learning.py [key=value ...] --seeds 1 2 3 [--out runs/bench_learning]
 
 Each seed runs the whole default example (data split, tiny model, SFT warm start, PPO,
 held-out greedy accuracy before and after) and the script prints one row per seed and the
-median gain. Extra `key=value` overrides apply to every seed (e.g. algorithm.adv_estimator=grpo).
+median gain. Extra `key=value` overrides apply to every seed (e.g. algorithm.adv_estimator=grpo);
+put them before `--seeds`, which takes every number after it.
 """
 
 from __future__ import annotations
