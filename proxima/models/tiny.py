@@ -28,9 +28,12 @@ from proxima.models.tokenizers import build_bpe_tokenizer, build_char_tokenizer
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2", "gpt_neox")
 
+# head_dim (Llama, Qwen2; GPT-2 and GPT-NeoX use hidden / heads): the tiny preset keeps 4
+# heads but makes each 32 wide, the smallest head size vLLM's CPU kernels accept, so the
+# default example also runs with rollout.name=vllm (2 heads of 32 learnt less reliably)
 SIZES: dict[str, dict[str, int]] = {
     "nano": {"hidden": 32, "layers": 1, "heads": 2, "intermediate": 128},
-    "tiny": {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 256},
+    "tiny": {"hidden": 64, "layers": 2, "heads": 4, "intermediate": 256, "head_dim": 32},
     "small": {"hidden": 128, "layers": 4, "heads": 4, "intermediate": 512},
 }
 
@@ -96,6 +99,8 @@ def tiny_config(
         kwargs["intermediate_size"] = dims["intermediate"]
     if arch in ("llama", "qwen2"):
         kwargs["num_key_value_heads"] = dims["heads"]
+        if "head_dim" in dims:
+            kwargs["head_dim"] = dims["head_dim"]
     kwargs.update(overrides)
     return _CONFIGS[arch](**kwargs)
 
