@@ -1,6 +1,6 @@
 """Markers that depend on the machine: `vllm` tests need vLLM importable (`make test-vllm`
 builds .venv-vllm with the CPU build), `gpu` tests need CUDA. Both are skipped, with the
-reason, where their requirement is missing."""
+reason, where their requirement is missing. And `one_thread`, for modules of nano models."""
 
 from __future__ import annotations
 
@@ -19,3 +19,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_vllm)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_cuda)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Nano models gain nothing from threads, and a busy 2-core machine makes OpenMP's
+    spin-waits cost seconds; restored afterwards for the rest of the suite. A module opts in
+    with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

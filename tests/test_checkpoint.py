@@ -25,14 +25,7 @@ ALPHABET = "0123456789+="
 REWARD = Path(__file__).parent / "e2e" / "rewards_fixture.py"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Nano models gain nothing from threads, and a busy 2-core machine makes OpenMP's
-    spin-waits cost seconds; restored afterwards for the rest of the suite."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,7 @@ from proxima.trainer.setup import load_prompts, load_roles
 REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
