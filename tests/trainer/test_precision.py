@@ -5,6 +5,7 @@ weights and their optimizer state stay float32. Nano models, a few seconds in al
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from proxima.models import init_model, load_causal_lm
 from proxima.rollout.score import build_experience, engine_logprobs_exact
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles
+from proxima.trainer.update import actor_micro_loss
 
 REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
 
@@ -116,8 +118,6 @@ def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
         for p in trainer.roles.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
     exp = _experience(trainer, ro, old_from_engine=True)
-    from proxima.trainer.update import actor_micro_loss
-
     exp.advantages = torch.zeros_like(exp.old_logprobs)
     _, stats = actor_micro_loss(trainer.roles.actor, exp, trainer.cfg.actor, 0.7)
     assert stats["logratio_abs"] > 1e-3
@@ -214,8 +214,6 @@ def test_bf16_updates_see_the_weights_of_the_previous_optimizer_step(files):
 
 
 def load_critic_like(model: torch.nn.Module, state: dict) -> torch.nn.Module:
-    import copy
-
     clone = copy.deepcopy(model)
     clone.load_state_dict(state)
     return clone
