@@ -7,6 +7,8 @@ A checkpoint folder holds everything a run needs to continue as if it had never 
     actor_adapter/   LoRA runs only: the peft adapters (and critic_adapter/); actor/ and
                      critic/ then hold the merged models, and resume loads the adapters
                      onto the base model of model.actor_path, which never changes
+    value_head/      critic.shared_backbone runs: the value head on the actor's backbone
+                     (instead of critic/)
     state.pt         the trainer's `state_dict()` (iteration, optimizer and scheduler
                      states, KL coefficient, loader positions, generators, RNG states...)
                      and the resolved config
@@ -39,8 +41,8 @@ STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
 FORMAT_VERSION = 2  # 2: state.pt holds the trainer's state_dict() under `trainer`
 CONTENTS = (
-    "actor/, critic/ (GAE runs), actor_adapter/ and critic_adapter/ (LoRA runs), state.pt "
-    "and checkpoint.json"
+    "actor/, critic/ (GAE runs) or value_head/ (shared backbone), actor_adapter/ and "
+    "critic_adapter/ (LoRA runs), state.pt and checkpoint.json"
 )
 
 # Keys whose change makes the saved state mean something else: batch shapes and optimizer
@@ -67,6 +69,7 @@ RESUME_KEYS = (
     "actor.ppo_mini_batch_size",
     "critic.ppo_epochs",
     "critic.ppo_mini_batch_size",
+    "critic.shared_backbone",
     "trainer.seed",
 )
 # --------------------------------------------------------------------------- saving
@@ -182,7 +185,7 @@ def checkpoint_iteration(folder: str | Path) -> int:
     return int(json.loads((Path(folder) / META_FILE).read_text())["iteration"])
 
 
-MODEL_FOLDERS = ("actor", "critic", "actor_adapter", "critic_adapter")
+MODEL_FOLDERS = ("actor", "critic", "actor_adapter", "critic_adapter", "value_head")
 
 
 def copy_models(folder: str | Path, dest: str | Path) -> list[str]:

@@ -328,7 +328,25 @@ class CriticConfig:
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
     loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss (as actor.loss_agg_mode).")
-    warmup_iterations: int = _f(0, "First iterations train only the critic (actor frozen).")
+    warmup_iterations: int = _f(
+        0,
+        "First iterations train only the critic (actor frozen; with shared_backbone only the "
+        "value head).",
+    )
+    shared_backbone: bool = _f(
+        False,
+        "One network for policy and value (seed 001): the critic is a value head on the "
+        "actor's final hidden state. One model less in memory; no critic pass when scoring "
+        "(the values come with the actor's pass, or from generation when the old log-probs "
+        "do); one forward/backward per micro-batch for loss = actor loss + vf_coef x value "
+        "loss. The actor's epochs, batch sizes and schedule apply; critic.optim.lr is the "
+        "value head's learning rate.",
+    )
+    vf_coef: float = _f(
+        0.5,
+        "With shared_backbone: weight of the value loss in the shared network's loss (seed "
+        "001: c1 in [0.5, 1.0]).",
+    )
 
 
 @dataclass(frozen=True)
@@ -501,7 +519,10 @@ class Config:
         return (not self.actor.use_kl_loss) if explicit is None else explicit
 
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
-        """The config section of each role PPO trains, by role name."""
+        """The config section of each role PPO trains with its own optimizer steps, by role
+        name (a shared-backbone critic is trained in the actor's steps)."""
+        if self.critic.shared_backbone:
+            return {"actor": self.actor}
         return {"actor": self.actor, "critic": self.critic}
 
     def to_dict(self) -> dict:
@@ -922,6 +943,7 @@ def validate(cfg: Config) -> None:
             "`critic.warmup_iterations` needs a critic; the estimator "
             f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
         )
+    _check_shared_backbone(cfg)
     if cfg.trainer.strategy == "fsdp2" and cfg.model.lora_rank:
         raise ConfigError(
             "`trainer.strategy=fsdp2` with `model.lora_rank` > 0 is not supported yet: use "
@@ -933,6 +955,35 @@ def validate(cfg: Config) -> None:
             "rollout.name=hf with several processes, or vllm in a single process."
         )
     _check_batch_sizes(cfg, world_size())
+
+
+def _check_shared_backbone(cfg: Config) -> None:
+    """critic.shared_backbone: the value head reads the actor's own backbone, so anything
+    that gives the critic a model, a schedule or steps of its own cannot apply."""
+    c, m = cfg.critic, cfg.model
+    if not c.shared_backbone:
+        return
+    why = ""
+    if cfg.algorithm.adv_estimator != "gae":
+        why = f"the estimator `{cfg.algorithm.adv_estimator}` uses no critic"
+        fix = "set algorithm.adv_estimator=gae, or critic.shared_backbone=false"
+    elif m.critic_path or m.critic_init != "actor":
+        why = "`model.critic_path` / `model.critic_init` name a separate critic model"
+        fix = "leave model.critic_path empty and model.critic_init=actor"
+    elif cfg.rollout.name != "hf" and cfg.rollout.old_logprobs == "engine":
+        why = (
+            f"with `rollout.old_logprobs=engine` the values would come from the generation, "
+            f"which only the hf engine can give (rollout.name={cfg.rollout.name})"
+        )
+        fix = "set rollout.old_logprobs=auto (one actor pass gives log-probs and values)"
+    elif cfg.trainer.strategy == "fsdp2":
+        why = "`trainer.strategy=fsdp2` is not supported with it yet"
+        fix = "use trainer.strategy=ddp, or critic.shared_backbone=false"
+    elif c.vf_coef <= 0:
+        why = f"`critic.vf_coef`={c.vf_coef} would never train the value head"
+        fix = "set critic.vf_coef > 0 (0.5 to 1.0, seed 001)"
+    if why:
+        raise ConfigError(f"`critic.shared_backbone=true`: {why}. Fix: {fix}.")
 
 
 def _require(cfg: Config, key: str, what: str) -> None:
@@ -995,7 +1046,12 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
             f"{mini}{per} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
             f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
         )
-    if cfg.algorithm.adv_estimator != "gae":
+    if cfg.critic.shared_backbone:
+        lines.append(
+            f"  critic: a value head on the actor's backbone, trained in the actor's steps "
+            f"(loss + {cfg.critic.vf_coef:g} x value loss)"
+        )
+    elif cfg.algorithm.adv_estimator != "gae":
         lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
     lines += kl_plan(cfg)
     lines.append(

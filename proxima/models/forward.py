@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from proxima.algos import last_token_index
 from proxima.models.loading import scalar_head
+from proxima.models.value_head import HeadInput
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,22 @@ def response_logits(
     # divide by the sampling temperature (lm-human-preferences policy.py; "The N Implementation
     # Details of RLHF with PPO"), else the KL rises faster than it should
     return logits / temperature if temperature != 1.0 else logits
+
+
+def response_logits_hidden(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A shared-backbone actor-critic's one pass: `response_logits` [B, R, V] and the final
+    hidden states [B, R, H] they came from (the LM head's input), at the positions
+    `response_values` reads a critic's (P + t - 1 for response token t): a value head on
+    them (`models.value_head.value_of`) gives the values."""
+    with HeadInput(model) as seen:
+        logits = response_logits(model, input_ids, attention_mask, response_length, temperature)
+    return logits, seen.calls[-1][:, -response_length - 1 : -1]
 
 
 def response_values(

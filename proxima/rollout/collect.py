@@ -47,11 +47,13 @@ def generate_rollout(
     greedy: bool = False,
     n: int | None = None,
     logprobs: bool = False,
+    values: bool = False,
 ) -> Rollout:
     """Generate `n` responses per prompt item (greedy or sampled), decoded; not scored.
 
     `engine` is a rollout engine or a model (served by the `hf` engine). With `logprobs`
-    the engine also returns its own log-probs of the sampled tokens (`gen.logprobs`). The
+    the engine also returns its own log-probs of the sampled tokens (`gen.logprobs`), with
+    `values` its shared-backbone value head's values (`gen.values`, hf engine only). The
     engine is woken for the call and put to sleep after it (vLLM frees its KV cache)."""
     engine = as_engine(engine, tokenizer, cfg)
     n = cfg.n if n is None else n
@@ -59,7 +61,7 @@ def generate_rollout(
     batch = collate_prompts(items, tokenizer.pad_token_id)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     sampling = Sampling.from_config(
-        cfg, stop_token_ids(tokenizer, cfg), greedy=greedy, n=n, logprobs=logprobs
+        cfg, stop_token_ids(tokenizer, cfg), greedy=greedy, n=n, logprobs=logprobs, values=values
     )
     engine.wake_up()
     try:

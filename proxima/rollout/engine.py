@@ -48,10 +48,20 @@ class Sampling:
     top_k: int = 0  # 0 = off
     n: int = 1  # samples per prompt: rows i * n ... i * n + n - 1 answer prompt i
     logprobs: bool = False  # also return the engine's own log-probs (`Generation.logprobs`)
+    # also the values of the served actor's shared-backbone value head (`Generation.values`);
+    # only the hf engine, given a `value_head`, can
+    values: bool = False
 
     @classmethod
     def from_config(
-        cls, cfg: RolloutConfig, stop_ids: list[int], *, greedy: bool, n: int, logprobs: bool
+        cls,
+        cfg: RolloutConfig,
+        stop_ids: list[int],
+        *,
+        greedy: bool,
+        n: int,
+        logprobs: bool,
+        values: bool = False,
     ) -> Sampling:
         return cls(
             max_new_tokens=cfg.max_response_length,
@@ -62,6 +72,7 @@ class Sampling:
             top_k=cfg.top_k,
             n=n,
             logprobs=logprobs,
+            values=values,
         )
 
 
@@ -98,20 +109,22 @@ def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
     def pad(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
-    ids, attn, masks, logps = [], [], [], []
+    def per_token(name: str) -> torch.Tensor | None:
+        got = [getattr(p, name) for p in parts]
+        return None if any(t is None for t in got) else torch.cat([pad(t, r, 0.0) for t in got])
+
+    ids, attn = [], []
     for p in parts:
         extra = r - p.response_mask.shape[1]
         ids.append(pad(p.input_ids, p.input_ids.shape[1] + extra, pad_id))
         attn.append(pad(p.attention_mask, p.attention_mask.shape[1] + extra, 0))
-        masks.append(pad(p.response_mask, r, 0))
-        if p.logprobs is not None:
-            logps.append(pad(p.logprobs, r, 0.0))
     return Generation(
         torch.cat(ids),
         torch.cat(attn),
-        torch.cat(masks),
+        torch.cat([pad(p.response_mask, r, 0) for p in parts]),
         torch.cat([p.stopped for p in parts]),
-        torch.cat(logps) if len(logps) == len(parts) else None,
+        logprobs=per_token("logprobs"),
+        values=per_token("values"),
     )
 
 
@@ -121,7 +134,8 @@ class HFEngine:
     By default it serves the model it was given, the trainer's actor itself: its weights
     are always current, so `update_weights` only records the version and never reads the
     tensors (no LoRA merge, nothing copied). With `own_weights=True` the model is a separate
-    copy and `update_weights` copies the tensors into it.
+    copy and `update_weights` copies the tensors into it. `value_head`: a shared-backbone
+    critic's head on the served actor, for `Sampling.values`.
     """
 
     name = "hf"
@@ -133,14 +147,18 @@ class HFEngine:
         micro_batch_size: int,
         *,
         own_weights: bool = False,
+        value_head: torch.nn.Module | None = None,
     ) -> None:
         self.model, self.pad_token_id = model, pad_token_id
         self.micro_batch_size, self.own_weights = micro_batch_size, own_weights
+        self.value_head = value_head
         self.weight_version = -1
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
     ) -> Generation:
+        if sampling.values and self.value_head is None:
+            raise ValueError("Sampling.values needs an hf engine built with a value_head")
         ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         size = self.micro_batch_size
@@ -157,6 +175,7 @@ class HFEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 logprobs=sampling.logprobs,
+                value_head=self.value_head if sampling.values else None,
             )
             for i in range(0, ids.shape[0], size)
         ]
@@ -193,10 +212,19 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
         check_vllm(cfg, model_path)
 
 
-def build_engine(cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
-    """The engine `rollout.name` names, for a run whose actor is `actor`."""
+def build_engine(
+    cfg: Config,
+    actor: torch.nn.Module,
+    tokenizer,
+    device: torch.device,
+    value_head: torch.nn.Module | None = None,
+):
+    """The engine `rollout.name` names, for a run whose actor is `actor` (and whose shared-
+    backbone critic is `value_head`, which only the hf engine can read)."""
     if cfg.rollout.name == "vllm":
         from proxima.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg, tokenizer, device)
-    return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size)
+    return HFEngine(
+        actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size, value_head=value_head
+    )

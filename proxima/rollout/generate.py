@@ -6,6 +6,7 @@ wraps; other engines (vLLM) return the same `Generation`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -16,6 +17,8 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+from proxima.models.value_head import HeadInput, value_of
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Generation:
     # it was sampled from (after temperature, top-k, top-p), 0 where masked; None when the
     # engine was not asked for them
     logprobs: torch.Tensor | None = None
+    # [B, R] float32, values of a shared-backbone value head on the states the tokens were
+    # sampled from (`generate_responses(value_head=...)`), 0 where masked; else None
+    values: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -123,9 +129,13 @@ def generate_responses(
     top_p: float = 1.0,
     top_k: int = 0,
     logprobs: bool = False,
+    value_head: torch.nn.Module | None = None,
 ) -> Generation:
     """Sample (or greedily decode) responses to left-padded prompts [B, P]; with
-    `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`)."""
+    `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`); with a
+    `value_head` (shared-backbone critic), also its value of the state each token was
+    sampled from (`Generation.values`: the decode step's final hidden state, the one its
+    logits came from)."""
     was_training = model.training
     model.eval()
     sampling = (
@@ -134,19 +144,24 @@ def generate_responses(
         else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     )
     recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
-    out = model.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=stop_ids,
-        pad_token_id=pad_token_id,
-        use_cache=True,
-        synced_gpus=synced_generation(model),
-        logits_processor=LogitsProcessorList([recorder]) if recorder else None,
-        **sampling,
-    )
+    with HeadInput(model) if value_head is not None else nullcontext() as seen:
+        out = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_token_id,
+            use_cache=True,
+            synced_gpus=synced_generation(model),
+            logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+            **sampling,
+        )
     model.train(was_training)
     response_ids = out[:, prompt_ids.shape[1] :]
+    values = None
+    if seen is not None:  # one head call per decode step; its last position sampled
+        steps = seen.calls[: response_ids.shape[1]]
+        values = value_of(value_head, torch.cat([h[:, -1:] for h in steps], dim=1))
     mask, stopped = response_mask_after_stop(response_ids, stop_ids)
     # tokens after the first stop become padding so they can never leak into a forward pass
     response_ids = torch.where(
@@ -160,4 +175,5 @@ def generate_responses(
         # after its stop a row's tokens are padding, possibly outside the top-k / top-p set
         # (-inf): where, not a product, so no NaN
         logprobs=torch.where(mask.bool(), recorder.finish(out[:, -1]), 0.0) if recorder else None,
+        values=values * mask if values is not None else None,
     )

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import torch
 
 from proxima.algos import kl_full, kl_penalty, logprobs_from_logits
-from proxima.models.forward import response_logits, response_values
+from proxima.models.forward import response_logits, response_logits_hidden, response_values
+from proxima.models.value_head import value_of
 from proxima.rollout.generate import Generation
 from proxima.types import Experience
 
@@ -79,6 +80,29 @@ def sequence_logprobs(
 
 
 @torch.no_grad()
+def sequence_logprobs_values(
+    model: torch.nn.Module,
+    value_head: torch.nn.Module,
+    gen: Generation,
+    temperature: float,
+    micro_batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A shared-backbone actor-critic's scoring: [B, R] log-probs and values from one pass,
+    zero where masked."""
+    r = gen.response_mask.shape[1]
+
+    def one(s: slice) -> torch.Tensor:
+        logits, hidden = response_logits_hidden(
+            model, gen.input_ids[s], gen.attention_mask[s], r, temperature
+        )
+        logprobs = logprobs_from_logits(logits, gen.response_ids[s])
+        return torch.stack([logprobs, value_of(value_head, hidden)], dim=1)
+
+    both = _in_chunks(one, gen.input_ids.shape[0], micro_batch_size)  # [B, 2, R]
+    return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
+
+
+@torch.no_grad()
 def sequence_kl_full(
     actor: torch.nn.Module,
     reference: torch.nn.Module,
@@ -124,6 +148,7 @@ def build_experience(
     group_ids: torch.Tensor,
     kl_estimator: str = "k1",
     old_from_engine: bool = False,
+    value_head: torch.nn.Module | None = None,
 ) -> Experience:
     """Run the scoring passes and pack everything into one Experience.
 
@@ -133,15 +158,28 @@ def build_experience(
     log-probs, or `full`, exact over the vocabulary (one more pair of forward passes).
     The engine's own log-probs (`gen.logprobs`), when present, travel as `rollout_logprobs`;
     with `old_from_engine` they are the old log-probs instead (no actor forward pass).
+    `value_head` (a shared-backbone critic on the actor, instead of `critic`): the values come
+    from the actor's pass that gives the old log-probs, or with `old_from_engine` from the
+    generation (`gen.values`): then no actor pass runs at all.
     """
+    values = None
     if old_from_engine:
         if gen.logprobs is None:
             raise ValueError("old_from_engine needs the engine's log-probs (logprobs=True)")
         old = gen.logprobs.float() * gen.response_mask
+        if value_head is not None:
+            if gen.values is None:
+                raise ValueError("old_from_engine with a value_head needs gen.values")
+            values = gen.values.float() * gen.response_mask
+    elif value_head is not None:
+        old, values = sequence_logprobs_values(
+            actor, value_head, gen, temperature, micro_batch_size
+        )
     else:
         old = sequence_logprobs(actor, gen, temperature, micro_batch_size)
     ref = sequence_logprobs(reference, gen, temperature, micro_batch_size) if reference else None
-    values = sequence_values(critic, gen, micro_batch_size) if critic is not None else None
+    if critic is not None:
+        values = sequence_values(critic, gen, micro_batch_size)
     if reference is None:
         kl = torch.zeros_like(old)
     elif kl_estimator == "full":

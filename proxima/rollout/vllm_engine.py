@@ -190,6 +190,8 @@ class VLLMEngine:
     ) -> Generation:
         from vllm.inputs import TokensPrompt
 
+        if sampling.values:
+            raise ValueError("the vllm engine cannot return a value head's values")
         n = sampling.n
         rows = [
             ids[m.bool()].tolist()

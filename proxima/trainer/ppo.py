@@ -31,6 +31,7 @@ from proxima.algos import (
 from proxima.config import Config
 from proxima.data import PromptLoader, collate_sft
 from proxima.models.saving import export_weights, save_role
+from proxima.models.value_head import load_value_head, save_value_head
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine, build_engine
@@ -39,7 +40,12 @@ from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles, autocast
-from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
+from proxima.trainer.update import (
+    actor_micro_loss,
+    critic_micro_loss,
+    run_updates,
+    shared_micro_loss,
+)
 from proxima.types import Experience
 
 
@@ -142,10 +148,12 @@ class PPOTrainer:
         self.engine = (
             engine
             if engine is not None
-            else build_engine(cfg, roles.actor, roles.tokenizer, device)
+            else build_engine(cfg, roles.actor, roles.tokenizer, device, roles.value_head)
         )
         self.timer = PhaseTimer()
         self.old_from_engine, self.old_logprobs_source = self._old_logprobs_source()
+        # a shared-backbone critic's values come with the engine's log-probs (same states)
+        self.values_from_engine = self.old_from_engine and roles.value_head is not None
         n_seq = cfg.rollout_batch_size
         self.trained: dict[str, TrainedRole] = {}  # actor, and critic when one is trained
         for name, sec in cfg.trained_roles().items():
@@ -153,7 +161,10 @@ class PPOTrainer:
             if model is not None:
                 steps = cfg.trainer.iterations * sec.ppo_epochs * (n_seq // sec.ppo_mini_batch_size)
                 model = wrap_trained(model, dist, device, cfg.fsdp)
-                self.trained[name] = TrainedRole(name, model, sec, steps, dist)
+                head = roles.value_head if name == "actor" else None
+                self.trained[name] = TrainedRole(
+                    name, model, sec, steps, dist, head=head, head_lr=cfg.critic.optim.lr
+                )
         if dist.strategy == "fsdp2" and roles.reference is not None:
             shard(roles.reference, cfg.fsdp, trainable=False)
         self.sft_loader = (
@@ -170,6 +181,10 @@ class PPOTrainer:
         why_not = engine_logprobs_exact(self.cfg, self.roles.actor, self.engine.name)
         if why_not:
             return False, f"recompute (an actor forward pass; auto: {why_not})"
+        if self.roles.value_head is not None:
+            return True, (
+                "engine, values too (the hf engine's own, no actor forward pass; auto: exact here)"
+            )
         return True, "engine (the hf engine's own, one forward pass less; auto: exact here)"
 
     def autocast(self, generation: bool = False):
@@ -219,6 +234,7 @@ class PPOTrainer:
                 self.cfg.rollout,
                 self.device,
                 logprobs=True,
+                values=self.values_from_engine,
             )
         except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
             if "inf" in str(err) and "nan" in str(err):
@@ -257,6 +273,7 @@ class PPOTrainer:
             group_ids=ro.group_ids,
             kl_estimator=self.cfg.algorithm.kl_penalty,
             old_from_engine=self.old_from_engine,
+            value_head=self.roles.value_head,
         )
         a = self.cfg.algorithm
         if a.rollout_correction and exp.rollout_logprobs is not None:
@@ -307,6 +324,8 @@ class PPOTrainer:
         exp.advantages, exp.returns = adv, ret
 
     def update(self, exp: Experience) -> dict[str, float]:
+        if self.roles.value_head is not None:
+            return self._update_shared(exp)
         stats = {}
         critic = self.trained.get("critic")
         if critic is not None:
@@ -332,6 +351,33 @@ class PPOTrainer:
         self.weight_version += 1
         return stats
 
+    def _update_shared(self, exp: Experience) -> dict[str, float]:
+        """critic.shared_backbone: one network, one forward / backward per micro-batch for
+        the actor's loss + vf_coef x the value loss, in the actor's epochs and steps. During
+        the critic's warm-up only the value head learns (the actor's weights, and so the
+        engine's, stay as they are; its learning-rate schedule advances all the same)."""
+        actor, cfg = self.trained["actor"], self.cfg
+        warmup = self.iteration < cfg.critic.warmup_iterations
+        stats = self._update_role(
+            actor,
+            exp,
+            lambda mb: shared_micro_loss(
+                actor.model,
+                actor.head,
+                mb,
+                actor.cfg,
+                cfg.critic,
+                cfg.rollout.temperature,
+                self.roles.reference,
+                head_only=warmup,
+            ),
+            extra_loss=self._ptx_loss if actor.cfg.ptx_coef and not warmup else None,
+            target_kl=0.0 if warmup else actor.cfg.target_kl,
+        )
+        if not warmup:
+            self.weight_version += 1
+        return stats
+
     def _update_role(
         self, role: TrainedRole, exp: Experience, micro_loss, extra_loss=None, target_kl=0.0
     ) -> dict[str, float]:
@@ -346,7 +392,7 @@ class PPOTrainer:
             target_kl=target_kl,
             autocast=self.autocast,
         )
-        return {f"{role.name}/{k}": v for k, v in stats.items()}
+        return {k if "/" in k else f"{role.name}/{k}": v for k, v in stats.items()}
 
     def _ptx_loss(self) -> torch.Tensor:
         """ptx_coef x next-token cross-entropy on one SFT micro-batch (InstructGPT's PPO-ptx,
@@ -382,6 +428,8 @@ class PPOTrainer:
             m["values_mean"] = float(masked_mean(exp.values, mask))
         m.update(self._rollout_trust(local))
         m.update({f"{name}/lr": role.lr for name, role in self.trained.items()})
+        if self.roles.value_head is not None:  # the shared backbone's value head group
+            m["critic/lr"] = self.trained["actor"].optimizer.param_groups[1]["lr"]
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
         return m
@@ -466,9 +514,13 @@ class PPOTrainer:
             state = role.full_state_dict()
             if self.is_main:
                 save_role(role.unwrapped, self.roles.tokenizer, folder, name, state_dict=state)
+        if self.roles.value_head is not None and self.is_main:
+            save_value_head(self.roles.value_head, folder)
 
     def load_models(self, folder) -> None:
         """Weights written by `save_models`, in place (the optimizers keep their tensors)."""
         for name, role in self.trained.items():
             role.load_weights(folder, name)
+        if self.roles.value_head is not None:
+            load_value_head(self.roles.value_head, folder)
         self.weight_version += 1  # the engine gets these at the next rollout

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from proxima.checkpoint import (
+    MODEL_FOLDERS,
     check_resume,
     checkpoint_iteration,
     copy_models,
@@ -215,8 +216,8 @@ def train_ppo(
 
 
 def _keep_result(trainer: PPOTrainer, run_dir: Path, summary: dict, resume: Path | None) -> None:
-    """The run's result in run_dir/actor/ (and critic/): the trained models, or after a
-    divergence the last good checkpoint's (the diverged weights are not kept)."""
+    """The run's result in run_dir/actor/ (and critic/ or value_head/): the trained models,
+    or after a divergence the last good checkpoint's (the diverged weights are not kept)."""
     diverged = summary.get("diverged")
     if diverged is None:
         trainer.save_models(run_dir)  # the value model too: kept, not thrown away
@@ -244,10 +245,11 @@ def _plot(run_dir: Path) -> None:
 def _report(summary: dict, run_dir: Path) -> None:
     """The last lines of a run: where everything is, or why it stopped and how to go on."""
     stopped, diverged = summary.get("stopped"), summary.get("diverged")
+    models = ", ".join(f"{n}/" for n in MODEL_FOLDERS if (run_dir / n).is_dir())
     if diverged is not None:
         result = diverged["result"]
         kept = (
-            f"the result (actor/, critic/) is the last good checkpoint {result}"
+            f"the result ({models}) is the last good checkpoint {result}"
             if result
             else "no checkpoint was written before it, so no result is kept: the initial "
             "model is model.actor_path, unchanged"
@@ -261,7 +263,7 @@ def _report(summary: dict, run_dir: Path) -> None:
     else:
         print(
             f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
-            "actor/, critic/)"
+            f"{models})"
         )
 
 

@@ -23,6 +23,7 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.lora import AdapterDisabled, add_lora
+from proxima.models.value_head import new_value_head
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,12 +68,18 @@ class Roles:
     reference: torch.nn.Module | None
     critic: torch.nn.Module | None
     reward: object  # callable reward source, see proxima.rewards
+    # critic.shared_backbone: the critic is this head on the actor's final hidden state
+    value_head: torch.nn.Module | None = None
 
     def report(self) -> str:
         """What each role costs in memory: parameters, trainable, bytes."""
         lines = []
         for name in ("actor", "reference", "critic"):
             model = getattr(self, name)
+            if model is None and name == "critic" and self.value_head is not None:
+                n = sum(p.numel() for p in self.value_head.parameters())
+                lines.append(f"  critic   : a value head ({n} params) on the actor's backbone")
+                continue
             if model is None:
                 lines.append(f"  {name:9s}: not loaded")
                 continue
@@ -263,7 +270,8 @@ def prepare_inputs(cfg: Config) -> RunInputs:
 
 
 def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None) -> Roles:
-    """Actor (trained), reference (frozen), critic (trained, GAE only), reward source.
+    """Actor (trained), reference (frozen), critic (trained, GAE only; a value head on the
+    actor with critic.shared_backbone), reward source.
 
     With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
     adapters, and the reference is the actor with its adapters disabled unless
@@ -286,8 +294,10 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
             device=device,
             trainable=False,
         )
-    critic = None
-    if cfg.algorithm.adv_estimator == "gae":
+    critic = value_head = None
+    if cfg.critic.shared_backbone:
+        value_head = new_value_head(actor, seed=cfg.trainer.seed, dtype=dtype, device=device)
+    elif cfg.algorithm.adv_estimator == "gae":
         critic = load_critic(
             critic_source(cfg),
             dtype=dtype,
@@ -297,7 +307,8 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
         )
         if lora and cfg.model.critic_lora:
             critic = add_lora(critic, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
-    return Roles(tok, actor, reference, critic, build_reward(cfg, tok, device, reward_fn))
+    reward = build_reward(cfg, tok, device, reward_fn)
+    return Roles(tok, actor, reference, critic, reward, value_head)
 
 
 def load_prompts(cfg: Config, path: str, tokenizer) -> PromptDataset:

@@ -25,7 +25,8 @@ from proxima.algos import (
     value_loss,
 )
 from proxima.config import ActorConfig, CriticConfig
-from proxima.models.forward import response_logits, response_values
+from proxima.models.forward import response_logits, response_logits_hidden, response_values
+from proxima.models.value_head import value_of
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience
@@ -116,6 +117,16 @@ def actor_micro_loss(
     """Clipped surrogate - entropy bonus (+ KL loss) of one micro-batch."""
     r = mb.response_mask.shape[1]
     logits = response_logits(actor, mb.input_ids, mb.attention_mask, r, temperature)
+    return _policy_terms(logits, mb, cfg, temperature, reference)
+
+
+def _policy_terms(
+    logits: torch.Tensor,
+    mb: Experience,
+    cfg: ActorConfig,
+    temperature: float,
+    reference: torch.nn.Module | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     logprobs = logprobs_from_logits(logits, mb.response_ids)
     loss, stats = policy_loss(
         logprobs,
@@ -155,6 +166,12 @@ def critic_micro_loss(
     critic: torch.nn.Module, mb: Experience, cfg: CriticConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
     values = response_values(critic, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
+    return _value_terms(values, mb, cfg)
+
+
+def _value_terms(
+    values: torch.Tensor, mb: Experience, cfg: CriticConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     loss, stats = value_loss(
         values,
         mb.values,
@@ -166,6 +183,34 @@ def critic_micro_loss(
     stats = {k: float(v) for k, v in stats.items()}
     stats["vf_loss"] = float(loss.detach())
     return loss, stats
+
+
+def shared_micro_loss(
+    actor: torch.nn.Module,
+    value_head: torch.nn.Module,
+    mb: Experience,
+    actor_cfg: ActorConfig,
+    critic_cfg: CriticConfig,
+    temperature: float,
+    reference: torch.nn.Module | None = None,
+    head_only: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """A shared-backbone actor-critic's micro-batch: one forward pass, loss = the actor's
+    loss (`actor_micro_loss`) + critic.vf_coef x the value loss (`critic_micro_loss`; seed
+    001's c1). The value stats come back named `critic/...`. `head_only` (the critic's
+    warm-up): vf_coef x the value loss of the value head alone, on the backbone's features
+    without gradient (the actor does not change)."""
+    r = mb.response_mask.shape[1]
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not head_only):
+        logits, hidden = response_logits_hidden(
+            actor, mb.input_ids, mb.attention_mask, r, temperature
+        )
+    vf, vf_stats = _value_terms(value_of(value_head, hidden), mb, critic_cfg)
+    stats = {f"critic/{k}": v for k, v in vf_stats.items()}
+    if head_only:
+        return critic_cfg.vf_coef * vf, stats
+    loss, actor_stats = _policy_terms(logits, mb, actor_cfg, temperature, reference)
+    return loss + critic_cfg.vf_coef * vf, {**actor_stats, **stats}
 
 
 def run_updates(

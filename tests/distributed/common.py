@@ -9,9 +9,15 @@ from transformers import AutoModelForTokenClassification
 from proxima.algos import AGG_MODES
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
+from proxima.models.value_head import new_value_head
 from proxima.trainer.dist import Dist, unwrap, wrap_trained
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.update import actor_micro_loss, critic_micro_loss, run_updates
+from proxima.trainer.update import (
+    actor_micro_loss,
+    critic_micro_loss,
+    run_updates,
+    shared_micro_loss,
+)
 from proxima.types import Experience
 from tests.oracles import ragged_experience
 
@@ -44,12 +50,16 @@ class GradCapture(TrainedRole):
     grads: dict[str, torch.Tensor]
 
     def step(self) -> tuple[float, bool]:
+        self.average_head_grads()
         self.grads = {}
-        for name, p in unwrap(self.model).named_parameters():
+        named = list(unwrap(self.model).named_parameters())
+        if self.head is not None:
+            named += [(f"value_head.{n}", p) for n, p in self.head.named_parameters()]
+        for name, p in named:
             if p.grad is not None:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 self.grads[name] = g.detach().cpu().clone()
-        self.model.zero_grad(set_to_none=True)
+                p.grad = None
         return 0.0, True
 
 
@@ -63,9 +73,10 @@ def mini_batch_grads(
     device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
     """Gradients of one global mini-batch (all of `exp` across the `world` ranks; this rank
-    holds `exp`, its share) with micro-batches of 2, through `run_updates`."""
+    holds `exp`, its share) with micro-batches of 2, through `run_updates`. Role `shared`:
+    the actor with a shared-backbone value head (critic.shared_backbone)."""
     size = exp.batch_size * world
-    sec_cls = ActorConfig if role == "actor" else CriticConfig
+    sec_cls = CriticConfig if role == "critic" else ActorConfig
     sec = sec_cls(
         optim=OptimConfig(lr=0.0),
         ppo_mini_batch_size=size,
@@ -81,9 +92,15 @@ def mini_batch_grads(
     device = device or torch.device("cpu")
     wrapped = wrap_trained(model.to(device), dist, device, fsdp)
     exp = exp.to(device)
-    captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist)
+    head = new_value_head(model, seed=3, device=device) if role == "shared" else None
+    captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist, head=head)
     if role == "actor":
         loss = lambda mb: actor_micro_loss(wrapped, mb, sec, TEMPERATURE)  # noqa: E731
+    elif role == "shared":
+        critic_sec = CriticConfig(loss_agg_mode=mode, vf_coef=0.7)
+        loss = lambda mb: shared_micro_loss(  # noqa: E731
+            wrapped, head, mb, sec, critic_sec, TEMPERATURE
+        )
     else:
         loss = lambda mb: critic_micro_loss(wrapped, mb, sec)  # noqa: E731
     gen = torch.Generator().manual_seed(0)

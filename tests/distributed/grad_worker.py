@@ -1,7 +1,7 @@
 """Run by torchrun (2 ranks): the gradients of every loss aggregation mode for the actor and
-the critic, under DDP and FSDP2, each rank holding its half of the global batch. Rank 0
-saves them to the path given as the first argument; a second argument `cuda` runs on the
-GPUs with NCCL (gloo on the CPU otherwise)."""
+the critic, under DDP and FSDP2 (and the shared-backbone actor-critic under DDP), each rank
+holding its half of the global batch. Rank 0 saves them to the path given as the first
+argument; a second argument `cuda` runs on the GPUs with NCCL (gloo on the CPU otherwise)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ for strategy in ("ddp", "fsdp2"):
     half = exp.batch_size // dist.world_size
     mine = exp.select(list(range(dist.rank * half, (dist.rank + 1) * half)))
     for mode in MODES:
-        for role in ("actor", "critic"):
-            model = models()[0 if role == "actor" else 1]
+        for role in ("actor", "critic", "shared")[: 3 if strategy == "ddp" else 2]:
+            model = models()[1 if role == "critic" else 0]
             grads = mini_batch_grads(model, role, mode, mine, dist, dist.world_size, device)
             out[(strategy, role, mode)] = grads
 if dist.is_main:

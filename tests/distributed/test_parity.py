@@ -1,7 +1,8 @@
 """N processes give the same gradients as one process on the same global batch: DDP and
-FSDP2, actor and critic, every loss aggregation mode, unequal token counts per rank (the
-first rank's responses are long, the second's short: a loss normalised per rank instead of
-by the global token count is 4-13% off, and fails here)."""
+FSDP2, actor and critic (and the shared-backbone actor-critic under DDP), every loss
+aggregation mode, unequal token counts per rank (the first rank's responses are long, the
+second's short: a loss normalised per rank instead of by the global token count is 4-13%
+off, and fails here)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,26 @@ def _one_process(role: str, mode: str) -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)
     actor, critic = models()
     exp = global_batch(actor)
-    model = actor if role == "actor" else critic
+    model = critic if role == "critic" else actor
     return mini_batch_grads(model, role, mode, exp, Dist(), world=1)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-@pytest.mark.parametrize("role", ["actor", "critic"])
+@pytest.mark.parametrize(
+    "strategy, role",
+    [
+        ("ddp", "actor"),
+        ("ddp", "critic"),
+        ("ddp", "shared"),
+        ("fsdp2", "actor"),
+        ("fsdp2", "critic"),
+    ],
+)
 @pytest.mark.parametrize("mode", MODES)
 def test_two_ranks_equal_one_process(two_ranks, strategy, role, mode):
+    """`shared`: the actor and its value head (outside DDP, averaged by TrainedRole)."""
     want = _one_process(role, mode)
+    if role == "shared":
+        assert "value_head.weight" in want and float(want["value_head.weight"].abs().max()) > 0
     got = two_ranks[(strategy, role, mode)]
     assert want.keys() == got.keys() and want
     assert any(float(g.abs().max()) > 1e-4 for g in want.values())  # a real gradient

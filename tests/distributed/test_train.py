@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from proxima.cli import main
@@ -53,12 +54,19 @@ def greedy(make_model, fast_overrides, tmp_path):
     return overrides
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp-shared"])
 def test_two_processes_give_the_metrics_of_one(greedy, tmp_path, strategy):
+    """`ddp-shared`: the shared-backbone actor-critic (its value head outside DDP)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    assert main(["train", *greedy(one)]) == 0
-    torchrun(["-m", "proxima", "train", *greedy(two, f"trainer.strategy={strategy}")])
+    shared = ("critic.shared_backbone=true",) if strategy.endswith("shared") else ()
+    assert main(["train", *greedy(one, *shared)]) == 0
+    strategy = strategy.removesuffix("-shared")
+    torchrun(["-m", "proxima", "train", *greedy(two, f"trainer.strategy={strategy}", *shared)])
     _close(_metrics(one), _metrics(two))
+    if shared:
+        head = [load_file(run / "value_head" / "model.safetensors") for run in (one, two)]
+        for k in head[0]:
+            torch.testing.assert_close(head[1][k], head[0][k], atol=1e-5, rtol=1e-4, msg=k)
     assert not two.with_name("two-2").exists()  # one run folder, written by rank 0 only
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["iterations"] == 3

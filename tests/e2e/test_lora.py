@@ -158,3 +158,24 @@ def test_lora_resume_refuses_another_rank(tmp_path, make_model, fast_overrides, 
     )
     assert main(["train", *argv]) == 2
     assert "model.lora_rank: checkpoint 4, this run 8" in capsys.readouterr().err
+
+
+def test_shared_backbone_with_lora_resumes_exactly(tmp_path, make_model, fast_overrides):
+    """critic.shared_backbone with LoRA: one adapted network, a value head beside it in
+    value_head/ (no critic/), and resume equals the uninterrupted run bit for bit."""
+    init = make_model("llama")
+    shared = (*LORA, "critic.shared_backbone=true", "critic.warmup_iterations=1")
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    assert main(["train", *fast_overrides(init, run_a, 4, "trainer.save_every=2", *shared)]) == 0
+    iter_2 = run_a / "checkpoints" / "iter_2"
+    assert {p.name for p in iter_2.iterdir()} >= {"actor", "actor_adapter", "value_head"}
+    assert not (iter_2 / "critic").exists() and not (run_a / "critic").exists()
+    resume = f"trainer.resume_from={iter_2}"
+    assert main(["train", *fast_overrides(init, run_b, 4, resume, *shared)]) == 0
+    a, b = _metrics(run_a), _metrics(run_b)
+    assert "actor/pg_loss" not in a[1] and "critic/vf_loss" in a[1]  # the head's warm-up
+    for step in (3, 4):
+        assert {"actor/pg_loss", "critic/vf_loss", "values_mean"} <= b[step].keys()
+        assert b[step] == a[step], step
+    _same_files(run_a / "value_head", run_b / "value_head", "model.safetensors")
+    _same_files(run_a / "actor_adapter", run_b / "actor_adapter", "adapter_model.safetensors")

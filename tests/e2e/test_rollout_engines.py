@@ -36,10 +36,17 @@ def _trainer(make_model, fast_overrides, tmp_path, *extra: str, **fake):
     return PPOTrainer(cfg, roles, prompts, torch.device("cpu"), engine=engine), engine
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_every_rollout_samples_the_current_weights(make_model, fast_overrides, tmp_path, lora):
-    extra = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2") if lora else ()
-    trainer, engine = _trainer(make_model, fast_overrides, tmp_path, *extra)
+VARIANTS = {
+    "full": (),
+    "lora": ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2"),
+    # one pass of the actor gives the old log-probs and the values (this engine is not hf)
+    "shared": ("critic.shared_backbone=true", "actor.optim.lr=1e-2"),
+}
+
+
+@pytest.mark.parametrize("variant", ["full", "lora", "shared"])
+def test_every_rollout_samples_the_current_weights(make_model, fast_overrides, tmp_path, variant):
+    trainer, engine = _trainer(make_model, fast_overrides, tmp_path, *VARIANTS[variant])
     before = {k: v.clone() for k, v in engine.inner.model.state_dict().items()}
     diffs = []
     for _ in range(3):
@@ -132,14 +139,14 @@ def test_vllm_engine_refuses_a_head_size_its_cpu_kernels_lack(make_model, fast_o
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, lora):
-    """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning and
-    LoRA (merged weights pushed): runs, and vLLM's log-probs stay within float32 noise of the
-    trainer's every iteration, so every push landed (stale weights would differ by far more
-    once the actor moved)."""
+@pytest.mark.parametrize("variant", ["full", "lora", "shared"])
+def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, variant):
+    """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning,
+    LoRA (merged weights pushed) and the shared-backbone actor-critic: runs, and vLLM's
+    log-probs stay within float32 noise of the trainer's every iteration, so every push
+    landed (stale weights would differ by far more once the actor moved)."""
     out = tmp_path / "run"
-    extra = ("model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=1e-2") if lora else ()
+    extra = VARIANTS[variant]
     argv = fast_overrides(
         make_model("llama", "small"),
         out,

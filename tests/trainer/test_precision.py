@@ -6,58 +6,28 @@ weights and their optimizer state stay float32. Nano models, a few seconds in al
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from proxima.config import ConfigError, load_config
-from proxima.models import init_model, load_causal_lm
+from proxima.models import load_causal_lm
 from proxima.rollout.score import build_experience, engine_logprobs_exact
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles
 from proxima.trainer.update import actor_micro_loss
-
-REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
-
+from tests.trainer.nano import nano_files, nano_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("precision")
-    model = init_model(root / "m", "llama", "nano", alphabet="0123456789+=", max_positions=32)
-    prompts = [{"prompt": f"{a}+{b}="} for a in range(10) for b in range(2)]
-    (root / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
-    return {"model": model, "prompts": root / "p.jsonl"}
+    return nano_files(tmp_path_factory.mktemp("precision"))
 
 
 def make_trainer(files, *extra: str) -> PPOTrainer:
-    cfg = load_config(
-        None,
-        [
-            f"model.actor_path={files['model']}",
-            "model.device=cpu",
-            f"data.train_path={files['prompts']}",
-            "data.train_batch_size=8",
-            f"reward.function={REWARD}:fn",
-            "rollout.max_response_length=6",
-            "rollout.temperature=0.7",
-            "actor.ppo_mini_batch_size=8",
-            "actor.ppo_micro_batch_size=4",
-            "actor.optim.lr=1e-3",
-            "critic.ppo_mini_batch_size=8",
-            "critic.ppo_micro_batch_size=4",
-            "critic.warmup_iterations=0",
-            "trainer.iterations=3",
-            *extra,
-        ],
-    )
-    cpu = torch.device("cpu")
-    roles = load_roles(cfg, cpu)
-    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), cpu)
+    return nano_trainer(files, *extra)
 
 
 def _experience(trainer: PPOTrainer, ro, old_from_engine: bool):
