@@ -5,13 +5,18 @@
 Runs the matrix of issue 12 with one command: for each workload (--workloads, default W1 W2) x
 PPO epochs (--epochs, default 1 4) x precision (fp32 and each system's best), three systems:
 
-- trl: TRL 1.12's `PPOTrainer.train()`; fp32, and `bf16=True` (accelerate autocast, training only).
+- trl: TRL 1.12's `PPOTrainer.train()`; fp32, and for its best cell `bf16=True` (accelerate
+  autocast, training only) or, with `--best-precision fp32`, fp32 again (TRL has no other lever).
 - proxima: `PPOTrainer.step()` with `model.dtype=float32` plus `--proxima-fp32`, or the overrides
-  of `--proxima-best` for its best precision.
+  of `--proxima-best` for its best cell (default: bf16 mixed precision, engine log-probs and the
+  shared-backbone actor-critic).
 - floor: the same math in plain torch + transformers, no framework: one KV-cached `generate`
   (old log-probs from its own scores), the reference / critic / reward forwards, then per epoch
-  and mini-batch an actor and a critic forward + backward + AdamW step; fp32, and bf16 autocast
-  with fp32 weights for the best cell.
+  and mini-batch an actor and a critic forward + backward + AdamW step; fp32. Its best cell is at
+  `--best-precision` (bf16 autocast with fp32 weights, or fp32) and, when `--proxima-best` sets
+  `critic.shared_backbone=true`, does the shared-backbone math too: the values from the
+  generation's last hidden states, no critic forward, one forward + backward + step per
+  mini-batch for policy loss + 0.5 x value loss.
 
 Workloads (identical for every system: one locally built byte-level BPE tokenizer, the same
 prompt file and the same model folders): four separate Llama models (actor, reference = actor
@@ -57,6 +62,7 @@ TEMPERATURE = 0.7
 LR = 3e-6
 KL_COEF = 0.05
 SEED = 42
+VF_COEF = 0.5  # the floor's shared-backbone value loss weight (proxima's critic.vf_coef)
 SYSTEMS = ("trl", "proxima", "floor")
 
 
@@ -328,7 +334,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     PPOConfig, PPOTrainer = _import_trl_ppo()
-    bf16 = spec["precision"] == "best"
+    bf16 = spec["bf16"]
     # TRL 1.12's PPOTrainer builds its own `Accelerator(gradient_accumulation_steps=...)`, and
     # transformers 5 no longer exports `bf16=True` to accelerate's environment, so the flag alone
     # trains in fp32 (checked: `accelerator.mixed_precision` is "no"). The environment variable
@@ -484,17 +490,23 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.manual_seed(SEED)
-    bf16 = spec["precision"] == "best"
+    bf16, shared = spec["bf16"], spec["shared"]
     amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else (lambda: nullcontext())
     actor = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32).eval()
-    critic = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
     rm = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
     rm.eval()
     for m in (ref, rm):
         m.requires_grad_(False)
-    opt_a = torch.optim.AdamW(actor.parameters(), lr=LR)
-    opt_c = torch.optim.AdamW(critic.parameters(), lr=LR)
+    if shared:  # one network: a value head on the actor's final hidden state
+        head = torch.nn.Linear(actor.config.hidden_size, 1)
+        opt_a = torch.optim.AdamW([*actor.parameters(), *head.parameters()], lr=LR)
+    else:
+        critic = AutoModelForSequenceClassification.from_pretrained(
+            a["reward"], dtype=torch.float32
+        )
+        opt_a = torch.optim.AdamW(actor.parameters(), lr=LR)
+        opt_c = torch.optim.AdamW(critic.parameters(), lr=LR)
     prompts = torch.tensor(load_prompt_ids(spec["prompt_file"]))
     p_len, r_len, mb = PROMPT_LEN, w.response, w.mini_batch
     eos = actor.generation_config.eos_token_id
@@ -527,16 +539,22 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
                 use_cache=True,
                 return_dict_in_generate=True,
                 output_scores=True,
+                output_hidden_states=shared,
             )
         seq = out.sequences
         response = seq[:, p_len:]
         # the sampling distribution's own log-probs (after temperature and token suppression)
         scores = torch.stack(out.scores, 1).float()
         old_lp = torch.log_softmax(scores, -1).gather(-1, response[..., None])[..., 0]
+        if shared:  # values of the states the tokens were sampled from: the last layer's
+            with torch.no_grad():
+                last = torch.cat([step[-1][:, -1:] for step in out.hidden_states], 1)
+                old_v = head(last.float())[..., 0]
         t1 = time.perf_counter()
         with torch.no_grad(), amp():
             ref_lp = logprobs(ref, seq)
-            old_v = values(critic, seq)
+            if not shared:
+                old_v = values(critic, seq)
             score = rm(input_ids=seq).logits[:, 0].float()
         rewards = -KL_COEF * (old_lp - ref_lp)
         rewards[:, -1] += score
@@ -548,11 +566,26 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
         returns, adv = adv + old_v, whiten(adv)
         t2 = time.perf_counter()
         actor.train()
-        critic.train()
         for _ in range(spec["epochs"]):
             order = torch.randperm(w.prompts)
             for s in range(0, w.prompts, mb):
                 i = order[s : s + mb]
+                if shared:  # one forward / backward / step for both losses
+                    with amp():
+                        o = actor(
+                            input_ids=seq[i], logits_to_keep=r_len + 1, output_hidden_states=True
+                        )
+                        logits = o.logits[:, :-1].float() / TEMPERATURE
+                        lp = torch.log_softmax(logits, -1).gather(-1, seq[i, p_len:, None])[..., 0]
+                        ratio = torch.exp(lp - old_lp[i])
+                        pg = torch.max(-adv[i] * ratio, -adv[i] * ratio.clamp(0.8, 1.2)).mean()
+                        v = head(o.hidden_states[-1][:, p_len - 1 : -1]).float()[..., 0]
+                        vc = old_v[i] + (v - old_v[i]).clamp(-0.2, 0.2)
+                        vf = 0.5 * torch.max((v - returns[i]) ** 2, (vc - returns[i]) ** 2).mean()
+                    (pg + VF_COEF * vf).backward()
+                    opt_a.step()
+                    opt_a.zero_grad(set_to_none=True)
+                    continue
                 with amp():
                     ratio = torch.exp(logprobs(actor, seq[i]) - old_lp[i])
                     pg = torch.max(-adv[i] * ratio, -adv[i] * ratio.clamp(0.8, 1.2)).mean()
@@ -573,7 +606,7 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
                 "seconds": t3 - t0,
                 "phases": {"gen": t1 - t0, "score": t2 - t1, "train": t3 - t2},
                 "tokens": _tokens_before_eos(response, eos),
-                "steps": {"actor": steps, "critic": steps},
+                "steps": {"actor": steps, "critic": 0 if shared else steps},
             }
         )
     return records
@@ -671,14 +704,22 @@ def run_child(argv: list[str], threads: int, timeout: float | None) -> dict:
     return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
 
 
-def precision_config(system: str, precision: str, args) -> tuple[str, list[str]]:
-    """A readable label of the cell's precision setting, and proxima's overrides."""
+def precision_config(system: str, precision: str, args) -> tuple[str, dict]:
+    """A readable label of the cell's setting, and what the cell reads from its spec:
+    proxima's overrides; bf16 autocast or not (TRL, floor); shared backbone (floor: its best
+    cell does the math of proxima's best, a shared backbone when that sets one)."""
+    best = precision == "best"
     if system == "proxima":
-        extra = [o for o in (args.proxima_best if precision == "best" else args.proxima_fp32) if o]
-        return " ".join(["model.dtype=float32", *extra]), extra
+        extra = [o for o in (args.proxima_best if best else args.proxima_fp32) if o]
+        return " ".join(["model.dtype=float32", *extra]), {"overrides": extra}
+    bf16 = best and args.best_precision == "bf16"
     if system == "trl":
-        return ("bf16=True" if precision == "best" else "bf16=False"), []
-    return ("bf16 autocast, fp32 weights" if precision == "best" else "fp32"), []
+        return f"bf16={bf16}", {"bf16": bf16}
+    shared = best and "critic.shared_backbone=true" in args.proxima_best
+    label = ("bf16 autocast, fp32 weights" if bf16 else "fp32") + (
+        ", shared backbone" if shared else ""
+    )
+    return label, {"bf16": bf16, "shared": shared}
 
 
 def plan(args) -> list[tuple[tuple[str, int, str], list[tuple[int, str]]]]:
@@ -774,8 +815,21 @@ def main() -> None:
     p.add_argument(
         "--proxima-best",
         nargs="*",
-        default=["model.mixed_precision=bf16", "rollout.old_logprobs=engine"],
-        help="proxima overrides of its best-precision cells, after model.dtype=float32",
+        default=[
+            "model.mixed_precision=bf16",
+            "rollout.old_logprobs=engine",
+            "critic.shared_backbone=true",
+            "model.critic_init=actor",
+        ],
+        help="proxima overrides of its best cells, after model.dtype=float32 (on a CPU "
+        "without bf16 hardware leave out model.mixed_precision=bf16)",
+    )
+    p.add_argument(
+        "--best-precision",
+        choices=["bf16", "fp32"],
+        default="bf16",
+        help="precision of TRL's and the floor's best cells: bf16 autocast, or fp32 where "
+        "bf16 is slower (a CPU without AVX512-BF16 / AMX: benchmarks/bench_cpu_levers.py)",
     )
     p.add_argument("--out", help="also write the per-cell JSON lines to this file")
     p.add_argument("--assets", help="folder for the built models (kept, reused); default: temp")
@@ -849,7 +903,7 @@ def main() -> None:
         try:
             for (wname, epochs, precision), cells in groups:
                 for rnd, system in cells:
-                    label, overrides = precision_config(system, precision, args)
+                    label, setting = precision_config(system, precision, args)
                     spec = {
                         "workload": wname,
                         "epochs": epochs,
@@ -857,7 +911,7 @@ def main() -> None:
                         "system": system,
                         "round": rnd,
                         "config": label,
-                        "overrides": overrides,
+                        **setting,
                         "repeats": args.repeats,
                         "threads": args.threads,
                         "assets": built["workloads"][wname],
