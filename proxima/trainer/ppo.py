@@ -324,8 +324,11 @@ class PPOTrainer:
         exp.advantages, exp.returns = adv, ret
 
     def update(self, exp: Experience) -> dict[str, float]:
-        if self.roles.value_head is not None:
-            return self._update_shared(exp)
+        """Phase 6: the critic's epochs, then the actor's. With critic.shared_backbone there
+        is no critic role: the actor's micro-batches carry loss + vf_coef x the value loss
+        (one forward / backward), and during the critic's warm-up only the value head
+        learns (the actor's weights, and so the engine's, stay as they are; the shared
+        schedule advances all the same)."""
         stats = {}
         critic = self.trained.get("critic")
         if critic is not None:
@@ -334,45 +337,36 @@ class PPOTrainer:
                     critic, exp, lambda mb: critic_micro_loss(critic.model, mb, critic.cfg)
                 )
             )
-        if self.iteration < self.cfg.critic.warmup_iterations:
+        warmup = self.iteration < self.cfg.critic.warmup_iterations
+        head = self.roles.value_head
+        if warmup and head is None:
             return stats  # critic warm-up: the actor waits for a useful baseline
         actor, temperature = self.trained["actor"], self.cfg.rollout.temperature
+
+        def micro_loss(mb: Experience):
+            if head is None:
+                return actor_micro_loss(
+                    actor.model, mb, actor.cfg, temperature, self.roles.reference
+                )
+            return shared_micro_loss(
+                actor.model,
+                head,
+                mb,
+                actor.cfg,
+                self.cfg.critic,
+                temperature,
+                self.roles.reference,
+                head_only=warmup,
+            )
+
         stats.update(
             self._update_role(
                 actor,
                 exp,
-                lambda mb: actor_micro_loss(
-                    actor.model, mb, actor.cfg, temperature, self.roles.reference
-                ),
-                extra_loss=self._ptx_loss if actor.cfg.ptx_coef else None,
-                target_kl=actor.cfg.target_kl,
+                micro_loss,
+                extra_loss=self._ptx_loss if actor.cfg.ptx_coef and not warmup else None,
+                target_kl=0.0 if warmup else actor.cfg.target_kl,
             )
-        )
-        self.weight_version += 1
-        return stats
-
-    def _update_shared(self, exp: Experience) -> dict[str, float]:
-        """critic.shared_backbone: one network, one forward / backward per micro-batch for
-        the actor's loss + vf_coef x the value loss, in the actor's epochs and steps. During
-        the critic's warm-up only the value head learns (the actor's weights, and so the
-        engine's, stay as they are; its learning-rate schedule advances all the same)."""
-        actor, cfg = self.trained["actor"], self.cfg
-        warmup = self.iteration < cfg.critic.warmup_iterations
-        stats = self._update_role(
-            actor,
-            exp,
-            lambda mb: shared_micro_loss(
-                actor.model,
-                actor.head,
-                mb,
-                actor.cfg,
-                cfg.critic,
-                cfg.rollout.temperature,
-                self.roles.reference,
-                head_only=warmup,
-            ),
-            extra_loss=self._ptx_loss if actor.cfg.ptx_coef and not warmup else None,
-            target_kl=0.0 if warmup else actor.cfg.target_kl,
         )
         if not warmup:
             self.weight_version += 1
