@@ -3,12 +3,11 @@
 A checkpoint folder holds everything a run needs to continue as if it had never stopped::
 
     actor/           Hugging Face folder (weights + tokenizer), loadable on its own
-    critic/          the same for the value model (GAE runs), kept rather than thrown away
+    critic/ ...      the critic's folder(s) (`models.critic.save_module`), kept rather than
+                     thrown away: a value model's HF folder, or a value head on the actor's
     actor_adapter/   LoRA runs only: the peft adapters (and critic_adapter/); actor/ and
                      critic/ then hold the merged models, and resume loads the adapters
                      onto the base model of model.actor_path, which never changes
-    value_head/      critic.shared_backbone runs: the value head on the actor's backbone
-                     (instead of critic/)
     state.pt         the trainer's `state_dict()` (iteration, optimizer and scheduler
                      states, KL coefficient, loader positions, generators, RNG states...)
                      and the resolved config
@@ -41,8 +40,8 @@ STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
 FORMAT_VERSION = 2  # 2: state.pt holds the trainer's state_dict() under `trainer`
 CONTENTS = (
-    "actor/, critic/ (GAE runs) or value_head/ (shared backbone), actor_adapter/ and "
-    "critic_adapter/ (LoRA runs), state.pt and checkpoint.json"
+    "the model folders (actor/, the critic's; the adapters of LoRA runs), state.pt and "
+    "checkpoint.json"
 )
 
 # Keys whose change makes the saved state mean something else: batch shapes and optimizer
@@ -105,7 +104,7 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
     `extra` (JSON-friendly) is stored in state.pt and checkpoint.json. In a multi-process
     job every rank calls it (the trainer gathers its state); the main rank alone writes.
     """
-    main = getattr(trainer, "is_main", True)
+    main = trainer.dist.is_main
     folder = Path(folder)
     if main and folder.exists():
         raise FileExistsError(
@@ -173,7 +172,7 @@ def save_periodic(trainer, run_dir: str | Path, keep: int, extra: dict | None = 
     do temporary folders of killed writes (`remove_orphans`)."""
     root = Path(run_dir) / "checkpoints"
     folder = save_checkpoint(root / f"iter_{trainer.iteration}", trainer, extra)
-    if getattr(trainer, "is_main", True):  # the main rank alone touches the files
+    if trainer.dist.is_main:  # the main rank alone touches the files
         remove_orphans(root)
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old)
@@ -185,17 +184,21 @@ def checkpoint_iteration(folder: str | Path) -> int:
     return int(json.loads((Path(folder) / META_FILE).read_text())["iteration"])
 
 
-MODEL_FOLDERS = ("actor", "critic", "actor_adapter", "critic_adapter", "value_head")
+def model_folders(folder: str | Path) -> list[str]:
+    """Names of the model folders in a checkpoint or run folder: every subfolder holding
+    weights (`*.safetensors`; a LoRA adapter's are `adapter_model.safetensors`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(c.name for c in folder.iterdir() if c.is_dir() and any(c.glob("*.safetensors")))
 
 
 def copy_models(folder: str | Path, dest: str | Path) -> list[str]:
-    """Copy a checkpoint's model folders (actor/, critic/, LoRA adapters) into `dest` (a run
-    folder, where they are the run's result); returns the names copied."""
-    copied = []
-    for name in MODEL_FOLDERS:
-        if (Path(folder) / name).is_dir():
-            shutil.copytree(Path(folder) / name, Path(dest) / name, dirs_exist_ok=True)
-            copied.append(name)
+    """Copy a checkpoint's model folders into `dest` (a run folder, where they are the run's
+    result); returns the names copied."""
+    copied = model_folders(folder)
+    for name in copied:
+        shutil.copytree(Path(folder) / name, Path(dest) / name, dirs_exist_ok=True)
     return copied
 
 

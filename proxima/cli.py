@@ -290,7 +290,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.models import load_causal_lm, load_tokenizer
     from proxima.models.saving import export_weights
-    from proxima.rollout.engine import build_engine
+    from proxima.rollout.engines import build_engine
     from proxima.trainer.evaluate import evaluate
     from proxima.trainer.setup import build_reward, check_model_folders, load_prompts, with_key
 

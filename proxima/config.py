@@ -289,6 +289,11 @@ class ActorConfig:
         16, "Sequences per forward/backward (gradient accumulation); never changes the result."
     )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
+    policy_loss: str = _f(
+        "vanilla",
+        "Policy loss, by verl's actor.policy_loss.loss_mode name: vanilla (PPO's clipped "
+        "surrogate with the dual clip).",
+    )
     clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
     clip_ratio_low: float = _f(0.0, "Lower clip range (0 = clip_ratio).")
     clip_ratio_high: float = _f(
@@ -517,6 +522,21 @@ class Config:
         function", https://verl.readthedocs.io/en/latest/examples/config.html)."""
         explicit = self.algorithm.use_kl_in_reward
         return (not self.actor.use_kl_loss) if explicit is None else explicit
+
+    @property
+    def uses_critic(self) -> bool:
+        """The advantage estimator needs a value function (gae); the critic-free ones
+        (grpo, rloo, ...) train none."""
+        from proxima.algos import ADVANTAGE_ESTIMATORS
+
+        estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
+        return estimator is not None and estimator.critic
+
+    @property
+    def critic_on_actor(self) -> bool:
+        """The critic is a value head on the actor's backbone (critic.shared_backbone), not
+        a value model of its own."""
+        return self.uses_critic and self.critic.shared_backbone
 
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
         """The config section of each role PPO trains with its own optimizer steps, by role
@@ -778,10 +798,11 @@ def _check_batch_sizes(cfg: Config, world: int) -> None:
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Names the math in proxima.algos accepts, checked before any model is loaded."""
-    from proxima.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS
+    from proxima.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
 
     return {
-        "algorithm.adv_estimator": ("gae", *ADVANTAGE_ESTIMATORS),
+        "algorithm.adv_estimator": tuple(ADVANTAGE_ESTIMATORS),
+        "actor.policy_loss": tuple(POLICY_LOSSES),
         "algorithm.kl_penalty": (*KL_ESTIMATORS, "full"),
         "actor.kl_loss_type": (*KL_ESTIMATORS, "full"),
         "actor.loss_agg_mode": AGG_MODES,
@@ -976,9 +997,6 @@ def _check_shared_backbone(cfg: Config) -> None:
             f"which only the hf engine can give (rollout.name={cfg.rollout.name})"
         )
         fix = "set rollout.old_logprobs=auto (one actor pass gives log-probs and values)"
-    elif cfg.trainer.strategy == "fsdp2":
-        why = "`trainer.strategy=fsdp2` is not supported with it yet"
-        fix = "use trainer.strategy=ddp, or critic.shared_backbone=false"
     elif c.vf_coef <= 0:
         why = f"`critic.vf_coef`={c.vf_coef} would never train the value head"
         fix = "set critic.vf_coef > 0 (0.5 to 1.0, seed 001)"

@@ -8,7 +8,7 @@ complete and frozen.
 from __future__ import annotations
 
 from proxima.config import Config
-from proxima.rollout.engine import check_engine
+from proxima.rollout.engines import check_engine
 from proxima.tasks import check_task, prepare_task, resumed_task_config
 from proxima.trainer.run import new_run_dir, start_dist, train_ppo
 

@@ -6,21 +6,27 @@ real response tokens. Nothing here imports the rest of proxima.
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    Estimator,
     SingletonGroupWarning,
     compute_advantages,
     compute_gae,
     discounted_returns,
+    gae,
     grpo,
+    register_advantage,
     reinforce_plus_plus,
     reinforce_plus_plus_baseline,
     rloo,
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .losses import (
+    POLICY_LOSSES,
     EmptyMaskWarning,
     entropy_from_logits,
+    explained_variance,
     logprobs_from_logits,
     policy_loss,
+    register_policy_loss,
     value_loss,
 )
 from .masked import (
@@ -37,6 +43,11 @@ from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "Estimator",
+    "gae",
+    "register_advantage",
+    "register_policy_loss",
     "AGG_MODES",
     "IS_LEVELS",
     "KL_ESTIMATORS",
@@ -50,6 +61,7 @@ __all__ = [
     "compute_gae",
     "discounted_returns",
     "entropy_from_logits",
+    "explained_variance",
     "grpo",
     "kl_full",
     "kl_penalty",

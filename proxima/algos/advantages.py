@@ -4,7 +4,13 @@ All functions take per-token rewards [B, T] (from ``token_rewards``) and a respo
 [B, T]; they return (advantages [B, T], returns [B, T]) in float32, zero where the mask is 0,
 and are computed without gradients (inputs are detached).
 
-Critic-free estimators (``ADVANTAGE_ESTIMATORS``) score a sequence by its outcome, the sum
+Every estimator is in one registry, ``ADVANTAGE_ESTIMATORS`` (GAE too), each entry called as
+``fn(token_rewards, response_mask, **inputs, **options)``: the shared inputs it takes
+(``values``, ``group_ids``, ``gamma``) and its own options, named as the ``algorithm.*``
+config fields that set them (so a trainer passes them by name and never asks which
+estimator it runs). ``compute_advantages`` dispatches by name.
+
+The critic-free estimators score a sequence by its outcome, the sum
 of its token rewards over real tokens, and follow verl 0.9.1's ``core_algos.py``
 (https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py). They have no
 value function; as in verl their ``returns`` equal their ``advantages``, except
@@ -23,6 +29,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +38,35 @@ from .masked import masked_whiten
 
 # Added to the group std in grpo (verl's epsilon) so identical outcomes do not divide by 0.
 GRPO_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An entry of ``ADVANTAGE_ESTIMATORS``: calling it calls ``fn``. ``critic``: it needs
+    values V(s_t) from a critic; ``options``: its own keyword options (config field names
+    of the ``algorithm`` section)."""
+
+    name: str
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    critic: bool = False
+    options: tuple[str, ...] = ()
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.fn(*args, **kwargs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_advantage(name: str, *, critic: bool = False, options: tuple[str, ...] = ()):
+    """Decorator: add ``fn`` to ``ADVANTAGE_ESTIMATORS`` under ``name`` (verl's
+    ``algorithm.adv_estimator`` names)."""
+
+    def register(fn):
+        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, critic, options)
+        return fn
+
+    return register
 
 
 class SingletonGroupWarning(UserWarning):
@@ -77,6 +113,30 @@ def compute_gae(
         next_value = torch.where(here, values[:, t], next_value)
         running = torch.where(here, advantage, running)
     returns = select(advantages + values, real)
+    return advantages, returns
+
+
+@register_advantage("gae", critic=True, options=("lam", "whiten_advantages"))
+def gae(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten_advantages: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compute_gae``, the advantages whitened over the batch (``masked_whiten``) when
+    ``whiten_advantages``: the actor's step then does not depend on the reward's scale. The
+    returns, the critic's targets, are never whitened. Returns (advantages, returns) [B, T]."""
+    if values is None:
+        free = [n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.critic]
+        raise ValueError(
+            "compute_advantages: 'gae' needs values from a critic; pass values=..., or use a "
+            f"critic-free estimator: {', '.join(free)}"
+        )
+    advantages, returns = compute_gae(token_rewards, values, response_mask, gamma, lam)
+    if whiten_advantages:
+        advantages = masked_whiten(advantages, response_mask)
     return advantages, returns
 
 
@@ -150,17 +210,19 @@ def _broadcast(per_row: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor,
     return advantages, advantages.clone()
 
 
+@register_advantage("grpo", options=("norm_adv_by_std_in_grpo",))
 @torch.no_grad()
 def grpo(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     group_ids: torch.Tensor | None = None,
-    norm_by_std: bool = True,
+    norm_adv_by_std_in_grpo: bool = True,
     eps: float = GRPO_EPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024, arXiv:2402.03300): (outcome - group mean) / (group std + eps).
 
-    std is the unbiased group std; ``norm_by_std=False`` keeps only the mean subtraction
+    std is the unbiased group std; ``norm_adv_by_std_in_grpo=False`` keeps only the mean
+    subtraction
     (Dr. GRPO, arXiv:2503.20783). Same value on every real token of a row; a group of one
     gets outcome / (1 + eps) (mean 0, std 1, as in verl). Returns
     (advantages, returns=advantages), [B, T].
@@ -169,11 +231,12 @@ def grpo(
     mean, std, size = _group_stats(outcome, group_ids, member)
     _warn_singletons("grpo", size, member)
     advantage = outcome - mean
-    if norm_by_std:
+    if norm_adv_by_std_in_grpo:
         advantage = advantage / (std + eps)
     return _broadcast(advantage, real)
 
 
+@register_advantage("rloo")
 @torch.no_grad()
 def rloo(
     token_rewards: torch.Tensor,
@@ -195,6 +258,7 @@ def rloo(
     return _broadcast(scale * (outcome - mean), real)
 
 
+@register_advantage("reinforce_plus_plus")
 @torch.no_grad()
 def reinforce_plus_plus(
     token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
@@ -210,6 +274,7 @@ def reinforce_plus_plus(
     return advantages, returns
 
 
+@register_advantage("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def reinforce_plus_plus_baseline(
     token_rewards: torch.Tensor,
@@ -230,51 +295,34 @@ def reinforce_plus_plus_baseline(
     return advantages, advantages.clone()
 
 
-# Critic-free estimators by name; each is fn(token_rewards, response_mask, **options).
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "grpo": grpo,
-    "rloo": rloo,
-    "reinforce_plus_plus": reinforce_plus_plus,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
-}
-
-
 def compute_advantages(
     name: str,
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     values: torch.Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 0.95,
     group_ids: torch.Tensor | None = None,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to ``compute_gae`` ("gae", needs values) or a critic-free estimator by name.
+    """The estimator ``name`` of ``ADVANTAGE_ESTIMATORS`` on these inputs.
 
-    gamma and group_ids are passed to the estimators that take them; lam and values only
-    matter for gae. ``options`` are estimator-specific (e.g. ``norm_by_std`` for grpo).
+    values, gamma and group_ids are passed to the estimators that take them (values only
+    matter for gae); ``options`` are the estimator's own (e.g. ``lam`` for gae,
+    ``norm_adv_by_std_in_grpo`` for grpo), an option it does not have is an error.
     Returns (advantages, returns), [B, T].
     """
-    if name == "gae":
-        if values is None:
-            raise ValueError(
-                "compute_advantages: 'gae' needs values from a critic; pass values=..., or "
-                f"use a critic-free estimator: {', '.join(ADVANTAGE_ESTIMATORS)}"
-            )
-        if options:
-            raise ValueError(f"compute_advantages: 'gae' takes no options, got {sorted(options)}")
-        return compute_gae(token_rewards, values, response_mask, gamma, lam)
     if name not in ADVANTAGE_ESTIMATORS:
-        valid = ", ".join(["gae", *ADVANTAGE_ESTIMATORS])
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {valid}")
-    fn = ADVANTAGE_ESTIMATORS[name]
-    accepted = set(inspect.signature(fn).parameters) - {"token_rewards", "response_mask"}
-    unknown = set(options) - accepted
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid names: {', '.join(ADVANTAGE_ESTIMATORS)}"
+        )
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    unknown = set(options) - set(estimator.options)
     if unknown:
         raise ValueError(
             f"compute_advantages: estimator {name!r} got unknown options {sorted(unknown)}; "
-            f"it accepts {sorted(accepted)}"
+            f"it accepts {sorted(estimator.options)}"
         )
-    shared = {"gamma": gamma, "group_ids": group_ids}
+    accepted = inspect.signature(estimator.fn).parameters
+    shared = {"values": values, "gamma": gamma, "group_ids": group_ids}
     kwargs = {key: value for key, value in shared.items() if key in accepted}
-    return fn(token_rewards, response_mask, **kwargs, **options)
+    return estimator(token_rewards, response_mask, **kwargs, **options)

@@ -7,11 +7,17 @@ the dual clip of Ye et al. 2020 (arXiv:1912.09729), the clamped log-ratio and th
 in verl 0.9.1's ``compute_policy_loss_vanilla`` / ``compute_value_loss``
 (https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py).
 Losses return ``(loss, stats)`` with detached 0-dim float stats.
+
+Policy losses are in one registry, ``POLICY_LOSSES``, under verl's
+``actor.policy_loss.loss_mode`` names; each is called as ``fn(log_prob, old_log_prob,
+advantages, response_mask, agg=..., clip_ratio_low=..., clip_ratio_high=..., clip_ratio_c=...,
+is_weights=..., **options)`` and returns ``(loss, stats)``.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -97,29 +103,42 @@ def _detached_stats(**values: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: value.detach().float() for name, value in values.items()}
 
 
+POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
+
+
+def register_policy_loss(name: str):
+    """Decorator: add a policy loss to ``POLICY_LOSSES`` under ``name``."""
+
+    def register(fn):
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return register
+
+
+@register_policy_loss("vanilla")
 def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float | None = 3.0,
     agg: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = 3.0,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped PPO surrogate loss with the dual clip for negative advantages.
+    """Clipped PPO surrogate loss with the dual clip for negative advantages (``vanilla``).
 
-    Per token (PPO, arXiv:1707.06347): r = exp(logprobs - old_logprobs) with the log-ratio
-    clamped to [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high));
-    the low/high bounds default to ``clip_ratio``. Dual clip (arXiv:1912.09729): where
+    Per token (PPO, arXiv:1707.06347): r = exp(log_prob - old_log_prob) with the log-ratio
+    clamped to [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    (clip_ratio_high > clip_ratio_low: DAPO's clip-higher). Dual clip (arXiv:1912.09729): where
     A < 0 the loss is further capped at -A * clip_ratio_c (must be > 1; None disables).
     The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``. Optional
     ``is_weights`` [B, T] (constants, e.g. ``truncated_is_weights``) multiply the per-token
     loss after clipping, as verl applies its rollout importance weights.
 
-    All of logprobs, old_logprobs, advantages, response_mask are [B, T]. Returns
+    All of log_prob, old_log_prob, advantages, response_mask are [B, T]. Returns
     (0-dim loss, stats) with detached 0-dim stats: ``clipfrac`` (share of tokens where the
     clipped term is strictly larger), ``clipfrac_lower`` (share where the dual clip binds),
     ``ppo_kl`` = mean(-clamp(new - old, -20, 20)) (the clamped log-ratio the loss uses, as
@@ -131,17 +150,16 @@ def policy_loss(
     """
     check_same_shape(
         "policy_loss",
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
         advantages=advantages,
         response_mask=response_mask,
     )
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    low, high = clip_ratio_low, clip_ratio_high
     if not (0 <= low < 1 and high >= 0):
         raise ValueError(
             f"policy_loss: clip ratios must satisfy 0 <= low < 1 and high >= 0, got "
-            f"low={low}, high={high}; set clip_ratio (or clip_ratio_low/high), e.g. 0.2"
+            f"low={low}, high={high}; e.g. 0.2 for both"
         )
     if clip_ratio_c is not None and not clip_ratio_c > 1:
         raise ValueError(
@@ -151,7 +169,7 @@ def policy_loss(
     mask = response_mask
     _warn_if_empty("policy_loss", mask)
     # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
-    log_ratio = select(logprobs - old_logprobs, mask)
+    log_ratio = select(log_prob - old_log_prob, mask)
     adv = select(advantages, mask)
     clamped_log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(clamped_log_ratio)
@@ -178,17 +196,20 @@ def policy_loss(
     return loss, stats
 
 
-def _explained_variance(
-    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, min_var: float = 0.0
 ) -> torch.Tensor:
-    """1 - Var(returns - values) / Var(returns) over real tokens; 0 when Var(returns) is 0.
+    """1 - Var(returns - values) / Var(returns) over real tokens (values, returns, mask:
+    [B, T]); 0 when Var(returns) <= ``min_var``: returns that are constant (or, with a
+    floor such as 1e-8, constant up to rounding) leave nothing to explain, and dividing by
+    their variance would only magnify noise (-1e14 for returns that are all about 0).
 
     In float64, then clamped to float32's range: a tiny but nonzero Var(returns) (say 1e-40)
-    gives a very negative finite number instead of -inf from a float32 overflow.
+    under a zero floor gives a very negative finite number instead of -inf.
     """
     returns = returns.double()
     var_returns = masked_var(returns, mask)
-    if var_returns == 0:
+    if var_returns <= min_var:
         return torch.zeros_like(var_returns)
     explained = 1 - masked_var(returns - values.double(), mask) / var_returns
     return explained.clamp(min=torch.finfo(torch.float32).min)
@@ -240,7 +261,7 @@ def value_loss(
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = _detached_stats(
         vf_clipfrac=clipfrac,
-        explained_variance=_explained_variance(v.detach(), target, mask),
+        explained_variance=explained_variance(v.detach(), target, mask),
         vpred_mean=masked_mean(v, mask),
     )
     return loss, stats

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from proxima.algos import last_token_index
 from proxima.models.loading import scalar_head
-from proxima.models.value_head import HeadInput
+from proxima.models.unwrap import base_model
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,33 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     cached = getattr(model, "_proxima_logits_to_keep", None)
     if cached is None:
-        # a peft model (and the LoRA reference view) passes **kwargs on to the HF model it
-        # wraps: the wrapped model's signature decides
-        inner = getattr(model, "module", model)  # inside a DistributedDataParallel wrapper
-        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-        cached = "logits_to_keep" in inspect.signature(inner.forward).parameters
+        # the wrappers (DDP, peft, the LoRA reference view, the actor with a value head) pass
+        # **kwargs on to the HF model they wrap: its signature decides
+        cached = "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
         model._proxima_logits_to_keep = cached
     return cached
+
+
+def _response_forward(model, input_ids, attention_mask, response_length: int, **extra):
+    """The forward pass every response-aligned read shares: positions from the mask, no KV
+    cache, and only the last R + 1 positions projected to the vocabulary when the model
+    supports `logits_to_keep` (saves the [B, P, V] prompt logits)."""
+    if _accepts_logits_to_keep(model):
+        extra["logits_to_keep"] = response_length + 1
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        **extra,
+    )
+
+
+def _scaled(logits: torch.Tensor, response_length: int, temperature: float) -> torch.Tensor:
+    logits = logits[:, -response_length - 1 : -1]
+    # divide by the sampling temperature (lm-human-preferences policy.py; "The N Implementation
+    # Details of RLHF with PPO"), else the KL rises faster than it should
+    return logits / temperature if temperature != 1.0 else logits
 
 
 def response_logits(
@@ -49,39 +69,29 @@ def response_logits(
     """Logits that predict the response tokens, divided by the sampling temperature.
 
     input_ids, attention_mask: [B, P + R]; returns [B, R, V]. Position P + t - 1 predicts
-    response token t. Only the last R + 1 positions are projected to the vocabulary when the
-    model supports `logits_to_keep` (saves the [B, P, V] prompt logits).
+    response token t.
     """
-    kwargs = {}
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = response_length + 1
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        **kwargs,
-    )
-    logits = out.logits[:, -response_length - 1 : -1]
-    # divide by the sampling temperature (lm-human-preferences policy.py; "The N Implementation
-    # Details of RLHF with PPO"), else the KL rises faster than it should
-    return logits / temperature if temperature != 1.0 else logits
+    out = _response_forward(model, input_ids, attention_mask, response_length)
+    return _scaled(out.logits, response_length, temperature)
 
 
-def response_logits_hidden(
+def response_logits_values(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_length: int,
     temperature: float = 1.0,
+    values_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A shared-backbone actor-critic's one pass: `response_logits` [B, R, V] and the final
-    hidden states [B, R, H] they came from (the LM head's input), at the positions
-    `response_values` reads a critic's (P + t - 1 for response token t): a value head on
-    them (`models.value_head.value_of`) gives the values."""
-    with HeadInput(model) as seen:
-        logits = response_logits(model, input_ids, attention_mask, response_length, temperature)
-    return logits, seen.calls[-1][:, -response_length - 1 : -1]
+    """One pass of the actor with a value head (`models.critic.PolicyValue`): the
+    `response_logits` [B, R, V] and the values [B, R] of the same states, read where
+    `response_values` reads a critic's (position P + t - 1 for response token t).
+    `values_only`: the policy without gradient (only the value head learns)."""
+    span = slice(-response_length - 1, -1)
+    out = _response_forward(
+        model, input_ids, attention_mask, response_length, value_span=span, values_only=values_only
+    )
+    return _scaled(out.logits, response_length, temperature), out.vpreds
 
 
 def response_values(

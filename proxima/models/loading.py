@@ -37,6 +37,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 CRITIC_INIT = ("actor", "reward_model", "critic")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _HEAD_NAMES = ("score", "classifier")  # one-label heads of *ForSequence/TokenClassification
 
 _FIX = {

@@ -47,10 +47,11 @@ class ModelReward:
         device: torch.device | str = "cpu",
         batch_size: int = 8,
         max_length: int | None = None,
+        name: str = "a reward model",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1 for reward-model scoring.")
-        self.model = model
+        self.model, self.name = model, name
         self.rm_tokenizer = rm_tokenizer
         self.score_fn = score_fn
         self.device = torch.device(device)

@@ -1,18 +1,20 @@
-"""Prompts -> responses (`generate_rollout`) -> raw scores (`score_rollout`): phase 1, shared by
-training and evaluation (`collect` does both). The responses come from a rollout engine
-(proxima.rollout.engine: `hf` or `vllm`); a plain model is served by the `hf` engine. Scores
+"""Prompts -> responses (`generate_rollout`, phase 1) -> raw scores (`score_rollout`, phase
+2), shared by training and evaluation (`collect` does both). The responses come from a
+rollout engine (proxima.rollout.engine: `hf` or `vllm`); a plain model is served by the `hf`
+engine. Scores
 are the reward source's own output: every shaping (normalisation, no-stop penalty, clipping,
 KL) is `algos.shape_rewards`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
-from proxima.rollout.engine import RolloutEngine, Sampling, as_engine
+from proxima.rollout.engine import RolloutEngine, Sampling
+from proxima.rollout.engines import as_engine
 from proxima.rollout.generate import Generation
 
 
@@ -23,7 +25,7 @@ class Rollout:
     responses: list[str]  # [B] decoded response (special tokens skipped)
     columns: dict[str, list]  # extra dataset columns, one entry per sequence
     group_ids: torch.Tensor  # [B] index of the prompt within the batch
-    scores: torch.Tensor | None = None  # [B] raw reward score (set by score_rollout)
+    scores: torch.Tensor | None = None  # [B] raw reward score (`collect`)
 
 
 def stop_token_ids(tokenizer, cfg: RolloutConfig) -> list[int]:
@@ -53,8 +55,9 @@ def generate_rollout(
 
     `engine` is a rollout engine or a model (served by the `hf` engine). With `logprobs`
     the engine also returns its own log-probs of the sampled tokens (`gen.logprobs`), with
-    `values` its shared-backbone value head's values (`gen.values`, hf engine only). The
-    engine is woken for the call and put to sleep after it (vLLM frees its KV cache)."""
+    `values` the values of the sampled states (`gen.values`: hf engine, serving an actor
+    that carries the critic). The engine is woken for the call and put to sleep after it
+    (vLLM frees its KV cache)."""
     engine = as_engine(engine, tokenizer, cfg)
     n = cfg.n if n is None else n
     group_ids = torch.arange(len(items)).repeat_interleave(n)
@@ -75,12 +78,10 @@ def generate_rollout(
     return Rollout(gen, prompts, responses, columns, group_ids)
 
 
-def score_rollout(ro: Rollout, reward) -> Rollout:
-    """Set `ro.scores` [B] float32: the reward source's raw score of each sequence."""
+def score_rollout(ro: Rollout, reward) -> torch.Tensor:
+    """[B] float32: the reward source's raw score of each sequence."""
     gen = ro.gen
-    ro.scores = reward(ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask)
-    ro.scores = ro.scores.float()
-    return ro
+    return reward(ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask).float()
 
 
 def collect(
@@ -94,6 +95,7 @@ def collect(
     greedy: bool = False,
     n: int | None = None,
 ) -> Rollout:
-    """`generate_rollout` then `score_rollout` (evaluation; training times them apart)."""
+    """`generate_rollout` then `score_rollout`, the scores in the returned Rollout
+    (evaluation; training times the two phases apart)."""
     ro = generate_rollout(engine, tokenizer, items, cfg, device, greedy=greedy, n=n)
-    return score_rollout(ro, reward)
+    return replace(ro, scores=score_rollout(ro, reward))

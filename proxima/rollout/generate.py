@@ -18,7 +18,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from proxima.models.value_head import HeadInput, value_of
+from proxima.models.critic import generation_values
 
 
 @dataclass
@@ -31,8 +31,8 @@ class Generation:
     # it was sampled from (after temperature, top-k, top-p), 0 where masked; None when the
     # engine was not asked for them
     logprobs: torch.Tensor | None = None
-    # [B, R] float32, values of a shared-backbone value head on the states the tokens were
-    # sampled from (`generate_responses(value_head=...)`), 0 where masked; else None
+    # [B, R] float32, the values of the states the tokens were sampled from, when the served
+    # actor carries the critic (`generate_responses(values=True)`), 0 where masked; else None
     values: torch.Tensor | None = None
 
     @property
@@ -129,13 +129,13 @@ def generate_responses(
     top_p: float = 1.0,
     top_k: int = 0,
     logprobs: bool = False,
-    value_head: torch.nn.Module | None = None,
+    values: bool = False,
 ) -> Generation:
     """Sample (or greedily decode) responses to left-padded prompts [B, P]; with
-    `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`); with a
-    `value_head` (shared-backbone critic), also its value of the state each token was
-    sampled from (`Generation.values`: the decode step's final hidden state, the one its
-    logits came from)."""
+    `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`); with
+    `values` (a model that carries the critic, `models.critic.PolicyValue`), also the value
+    of the state each token was sampled from (`Generation.values`: the decode step's final
+    hidden state, the one its logits came from)."""
     was_training = model.training
     model.eval()
     sampling = (
@@ -144,7 +144,7 @@ def generate_responses(
         else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     )
     recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
-    with HeadInput(model) if value_head is not None else nullcontext() as seen:
+    with generation_values(model) if values else nullcontext() as values_of:
         out = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
@@ -158,10 +158,7 @@ def generate_responses(
         )
     model.train(was_training)
     response_ids = out[:, prompt_ids.shape[1] :]
-    values = None
-    if seen is not None:  # one head call per decode step; its last position sampled
-        steps = seen.calls[: response_ids.shape[1]]
-        values = value_of(value_head, torch.cat([h[:, -1:] for h in steps], dim=1))
+    state_values = values_of(response_ids.shape[1]) if values else None
     mask, stopped = response_mask_after_stop(response_ids, stop_ids)
     # tokens after the first stop become padding so they can never leak into a forward pass
     response_ids = torch.where(
@@ -175,5 +172,5 @@ def generate_responses(
         # after its stop a row's tokens are padding, possibly outside the top-k / top-p set
         # (-inf): where, not a product, so no NaN
         logprobs=torch.where(mask.bool(), recorder.finish(out[:, -1]), 0.0) if recorder else None,
-        values=values * mask if values is not None else None,
+        values=state_values * mask if state_values is not None else None,
     )

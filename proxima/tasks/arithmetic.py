@@ -15,7 +15,7 @@ from pathlib import Path
 from proxima.config import Config
 from proxima.models import init_model, load_causal_lm, load_tokenizer
 from proxima.rewards import FunctionReward
-from proxima.rollout.engine import check_engine
+from proxima.rollout.engines import check_engine
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.setup import load_prompts, load_sft
 from proxima.trainer.sft import sft_train

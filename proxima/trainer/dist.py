@@ -23,6 +23,9 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from proxima.models.critic import PolicyValue
+from proxima.models.unwrap import unwrap
+
 T = TypeVar("T")
 
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")
@@ -196,7 +199,10 @@ def wrap_trained(model: nn.Module, dist: Dist, device: torch.device, fsdp=None) 
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
-        return DDP(model, device_ids=ids)
+        # some parameters of the actor with a value head sit out a backward: the head the
+        # ptx loss's, the policy the critic's warm-up (DDP then finds them each forward)
+        unused = isinstance(model, PolicyValue)
+        return DDP(model, device_ids=ids, find_unused_parameters=unused)
     if dist.strategy == "fsdp2":
         shard(model, fsdp, trainable=True)
         return model
@@ -223,6 +229,12 @@ def shard(model: nn.Module, fsdp, trainable: bool) -> None:
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if isinstance(model, PolicyValue):
+        # its `generate` runs the policy inside it: gather the root's parameters (embeddings,
+        # LM head, value head) around the whole call, as a forward through the root would
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        register_fsdp_forward_method(model, "generate")
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -232,13 +244,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     if not lists:
         return []
     return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DDP wrapper (FSDP2 shards in place: nothing to unwrap)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return model.module if isinstance(model, DDP) else model
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""AdamW with linear warm-up then constant or cosine decay, one per trained role."""
+"""AdamW with linear warm-up then constant or cosine decay, one per trained role (a group
+per part with settings of its own: the actor and its value head)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import warnings
 import torch
 
 from proxima.config import OptimConfig
-from proxima.models.saving import load_role, read_role_weights
+from proxima.models.critic import load_module, read_module, save_module
+from proxima.models.unwrap import unwrap
 from proxima.trainer.dist import (
     Dist,
     full_optimizer_state,
     full_state_dict,
     load_full_optimizer_state,
     load_full_state_dict,
-    unwrap,
 )
 
 
@@ -31,28 +32,34 @@ def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
 
 
-def _trainable(*modules: torch.nn.Module | None) -> list[torch.nn.Parameter]:
-    return [p for m in modules if m is not None for p in m.parameters() if p.requires_grad]
+ParamGroup = tuple[str, list[torch.nn.Parameter], OptimConfig]  # name, params, settings
+
+
+def trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
 
 
 def build_optimizer(
-    model: torch.nn.Module,
-    cfg: OptimConfig,
-    total_steps: int,
-    head: torch.nn.Module | None = None,
-    head_lr: float = 0.0,
+    groups: list[ParamGroup], total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the model's trainable parameters; a `head` kept outside the model (a
-    shared-backbone value head) is a second parameter group at `head_lr`, on the same
-    schedule."""
-    groups = [{"params": _trainable(model)}]
-    if head is not None:
-        groups.append({"params": _trainable(head), "lr": head_lr})
+    """AdamW with one parameter group per `groups` entry (its own lr, betas, eps, weight
+    decay) and one schedule per group (its own warm-up and decay over `total_steps`)."""
+    first = groups[0][2]
     opt = torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        [
+            {
+                "params": params,
+                "lr": o.lr,
+                "betas": tuple(o.betas),
+                "eps": o.eps,
+                "weight_decay": o.weight_decay,
+            }
+            for _, params, o in groups
+        ],
+        lr=first.lr,
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, cfg))
-    return opt, sched
+    factors = [lambda s, o=o: lr_factor(s, total_steps, o) for _, _, o in groups]
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factors)
 
 
 def finetune_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup_steps: int = 0):
@@ -66,7 +73,7 @@ def finetune_optimizer(model: torch.nn.Module, lr: float, steps: int, warmup_ste
         weight_decay=0.0,
         min_lr_ratio=0.1,
     )
-    return build_optimizer(model, cfg, steps)
+    return build_optimizer([("model", trainable(model), cfg)], steps)
 
 
 class NonFiniteWeightsError(ValueError):
@@ -76,11 +83,9 @@ class NonFiniteWeightsError(ValueError):
     role = "model"
 
 
-def first_non_finite(model: torch.nn.Module, head: torch.nn.Module | None = None) -> str | None:
+def first_non_finite(model: torch.nn.Module) -> str | None:
     """Name of the first trainable parameter holding inf or nan, or None (one device sync)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if head is not None:
-        named += [(f"value_head.{n}", p) for n, p in head.named_parameters() if p.requires_grad]
+    named = [(n, p) for n, p in unwrap(model).named_parameters() if p.requires_grad]
     if not named:
         return None
     finite = torch.stack([torch.isfinite(p).all() for _, p in named])
@@ -89,46 +94,42 @@ def first_non_finite(model: torch.nn.Module, head: torch.nn.Module | None = None
     return named[int((~finite).nonzero()[0])][0]
 
 
-def _clip_joint(model: torch.nn.Module, head: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """clip_grad_norm_ over the model and a head kept outside it, as one vector (their
-    norms are combined first: a DDP model's and a plain head's gradients are not stacked)."""
+def clip_gradients(opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Scale the gradients of every parameter the optimizer steps to a global norm of at
+    most `max_norm`; returns the norm before. With several parameter groups (the actor and
+    its value head) the norm is over all of them, as one vector: the norm of each group's
+    norm."""
+    groups = [g["params"] for g in opt.param_groups]
+    if len(groups) == 1:
+        return torch.nn.utils.clip_grad_norm_(groups[0], max_norm)
     norms = [
-        torch.nn.utils.clip_grad_norm_(_trainable(m), float("inf")).float().cpu()
-        for m in (model, head)
+        torch.nn.utils.clip_grad_norm_(params, float("inf")).float().cpu() for params in groups
     ]
     total = torch.linalg.vector_norm(torch.stack(norms))
     if math.isfinite(float(total)) and float(total) > max_norm:
         scale = max_norm / (float(total) + 1e-6)
-        for p in _trainable(model, head):
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        for params in groups:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
     return total
 
 
 def optimizer_step(
-    model: torch.nn.Module,
-    opt: torch.optim.Optimizer,
-    sched,
-    grad_clip: float,
-    head: torch.nn.Module | None = None,
+    model: torch.nn.Module, opt: torch.optim.Optimizer, sched, grad_clip: float
 ) -> tuple[float, bool]:
     """Clip and step, for every training loop (PPO, SFT, reward model). A step whose
     gradient is not finite is skipped, and does not advance the learning-rate schedule
     either: it did not happen. A step that makes the weights non-finite raises
     NonFiniteWeightsError (the gradient was fine, the step size was not). Returns
-    (gradient norm before clipping, stepped). `head`: parameters outside the model that
-    the optimizer also steps (clipped together with the model's)."""
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    if head is None:
-        norm = torch.nn.utils.clip_grad_norm_(_trainable(model), max_norm)
-    else:
-        norm = _clip_joint(model, head, max_norm)
+    (gradient norm before clipping, stepped)."""
+    norm = clip_gradients(opt, grad_clip if grad_clip > 0 else float("inf"))
     ok = bool(torch.isfinite(norm))
     if ok:
         lr = opt.param_groups[0]["lr"]
         opt.step()
         sched.step()
-        bad = first_non_finite(model, head)
+        bad = first_non_finite(model)
         if bad is not None:
             opt.zero_grad(set_to_none=True)
             raise NonFiniteWeightsError(
@@ -140,10 +141,11 @@ def optimizer_step(
 
 
 class TrainedRole:
-    """A model PPO trains (actor or critic) with its optimizer, schedule and config section.
+    """A module PPO trains (the actor, maybe with its value head; a value model) with its
+    optimizer, schedule and config section (epochs, mini- and micro-batch sizes, shuffle).
 
     `state_dict()` / `load_state_dict()` follow torch's protocol; the weights themselves are
-    saved as Hugging Face folders (`proxima.models.saving`).
+    saved as Hugging Face folders (`models.critic.save_module`).
     """
 
     def __init__(
@@ -153,56 +155,53 @@ class TrainedRole:
         cfg,
         total_steps: int,
         dist: Dist | None = None,
-        head: torch.nn.Module | None = None,
-        head_lr: float = 0.0,
+        groups: list[ParamGroup] | None = None,
     ) -> None:
-        """`head`, `head_lr`: a shared-backbone value head trained with the model (outside
-        it: its gradients are averaged over the processes here, not by DDP)."""
+        """`groups`: the optimizer's parameter groups, each with its own settings (default:
+        one, every trainable parameter at `cfg.optim`)."""
         self.name, self.model, self.cfg = name, model, cfg  # model: wrapped by DDP / FSDP2
         self.dist = dist or Dist()
-        self.head, self.head_lr = head, head_lr
-        self.optimizer, self.scheduler = build_optimizer(
-            model, cfg.optim, total_steps, head, head_lr
-        )
+        self.groups = groups or [(name, trainable(model), cfg.optim)]
+        self.optimizer, self.scheduler = build_optimizer(self.groups, total_steps)
 
     @property
     def unwrapped(self) -> torch.nn.Module:
-        """The model itself (inside a DDP wrapper; FSDP2 shards in place)."""
+        """The module itself (inside a DDP wrapper; FSDP2 shards in place)."""
         return unwrap(self.model)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """None where the model's own state dict is whole (one process, DDP); gathered from
+        """None where the module's own state dict is whole (one process, DDP); gathered from
         the shards on rank 0 under FSDP2 (every rank must call it)."""
         if self.dist.strategy != "fsdp2":
             return None
         return full_state_dict(self.model, self.dist)
 
-    def load_weights(self, folder, name: str) -> None:
-        """The weights `save_role` wrote, in place; under FSDP2 every rank reads the whole
-        folder and keeps its shard."""
+    def save(self, folder, tokenizer) -> None:
+        """The module's folders (`save_module`); every rank calls it (FSDP2 gathers the
+        shards), rank 0 writes."""
+        state = self.full_state_dict()
+        if self.dist.is_main:
+            save_module(self.unwrapped, tokenizer, folder, self.name, state)
+
+    def load(self, folder) -> None:
+        """The weights `save` wrote, in place; under FSDP2 every rank reads the whole folder
+        and keeps its shard."""
         if self.dist.strategy == "fsdp2":
-            load_full_state_dict(self.model, read_role_weights(folder, name))
+            load_full_state_dict(self.model, read_module(self.unwrapped, folder, self.name))
         else:
-            load_role(self.unwrapped, folder, name)
+            load_module(self.unwrapped, folder, self.name)
 
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
-
-    def average_head_grads(self) -> None:
-        """The head's gradients averaged over the processes: what DDP does for the model's
-        (the head is outside it). Called by `step()`."""
-        world = self.dist.world_size
-        if self.head is not None and world > 1:
-            for p in _trainable(self.head):
-                if p.grad is not None:
-                    p.grad = (self.dist.all_reduce_sum(p.grad) / world).to(p.grad.dtype)
+    def lrs(self) -> dict[str, float]:
+        """The current learning rate of each parameter group, by group name."""
+        return {
+            name: group["lr"]
+            for (name, _, _), group in zip(self.groups, self.optimizer.param_groups, strict=True)
+        }
 
     def step(self) -> tuple[float, bool]:
-        self.average_head_grads()
         try:
             return optimizer_step(
-                self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip, self.head
+                self.model, self.optimizer, self.scheduler, self.cfg.optim.grad_clip
             )
         except NonFiniteWeightsError as err:
             err.role = self.name
@@ -219,21 +218,17 @@ class TrainedRole:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore optimizer + schedule position, then apply this config's hyper-parameters
-        (a resumed run may change the lr, betas, eps, weight decay; the same config leaves
-        every value as saved)."""
-        ocfg = self.cfg.optim
+        to each group (a resumed run may change the lr, betas, eps, weight decay; the same
+        config leaves every value as saved)."""
         if self.dist.strategy == "fsdp2":
             load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        base_lrs = [ocfg.lr] + ([self.head_lr] if self.head is not None else [])
-        for group, lr in zip(self.optimizer.param_groups, base_lrs, strict=True):
+        base_lrs = [o.lr for _, _, o in self.groups]
+        for group, (_, _, o) in zip(self.optimizer.param_groups, self.groups, strict=True):
             group.update(
-                betas=tuple(ocfg.betas),
-                eps=ocfg.eps,
-                weight_decay=ocfg.weight_decay,
-                initial_lr=lr,
+                betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr
             )
         if self.scheduler.base_lrs != base_lrs:  # the lr changed since the checkpoint:
             # recompute lr = base_lr * factor(step) at the restored step, the scheduler's way

@@ -12,19 +12,19 @@ from pathlib import Path
 import torch
 
 from proxima.checkpoint import (
-    MODEL_FOLDERS,
     check_resume,
     checkpoint_iteration,
     copy_models,
     list_checkpoints,
     load_checkpoint,
+    model_folders,
     remove_orphans,
     save_periodic,
 )
 from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
-from proxima.rollout.engine import check_engine
+from proxima.rollout.engines import check_engine
 from proxima.trainer.dist import Dist, env_world
 from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import evaluate
@@ -107,7 +107,7 @@ def remove_orphans_near(output_dir: str | Path) -> None:
 def _eval(trainer: PPOTrainer, items, cfg: Config, tag: str) -> dict:
     """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
     roles = trainer.roles
-    with trainer.autocast(generation=True):
+    with trainer.precision(generation=True):
         runs = {
             greedy: evaluate(
                 trainer.synced_engine(),
@@ -190,7 +190,7 @@ def train_ppo(
         print("roles:\n" + roles.report())
     trainer = PPOTrainer(cfg, roles, inputs.prompts, device, sft_data=inputs.sft, dist=dist)
     if main:
-        print(f"old log-probs: {trainer.old_logprobs_source}")
+        print(trainer.plan.describe())
     if resume is not None:
         load_checkpoint(resume, trainer)
         summary["resumed_from"] = str(resume)
@@ -245,7 +245,7 @@ def _plot(run_dir: Path) -> None:
 def _report(summary: dict, run_dir: Path) -> None:
     """The last lines of a run: where everything is, or why it stopped and how to go on."""
     stopped, diverged = summary.get("stopped"), summary.get("diverged")
-    models = ", ".join(f"{n}/" for n in MODEL_FOLDERS if (run_dir / n).is_dir())
+    models = ", ".join(f"{n}/" for n in model_folders(run_dir))
     if diverged is not None:
         result = diverged["result"]
         kept = (

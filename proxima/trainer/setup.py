@@ -16,23 +16,21 @@ from proxima.models import (
     folder_problem,
     has_tokenizer,
     load_causal_lm,
-    load_critic,
     load_reward_model,
     load_tokenizer,
     reward_model_scores,
     vocabulary_difference,
 )
+from proxima.models.critic import Critic, build_critic
+from proxima.models.loading import DTYPES
 from proxima.models.lora import AdapterDisabled, add_lora
-from proxima.models.value_head import new_value_head
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def frozen_dtype(cfg: Config) -> torch.dtype:
     """Dtype of the frozen roles (reference, reward model): bfloat16 under mixed precision
     (autocast computes in it anyway; half the memory), else model.dtype."""
-    return torch.bfloat16 if cfg.model.mixed_precision == "bf16" else _DTYPES[cfg.model.dtype]
+    return torch.bfloat16 if cfg.model.mixed_precision == "bf16" else DTYPES[cfg.model.dtype]
 
 
 def autocast(cfg: Config, device: torch.device):
@@ -61,40 +59,46 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 @dataclass
 class Roles:
-    """The four models of PPO-RLHF (InstructGPT, DeepSpeed-Chat) and the policy's tokenizer."""
+    """The four models of PPO-RLHF (InstructGPT, DeepSpeed-Chat) and the policy's tokenizer.
+
+    `actor` is the module every forward pass of the policy goes through (generation,
+    scoring, updates): the actor itself, or the actor with the critic's value head on it
+    (`models.critic.PolicyValue`). `critic`: the critic object (`models.critic`), None for
+    the critic-free estimators."""
 
     tokenizer: object
     actor: torch.nn.Module
     reference: torch.nn.Module | None
-    critic: torch.nn.Module | None
+    critic: Critic | None
     reward: object  # callable reward source, see proxima.rewards
-    # critic.shared_backbone: the critic is this head on the actor's final hidden state
-    value_head: torch.nn.Module | None = None
 
     def report(self) -> str:
-        """What each role costs in memory: parameters, trainable, bytes."""
-        lines = []
-        for name in ("actor", "reference", "critic"):
-            model = getattr(self, name)
-            if model is None and name == "critic" and self.value_head is not None:
-                n = sum(p.numel() for p in self.value_head.parameters())
-                lines.append(f"  critic   : a value head ({n} params) on the actor's backbone")
-                continue
-            if model is None:
-                lines.append(f"  {name:9s}: not loaded")
-                continue
-            if isinstance(model, AdapterDisabled):
-                lines.append(f"  {name:9s}: {model.describe()}")
-                continue
-            d = describe_model(model)
-            train_mib = d["grad_and_adam_bytes"] / 2**20
-            lines.append(
-                f"  {name:9s}: {d['parameters'] / 1e6:.3f} M params ({d['dtype']}), "
-                f"{d['parameter_bytes'] / 2**20:.1f} MiB weights"
-                + (f" + {train_mib:.1f} MiB grads and AdamW state" if train_mib else ", frozen")
-            )
-        lines.append(f"  reward   : {getattr(self.reward, 'name', type(self.reward).__name__)}")
+        """What each role costs in memory (parameters, trainable, bytes) and where it
+        comes from."""
+        lines = [_model_line("actor", self.actor), _model_line("reference", self.reference)]
+        if self.critic is None:
+            lines.append("  critic   : none (a critic-free estimator)")
+        elif self.critic.model is None:
+            lines.append(f"  critic   : {self.critic.describe()}")
+        else:
+            lines.append(_model_line("critic", self.critic.model))
+            lines.append(f"             {self.critic.describe()}")
+        lines.append(f"  reward   : {self.reward.name}")
         return "\n".join(lines)
+
+
+def _model_line(name: str, model: torch.nn.Module | None) -> str:
+    if model is None:
+        return f"  {name:9s}: not loaded"
+    if isinstance(model, AdapterDisabled):
+        return f"  {name:9s}: {model.describe()}"
+    d = describe_model(model)
+    train_mib = d["grad_and_adam_bytes"] / 2**20
+    return (
+        f"  {name:9s}: {d['parameters'] / 1e6:.3f} M params ({d['dtype']}), "
+        f"{d['parameter_bytes'] / 2**20:.1f} MiB weights"
+        + (f" + {train_mib:.1f} MiB grads and AdamW state" if train_mib else ", frozen")
+    )
 
 
 def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
@@ -111,28 +115,15 @@ def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
         reward_model_scores,
         device=device,
         batch_size=cfg.reward.batch_size,
+        name=f"the reward model {cfg.reward.model_path}",
     )
-
-
-def critic_source(cfg: Config) -> str:
-    """The folder the critic starts from: explicit, else the reward model or the actor."""
-    if cfg.model.critic_path:
-        return cfg.model.critic_path
-    if cfg.model.critic_init == "reward_model":
-        if not cfg.reward.model_path:
-            raise ValueError(
-                "`model.critic_init=reward_model` needs `reward.model_path` or "
-                "`model.critic_path` (a reward model folder)."
-            )
-        return cfg.reward.model_path
-    return cfg.model.actor_path
 
 
 def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
     """(config key, folder, fix) of every model other than the actor that reads the policy's
     token ids: the critic (GAE runs) and the reference, when they come from another folder."""
     m, out = cfg.model, []
-    if cfg.algorithm.adv_estimator == "gae":
+    if cfg.uses_critic and not cfg.critic_on_actor:
         if m.critic_path:
             fix = "point it at a model with the policy's tokenizer, or leave it empty"
             out.append(("model.critic_path", m.critic_path, fix))
@@ -181,7 +172,7 @@ def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, b
     if command == "train":
         if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
             out.append(("model.reference_path", m.reference_path, False))
-        if cfg.algorithm.adv_estimator == "gae" and m.critic_path:
+        if cfg.uses_critic and m.critic_path:
             out.append(("model.critic_path", m.critic_path, False))
     if command in ("train", "eval") and cfg.reward.model_path:
         out.append(("reward.model_path", cfg.reward.model_path, True))
@@ -270,45 +261,35 @@ def prepare_inputs(cfg: Config) -> RunInputs:
 
 
 def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None) -> Roles:
-    """Actor (trained), reference (frozen), critic (trained, GAE only; a value head on the
-    actor with critic.shared_backbone), reward source.
+    """Actor (trained), reference (frozen), critic (`models.critic.build_critic`), reward
+    source. `tokenizer`: the policy's, already checked against the other models' (a run's
+    set-up passes it); without it, it is loaded and checked here.
 
-    With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
+    With model.lora_rank > 0 the actor (and a value model, if model.critic_lora) trains LoRA
     adapters, and the reference is the actor with its adapters disabled unless
     model.reference_path names another model (no second copy of the weights)."""
-    dtype = _DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
-    tok = tokenizer or load_tokenizer(cfg.model.actor_path)
-    check_vocabularies(cfg, tok)  # from tokenizer files, before any model loads
-    actor = load_causal_lm(cfg.model.actor_path, dtype=dtype, device=device, trainable=True)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.model.actor_path)
+        check_vocabularies(cfg, tokenizer)  # from tokenizer files, before any model loads
+    actor = load_causal_lm(
+        cfg.model.actor_path, dtype=DTYPES[cfg.model.dtype], device=device, trainable=True
+    )
     if lora:
         actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
-    needs_ref = cfg.kl_in_reward or cfg.actor.use_kl_loss
     reference = None
-    if needs_ref and lora and not cfg.model.reference_path:
+    if (cfg.kl_in_reward or cfg.actor.use_kl_loss) and lora and not cfg.model.reference_path:
         reference = AdapterDisabled(actor)
-    elif needs_ref:
+    elif cfg.kl_in_reward or cfg.actor.use_kl_loss:
         reference = load_causal_lm(
             cfg.model.reference_path or cfg.model.actor_path,
             dtype=frozen_dtype(cfg),
             device=device,
             trainable=False,
         )
-    critic = value_head = None
-    if cfg.critic.shared_backbone:
-        value_head = new_value_head(actor, seed=cfg.trainer.seed, dtype=dtype, device=device)
-    elif cfg.algorithm.adv_estimator == "gae":
-        critic = load_critic(
-            critic_source(cfg),
-            dtype=dtype,
-            device=device,
-            init_from=cfg.model.critic_init,
-            seed=cfg.trainer.seed,
-        )
-        if lora and cfg.model.critic_lora:
-            critic = add_lora(critic, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
-    reward = build_reward(cfg, tok, device, reward_fn)
-    return Roles(tok, actor, reference, critic, reward, value_head)
+    actor, critic = build_critic(cfg, actor, device)
+    reward = build_reward(cfg, tokenizer, device, reward_fn)
+    return Roles(tokenizer, actor, reference, critic, reward)
 
 
 def load_prompts(cfg: Config, path: str, tokenizer) -> PromptDataset:

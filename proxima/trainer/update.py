@@ -1,9 +1,12 @@
-"""Phase 2: PPO updates of actor and critic on shuffled mini-batches.
+"""Phase 6: PPO epochs over shuffled mini-batches, one optimizer step per mini-batch.
+
+An objective gives a micro-batch's loss and stats from one forward pass of the trained
+module: `PolicyObjective` for the actor (the configured policy loss, the entropy bonus, the
+KL loss and, when the actor carries the critic, + vf_coef x the value loss), `ValueObjective`
+for a value model of its own. `run_epochs` runs one trained role's epochs with one.
 
 Micro-batches accumulate gradients with weights chosen so that a mini-batch's gradient is
-the same whatever the micro-batch size (token-mean: each micro-batch's mean is weighted
-by its share of the mini-batch's tokens; seq modes: by its share of sequences; token-sum:
-each sum counts once).
+the same whatever the micro-batch size and the number of processes (`micro_weight`).
 """
 
 from __future__ import annotations
@@ -11,22 +14,23 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 
 import torch
 
 from proxima.algos import (
+    POLICY_LOSSES,
     aggregate_loss,
     entropy_from_logits,
     kl_full,
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
-    policy_loss,
-    value_loss,
 )
-from proxima.config import ActorConfig, CriticConfig
-from proxima.models.forward import response_logits, response_logits_hidden, response_values
-from proxima.models.value_head import value_of
+from proxima.config import ActorConfig
+from proxima.data import PromptLoader, collate_sft
+from proxima.models.critic import Critic
+from proxima.models.forward import response_logits, response_logits_values, response_values
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience
@@ -59,16 +63,13 @@ def micro_weight(
 
 
 def mini_batches(
-    exp: Experience, size: int, epochs: int, shuffle: bool, generator: torch.Generator
+    exp: Experience, size: int, shuffle: bool, generator: torch.Generator
 ) -> Iterator[Experience]:
-    for _ in range(epochs):
-        order = (
-            torch.randperm(exp.batch_size, generator=generator)
-            if shuffle
-            else torch.arange(exp.batch_size)
-        )
-        for i in range(0, exp.batch_size, size):
-            yield exp.select(order[i : i + size])
+    """One epoch: every row once, in mini-batches of `size` (shuffled by `generator`)."""
+    n = exp.batch_size
+    order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+    for i in range(0, n, size):
+        yield exp.select(order[i : i + size])
 
 
 class StatsAccumulator:
@@ -94,140 +95,158 @@ class StatsAccumulator:
         return {k: float(both[0, i] / max(1e-12, float(both[1, i]))) for i, k in enumerate(keys)}
 
 
-def _kl_to_reference(logits, logprobs, mb: Experience, kind: str, reference, temperature):
-    """Per-token KL(actor || reference) [B, R] for the KL loss: a sampled estimator from the
-    rollout's reference log-probs, or `full`, exact over the vocabulary (one more reference
-    forward pass per micro-batch)."""
-    if kind != "full":
-        return kl_penalty(logprobs, mb.ref_logprobs, kind)
-    with torch.no_grad():
-        ref_logits = response_logits(
-            reference, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1], temperature
+# --------------------------------------------------------------------------- objectives
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """The actor's loss on a micro-batch: the policy loss `actor.policy_loss` (clipped
+    surrogate, dual clip) - entropy_coef x entropy (+ kl_loss_coef x KL to the reference);
+    with a `critic` on the actor, + vf_coef x its value loss from the same pass (its stats
+    named `critic/...`). `values_only` (the critic's warm-up): vf_coef x the value loss
+    alone, the policy without gradient."""
+
+    cfg: ActorConfig
+    temperature: float
+    reference: torch.nn.Module | None = None
+    critic: Critic | None = None  # only a critic on the actor (`critic.on_actor`)
+    values_only: bool = False
+
+    def during_warmup(self) -> PolicyObjective | None:
+        """The actor's objective while the critic warms up: the value loss alone when the
+        actor carries the critic, else nothing (the actor waits)."""
+        return replace(self, values_only=True) if self.critic is not None else None
+
+    def __call__(self, model: torch.nn.Module, mb: Experience):
+        r, t = mb.response_mask.shape[1], self.temperature
+        if self.critic is None:
+            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, t)
+            return self.policy_terms(logits, mb)
+        logits, values = response_logits_values(
+            model, mb.input_ids, mb.attention_mask, r, t, values_only=self.values_only
         )
-    return kl_full(logits, ref_logits)
+        vf, vf_stats = self.critic.value_terms(values, mb)
+        stats = {f"critic/{k}": v for k, v in vf_stats.items()}
+        coef = self.critic.cfg.vf_coef
+        if self.values_only:
+            return coef * vf, stats
+        loss, actor_stats = self.policy_terms(logits, mb)
+        return loss + coef * vf, {**actor_stats, **stats}
 
-
-def actor_micro_loss(
-    actor: torch.nn.Module,
-    mb: Experience,
-    cfg: ActorConfig,
-    temperature: float,
-    reference: torch.nn.Module | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate - entropy bonus (+ KL loss) of one micro-batch."""
-    r = mb.response_mask.shape[1]
-    logits = response_logits(actor, mb.input_ids, mb.attention_mask, r, temperature)
-    return _policy_terms(logits, mb, cfg, temperature, reference)
-
-
-def _policy_terms(
-    logits: torch.Tensor,
-    mb: Experience,
-    cfg: ActorConfig,
-    temperature: float,
-    reference: torch.nn.Module | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    logprobs = logprobs_from_logits(logits, mb.response_ids)
-    loss, stats = policy_loss(
-        logprobs,
-        mb.old_logprobs,
-        mb.advantages,
-        mb.response_mask,
-        clip_ratio=cfg.clip_ratio,
-        clip_ratio_low=cfg.clip_ratio_low or None,
-        clip_ratio_high=cfg.clip_ratio_high or None,
-        clip_ratio_c=cfg.clip_ratio_c or None,
-        agg=cfg.loss_agg_mode,
-        is_weights=mb.is_weights,
-    )
-    stats = {k: float(v) for k, v in stats.items()}
-    stats["pg_loss"] = float(loss.detach())
-    # |log pi - log pi_old|: on the first mini-batch, before any step, this is the gap
-    # between the old log-probs (recomputed, or the engine's) and the training forward
-    gap = (logprobs.detach() - mb.old_logprobs).abs()
-    stats["logratio_abs"] = float(masked_mean(gap, mb.response_mask))
-    # the entropy is only built into the graph when it is part of the loss
-    with torch.set_grad_enabled(bool(cfg.entropy_coef) and torch.is_grad_enabled()):
-        entropy = entropy_from_logits(logits)
-    stats["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
-    if cfg.entropy_coef:
-        loss = loss - cfg.entropy_coef * aggregate_loss(
-            entropy, mb.response_mask, cfg.loss_agg_mode
+    def policy_terms(self, logits: torch.Tensor, mb: Experience):
+        cfg = self.cfg
+        logprobs = logprobs_from_logits(logits, mb.response_ids)
+        loss, stats = POLICY_LOSSES[cfg.policy_loss](
+            logprobs,
+            mb.old_logprobs,
+            mb.advantages,
+            mb.response_mask,
+            agg=cfg.loss_agg_mode,
+            clip_ratio_low=cfg.clip_ratio_low or cfg.clip_ratio,
+            clip_ratio_high=cfg.clip_ratio_high or cfg.clip_ratio,
+            clip_ratio_c=cfg.clip_ratio_c or None,
+            is_weights=mb.is_weights,
         )
-    if cfg.use_kl_loss:
-        kl_tok = _kl_to_reference(logits, logprobs, mb, cfg.kl_loss_type, reference, temperature)
-        kl = aggregate_loss(kl_tok, mb.response_mask, cfg.loss_agg_mode)
-        loss = loss + cfg.kl_loss_coef * kl
-        stats["kl_loss"] = float(kl.detach())
-    return loss, stats
+        stats = {k: float(v) for k, v in stats.items()}
+        stats["pg_loss"] = float(loss.detach())
+        # |log pi - log pi_old|: on the first mini-batch, before any step, this is the gap
+        # between the old log-probs (recomputed, or the engine's) and the training forward
+        gap = (logprobs.detach() - mb.old_logprobs).abs()
+        stats["logratio_abs"] = float(masked_mean(gap, mb.response_mask))
+        # the entropy is only built into the graph when it is part of the loss
+        with torch.set_grad_enabled(bool(cfg.entropy_coef) and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)
+        stats["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * aggregate_loss(
+                entropy, mb.response_mask, cfg.loss_agg_mode
+            )
+        if cfg.use_kl_loss:
+            kl = aggregate_loss(self._kl(logits, logprobs, mb), mb.response_mask, cfg.loss_agg_mode)
+            loss = loss + cfg.kl_loss_coef * kl
+            stats["kl_loss"] = float(kl.detach())
+        return loss, stats
+
+    def _kl(self, logits, logprobs, mb: Experience) -> torch.Tensor:
+        """Per-token KL(actor || reference) [B, R] for the KL loss: a sampled estimator from
+        the rollout's reference log-probs, or `full`, exact over the vocabulary (one more
+        reference forward pass per micro-batch)."""
+        if self.cfg.kl_loss_type != "full":
+            return kl_penalty(logprobs, mb.ref_logprobs, self.cfg.kl_loss_type)
+        r = mb.response_mask.shape[1]
+        with torch.no_grad():
+            ref_logits = response_logits(
+                self.reference, mb.input_ids, mb.attention_mask, r, self.temperature
+            )
+        return kl_full(logits, ref_logits)
 
 
-def critic_micro_loss(
-    critic: torch.nn.Module, mb: Experience, cfg: CriticConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
-    values = response_values(critic, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
-    return _value_terms(values, mb, cfg)
+@dataclass(frozen=True)
+class ValueObjective:
+    """A value model's loss on a micro-batch: its clipped value loss."""
+
+    critic: Critic
+
+    def during_warmup(self) -> ValueObjective:
+        return self  # the critic's warm-up is what it trains in
+
+    def __call__(self, model: torch.nn.Module, mb: Experience):
+        values = response_values(model, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
+        return self.critic.value_terms(values, mb)
 
 
-def _value_terms(
-    values: torch.Tensor, mb: Experience, cfg: CriticConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
-    loss, stats = value_loss(
-        values,
-        mb.values,
-        mb.returns,
-        mb.response_mask,
-        cliprange_value=cfg.cliprange_value or None,
-        agg=cfg.loss_agg_mode,
-    )
-    stats = {k: float(v) for k, v in stats.items()}
-    stats["vf_loss"] = float(loss.detach())
-    return loss, stats
+class PtxLoss:
+    """ptx_coef x next-token cross-entropy on one SFT micro-batch per optimizer step
+    (InstructGPT's PPO-ptx, arXiv:2203.02155 eq. 2), through the trained module (DDP /
+    FSDP2 synchronise its gradients). `loader` is the trainer's (its position is state)."""
+
+    def __init__(self, loader: PromptLoader, pad_token_id: int, coef: float, device) -> None:
+        self.loader, self.pad_token_id, self.coef, self.device = loader, pad_token_id, coef, device
+
+    def __call__(self, model: torch.nn.Module) -> torch.Tensor:
+        batch = collate_sft(next(self.loader), self.pad_token_id)
+        out = model(**{k: v.to(self.device) for k, v in batch.items()})
+        return self.coef * out.loss
 
 
-def shared_micro_loss(
-    actor: torch.nn.Module,
-    value_head: torch.nn.Module,
-    mb: Experience,
-    actor_cfg: ActorConfig,
-    critic_cfg: CriticConfig,
-    temperature: float,
-    reference: torch.nn.Module | None = None,
-    head_only: bool = False,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """A shared-backbone actor-critic's micro-batch: one forward pass, loss = the actor's
-    loss (`actor_micro_loss`) + critic.vf_coef x the value loss (`critic_micro_loss`; seed
-    001's c1). The value stats come back named `critic/...`. `head_only` (the critic's
-    warm-up): vf_coef x the value loss of the value head alone, on the backbone's features
-    without gradient (the actor does not change)."""
-    r = mb.response_mask.shape[1]
-    with torch.set_grad_enabled(torch.is_grad_enabled() and not head_only):
-        logits, hidden = response_logits_hidden(
-            actor, mb.input_ids, mb.attention_mask, r, temperature
-        )
-    vf, vf_stats = _value_terms(value_of(value_head, hidden), mb, critic_cfg)
-    stats = {f"critic/{k}": v for k, v in vf_stats.items()}
-    if head_only:
-        return critic_cfg.vf_coef * vf, stats
-    loss, actor_stats = _policy_terms(logits, mb, actor_cfg, temperature, reference)
-    return loss + critic_cfg.vf_coef * vf, {**actor_stats, **stats}
+# --------------------------------------------------------------------------- the epochs
 
 
-def run_updates(
+def _backward(
+    role: TrainedRole, mini: Experience, objective, dist: Dist, precision, sync: bool
+) -> list[tuple[dict[str, float], float]]:
+    """Forward and backward of every micro-batch of the mini-batch `mini`, each loss weighted
+    by `micro_weight`; the last backward synchronises the gradients across processes when
+    `sync`. Returns each micro-batch's stats with its weight."""
+    sec, world = role.cfg, dist.world_size
+    tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
+    micros = mini.split(sec.ppo_micro_batch_size)
+    out = []
+    for i, micro in enumerate(micros):
+        with precision():
+            loss, stats = objective(role.model, micro)
+        w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
+        with grad_sync(role.model, sync and i == len(micros) - 1):
+            (loss * w).backward()
+        out.append((stats, w))
+    return out
+
+
+def run_epochs(
     role: TrainedRole,
     exp: Experience,
+    objective: Callable[[torch.nn.Module, Experience], tuple[torch.Tensor, dict]],
     *,
-    micro_loss: Callable[[Experience], tuple[torch.Tensor, dict]],
     generator: torch.Generator,
-    extra_loss: Callable[[], torch.Tensor] | None = None,
-    target_kl: float = 0.0,
     dist: Dist | None = None,
-    autocast: Callable[[], AbstractContextManager] = nullcontext,
+    precision: Callable[[], AbstractContextManager] = nullcontext,
+    extra_loss: Callable[[torch.nn.Module], torch.Tensor] | None = None,
+    target_kl: float = 0.0,
 ) -> dict[str, float]:
-    """Epochs x shuffled mini-batches of `role` (sizes from its config section: the mini-
-    batch is global, this process takes its share); each mini-batch one optimizer step.
-    Gradients are synchronised across processes on the last backward of a mini-batch only
-    (`extra_loss`, the ptx term, when there is one).
+    """Epochs x shuffled mini-batches of `role` with `objective` (sizes from its config
+    section: the mini-batch is global, this process takes its share); each mini-batch one
+    optimizer step. Gradients are synchronised across processes on the last backward of a
+    mini-batch only (`extra_loss`'s, the ptx term, when there is one).
 
     `target_kl` > 0: early stopping on the old-policy KL (PPO-KL): when the mean `approx_kl`
     of a finished epoch (over all processes) exceeds it, the remaining epochs are skipped
@@ -237,35 +256,27 @@ def run_updates(
     mini-batch (before any step: the actor's `first_logratio_abs` must be ~0) and, with a
     target, `early_stopped` (1 when epochs were skipped).
 
-    `autocast()` (mixed precision) wraps each forward pass and loss only: backward and the
+    `precision()` (mixed precision) wraps each forward pass and loss only: backward and the
     optimizer step run outside it, because autocast caches its low-precision copies of the
     weights while its context is open, and a step inside would leave them stale."""
     dist = dist or Dist()
-    sec, world = role.cfg, dist.world_size
+    sec = role.cfg
     acc, first = StatsAccumulator(), StatsAccumulator()
     role.model.train()
     skipped = steps = 0
     stopped = False
-    size = sec.ppo_mini_batch_size // world
+    size = sec.ppo_mini_batch_size // dist.world_size
     for epoch in range(sec.ppo_epochs):
         epoch_kl = StatsAccumulator()  # this epoch's approx_kl, weighted as `acc`
-        for mini in mini_batches(exp, size, 1, sec.shuffle, generator):
-            tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
-            micros = mini.split(sec.ppo_micro_batch_size)
-            for i, micro in enumerate(micros):
-                last = extra_loss is None and i == len(micros) - 1
-                with autocast():
-                    loss, stats = micro_loss(micro)
-                w = micro_weight(micro, mini, sec.loss_agg_mode, world, tokens)
-                with grad_sync(role.model, last):
-                    (loss * w).backward()
+        for mini in mini_batches(exp, size, sec.shuffle, generator):
+            for stats, w in _backward(role, mini, objective, dist, precision, extra_loss is None):
                 acc.add(stats, w)
                 if steps == 0:
                     first.add({f"first_{k}": stats[k] for k in FIRST_STATS if k in stats}, w)
                 epoch_kl.add({k: v for k, v in stats.items() if k == "approx_kl"}, w)
             if extra_loss is not None:
-                with autocast():
-                    extra = extra_loss()
+                with precision():
+                    extra = extra_loss(role.model)
                 extra.backward()
                 acc.add({"ptx_loss": float(extra.detach())})
             norm, ok = role.step()

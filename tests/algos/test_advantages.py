@@ -273,7 +273,7 @@ def test_grpo_literal():
 
 def test_grpo_without_std():
     # Mean subtraction only: group 0 -> -2, 0, 2; group 1 -> -1, 1; singleton 7 - 0 = 7.
-    adv, _ = grpo(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS, norm_by_std=False)
+    adv, _ = grpo(GROUP_REWARDS, GROUP_MASK, group_ids=GROUP_IDS, norm_adv_by_std_in_grpo=False)
     assert _row_values(adv) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 7.0])
 
 
@@ -320,7 +320,7 @@ def test_grpo_group_of_one_is_raw_score_like_verl():
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected)
     with pytest.warns(SingletonGroupWarning):
-        adv, _ = grpo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS, norm_by_std=False)
+        adv, _ = grpo(SOLO_REWARDS, SOLO_MASK, group_ids=SOLO_IDS, norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(adv, torch.tensor([[3.0, 3.0], [-4.0, 0.0], [0.5, 0.5]]))
 
 
@@ -395,7 +395,7 @@ def test_empty_rows_are_not_group_members():
     # Row 2 is empty: group 0 has members rows 0 and 1 only (outcomes 1 and 3, mean 2).
     rewards = torch.tensor([[1.0], [3.0], [100.0]])
     mask = torch.tensor([[1], [1], [0]])
-    adv, _ = grpo(rewards, mask, group_ids=torch.tensor([0, 0, 0]), norm_by_std=False)
+    adv, _ = grpo(rewards, mask, group_ids=torch.tensor([0, 0, 0]), norm_adv_by_std_in_grpo=False)
     torch.testing.assert_close(adv, torch.tensor([[-1.0], [1.0], [0.0]]))
 
 
@@ -404,7 +404,9 @@ def test_compute_advantages_dispatch():
     values = torch.ones(6, 3)
     gae = compute_advantages("gae", GROUP_REWARDS, mask, values=values, gamma=0.9, lam=0.5)
     torch.testing.assert_close(gae[0], compute_gae(GROUP_REWARDS, values, mask, 0.9, 0.5)[0])
-    g = compute_advantages("grpo", GROUP_REWARDS, mask, group_ids=GROUP_IDS, norm_by_std=False)
+    g = compute_advantages(
+        "grpo", GROUP_REWARDS, mask, group_ids=GROUP_IDS, norm_adv_by_std_in_grpo=False
+    )
     assert _row_values(g[0]) == pytest.approx([-2.0, -1.0, 0.0, 1.0, 2.0, 7.0])
     # gamma is forwarded to reinforce_plus_plus; values are ignored by critic-free ones.
     rpp = compute_advantages("reinforce_plus_plus", GROUP_REWARDS, mask, values=values, gamma=0.5)
@@ -415,7 +417,7 @@ def test_compute_advantages_dispatch():
 def test_compute_advantages_errors():
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'") as err:
         compute_advantages("ppo", GROUP_REWARDS, GROUP_MASK)
-    for name in ["gae", *ADVANTAGE_ESTIMATORS]:
+    for name in ADVANTAGE_ESTIMATORS:
         assert name in str(err.value)
     with pytest.raises(ValueError, match="'gae' needs values"):
         compute_advantages("gae", GROUP_REWARDS, GROUP_MASK)
@@ -435,7 +437,7 @@ def test_compute_advantages_errors():
 def test_estimators_do_not_modify_inputs_or_track_grad():
     rewards = GROUP_REWARDS.clone().requires_grad_(True)
     values = torch.ones(6, 3, requires_grad=True)
-    for name in ["gae", *ADVANTAGE_ESTIMATORS]:
+    for name in ADVANTAGE_ESTIMATORS:
         adv, ret = compute_advantages(name, rewards, GROUP_MASK, values=values, group_ids=GROUP_IDS)
         assert not adv.requires_grad and not ret.requires_grad
     assert torch.equal(rewards.detach(), GROUP_REWARDS)

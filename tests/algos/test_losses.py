@@ -159,9 +159,10 @@ def test_policy_loss_asymmetric_clip():
     # Lower bound from clip_ratio_low: r 0.5, A -1 -> max(0.5, 0.6) = 0.6.
     assert _one_token_loss(0.5, -1.0, clip_ratio_low=0.4) == pytest.approx(0.6)
     assert _one_token_loss(0.5, -1.0, clip_ratio_high=0.28) == pytest.approx(0.8)
-    # clip_ratio applies to both sides when the specific bounds are not given.
-    assert _one_token_loss(1.5, 1.0, clip_ratio=0.1) == pytest.approx(-1.1)
-    assert _one_token_loss(0.5, -1.0, clip_ratio=0.1) == pytest.approx(0.9)
+    # both bounds at 0.1 (the trainer's actor.clip_ratio when neither bound is set)
+    both = {"clip_ratio_low": 0.1, "clip_ratio_high": 0.1}
+    assert _one_token_loss(1.5, 1.0, **both) == pytest.approx(-1.1)
+    assert _one_token_loss(0.5, -1.0, **both) == pytest.approx(0.9)
 
 
 def test_policy_loss_gradients():
@@ -215,12 +216,12 @@ def test_policy_loss_ppo_kl_uses_the_clamped_log_ratio():
 def test_policy_loss_errors_and_inputs_untouched():
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
         policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=1.0)
-    with pytest.raises(ValueError, match=r"logprobs \[2, 4\] vs advantages \[2, 3\]"):
+    with pytest.raises(ValueError, match=r"log_prob \[2, 4\] vs advantages \[2, 3\]"):
         policy_loss(LOGPROBS, OLD, ADV[:, :3], PMASK)
     with pytest.raises(ValueError, match="unknown loss aggregation mode"):
         policy_loss(LOGPROBS, OLD, ADV, PMASK, agg="mean")
     with pytest.raises(ValueError, match="clip ratios must satisfy"):
-        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio=1.5)
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_low=1.5)
     copies = [t.clone() for t in (LOGPROBS, OLD, ADV, PMASK)]
     policy_loss(*copies)
     for copy, original in zip(copies, (LOGPROBS, OLD, ADV, PMASK), strict=True):

@@ -10,6 +10,7 @@ from proxima.algos import (
     AGG_MODES,
     AdaptiveKLController,
     aggregate_loss,
+    compute_advantages,
     compute_gae,
     entropy_from_logits,
     kl_full,
@@ -91,9 +92,11 @@ def test_right_padding_changes_nothing_on_real_tokens(data, extra, fill, gamma, 
         compute_gae(px, py, pm, gamma, lam), compute_gae(x, y, mask, gamma, lam), strict=True
     ):
         _close(on_real(got), want)
-    for fn in ADVANTAGE_ESTIMATORS.values():
-        kwargs = {} if fn.__name__ == "reinforce_plus_plus" else {"group_ids": group_ids}
-        _close(on_real(fn(px, pm, **kwargs)[0]), fn(x, mask, **kwargs)[0])
+    for name in ADVANTAGE_ESTIMATORS:
+        inputs = {"values": y, "group_ids": group_ids, "gamma": gamma}
+        padded = {**inputs, "values": py}
+        got = compute_advantages(name, px, pm, **padded)[0]
+        _close(on_real(got), compute_advantages(name, x, mask, **inputs)[0])
     for padded, plain in [
         (policy_loss(px, py, pz, pm), policy_loss(x, y, z, mask)),
         (value_loss(px, py, pz, pm), value_loss(x, y, z, mask)),
@@ -122,7 +125,15 @@ def test_policy_gradient_zero_exactly_where_clipping_binds(log_ratio, adv_seed, 
     adv = torch.where(adv.abs() < 1e-3, torch.ones_like(adv), adv)  # no zero advantage
     logprobs = lr.clone().requires_grad_(True)
     mask = torch.ones_like(lr)
-    policy_loss(logprobs, torch.zeros_like(lr), adv, mask, clip, clip_ratio_c=clip_c)[0].backward()
+    policy_loss(
+        logprobs,
+        torch.zeros_like(lr),
+        adv,
+        mask,
+        clip_ratio_low=clip,
+        clip_ratio_high=clip,
+        clip_ratio_c=clip_c,
+    )[0].backward()
     binds = (
         ((adv > 0) & (ratio > 1 + clip))  # upper clip, positive advantage
         | ((adv < 0) & (ratio < 1 - clip))  # lower clip, negative advantage

@@ -1,5 +1,5 @@
 """Shared by the multi-process tests and the workers torchrun starts: a fixed, ragged global
-batch and the gradients one mini-batch of it produces through `run_updates`."""
+batch and the gradients one mini-batch of it produces through `run_epochs`."""
 
 from __future__ import annotations
 
@@ -9,15 +9,11 @@ from transformers import AutoModelForTokenClassification
 from proxima.algos import AGG_MODES
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.value_head import new_value_head
-from proxima.trainer.dist import Dist, unwrap, wrap_trained
+from proxima.models.critic import PolicyValue, ValueHead, ValueModel, new_value_head
+from proxima.models.unwrap import unwrap
+from proxima.trainer.dist import Dist, wrap_trained
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.update import (
-    actor_micro_loss,
-    critic_micro_loss,
-    run_updates,
-    shared_micro_loss,
-)
+from proxima.trainer.update import PolicyObjective, ValueObjective, run_epochs
 from proxima.types import Experience
 from tests.oracles import ragged_experience
 
@@ -50,12 +46,8 @@ class GradCapture(TrainedRole):
     grads: dict[str, torch.Tensor]
 
     def step(self) -> tuple[float, bool]:
-        self.average_head_grads()
         self.grads = {}
-        named = list(unwrap(self.model).named_parameters())
-        if self.head is not None:
-            named += [(f"value_head.{n}", p) for n, p in self.head.named_parameters()]
-        for name, p in named:
+        for name, p in unwrap(self.model).named_parameters():
             if p.grad is not None:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 self.grads[name] = g.detach().cpu().clone()
@@ -73,8 +65,8 @@ def mini_batch_grads(
     device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
     """Gradients of one global mini-batch (all of `exp` across the `world` ranks; this rank
-    holds `exp`, its share) with micro-batches of 2, through `run_updates`. Role `shared`:
-    the actor with a shared-backbone value head (critic.shared_backbone)."""
+    holds `exp`, its share) with micro-batches of 2, through `run_epochs`. Role `shared`:
+    the actor with a value head on its backbone (critic.shared_backbone): one module."""
     size = exp.batch_size * world
     sec_cls = CriticConfig if role == "critic" else ActorConfig
     sec = sec_cls(
@@ -90,19 +82,19 @@ def mini_batch_grads(
 
         fsdp = FSDPConfig()
     device = device or torch.device("cpu")
-    wrapped = wrap_trained(model.to(device), dist, device, fsdp)
-    exp = exp.to(device)
-    head = new_value_head(model, seed=3, device=device) if role == "shared" else None
-    captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist, head=head)
-    if role == "actor":
-        loss = lambda mb: actor_micro_loss(wrapped, mb, sec, TEMPERATURE)  # noqa: E731
-    elif role == "shared":
-        critic_sec = CriticConfig(loss_agg_mode=mode, vf_coef=0.7)
-        loss = lambda mb: shared_micro_loss(  # noqa: E731
-            wrapped, head, mb, sec, critic_sec, TEMPERATURE
+    model = model.to(device)
+    critic_sec = CriticConfig(loss_agg_mode=mode, vf_coef=0.7)
+    if role == "shared":
+        model = PolicyValue(model, new_value_head(model, seed=3, device=device))
+        objective = PolicyObjective(
+            sec, TEMPERATURE, critic=ValueHead(critic_sec, model.value_head)
         )
+    elif role == "actor":
+        objective = PolicyObjective(sec, TEMPERATURE)
     else:
-        loss = lambda mb: critic_micro_loss(wrapped, mb, sec)  # noqa: E731
+        objective = ValueObjective(ValueModel(critic_sec, model, "test"))
+    wrapped = wrap_trained(model, dist, device, fsdp)
+    captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist)
     gen = torch.Generator().manual_seed(0)
-    run_updates(captured, exp, micro_loss=loss, generator=gen, dist=dist)
+    run_epochs(captured, exp.to(device), objective, generator=gen, dist=dist)
     return captured.grads

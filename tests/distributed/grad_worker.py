@@ -1,5 +1,5 @@
-"""Run by torchrun (2 ranks): the gradients of every loss aggregation mode for the actor and
-the critic, under DDP and FSDP2 (and the shared-backbone actor-critic under DDP), each rank
+"""Run by torchrun (2 ranks): the gradients of every loss aggregation mode for the actor, the
+critic and the actor with a value head on its backbone, under DDP and FSDP2, each rank
 holding its half of the global batch. Rank 0 saves them to the path given as the first
 argument; a second argument `cuda` runs on the GPUs with NCCL (gloo on the CPU otherwise)."""
 
@@ -27,7 +27,7 @@ for strategy in ("ddp", "fsdp2"):
     half = exp.batch_size // dist.world_size
     mine = exp.select(list(range(dist.rank * half, (dist.rank + 1) * half)))
     for mode in MODES:
-        for role in ("actor", "critic", "shared")[: 3 if strategy == "ddp" else 2]:
+        for role in ("actor", "critic", "shared"):
             model = models()[1 if role == "critic" else 0]
             grads = mini_batch_grads(model, role, mode, mine, dist, dist.world_size, device)
             out[(strategy, role, mode)] = grads

@@ -1,5 +1,5 @@
 """N processes give the same gradients as one process on the same global batch: DDP and
-FSDP2, actor and critic (and the shared-backbone actor-critic under DDP), every loss
+FSDP2, actor, critic and the actor with a value head on its backbone, every loss
 aggregation mode, unequal token counts per rank (the first rank's responses are long, the
 second's short: a loss normalised per rank instead of by the global token count is 4-13%
 off, and fails here)."""
@@ -39,11 +39,13 @@ def _one_process(role: str, mode: str) -> dict[str, torch.Tensor]:
         ("ddp", "shared"),
         ("fsdp2", "actor"),
         ("fsdp2", "critic"),
+        ("fsdp2", "shared"),
     ],
 )
 @pytest.mark.parametrize("mode", MODES)
 def test_two_ranks_equal_one_process(two_ranks, strategy, role, mode):
-    """`shared`: the actor and its value head (outside DDP, averaged by TrainedRole)."""
+    """`shared`: the actor and its value head, one module (DDP and FSDP2 reduce the head's
+    gradients like any other)."""
     want = _one_process(role, mode)
     if role == "shared":
         assert "value_head.weight" in want and float(want["value_head.weight"].abs().max()) > 0

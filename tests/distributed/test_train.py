@@ -15,8 +15,8 @@ from tests.distributed.conftest import torchrun
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-# per-micro-batch statistics: their micro-batches hold other rows with 1 and 2 processes
-# (same global mini-batch, so the same gradient); wall-clock numbers
+# wall-clock numbers; the explained variance divides by the returns' variance, which is
+# tiny in a 3-iteration greedy run, and so magnifies the float rounding of other row layouts
 NOT_COMPARED = ("time/", "tokens_per_s", "critic/explained_variance")
 
 
@@ -54,9 +54,10 @@ def greedy(make_model, fast_overrides, tmp_path):
     return overrides
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp-shared"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp-shared", "fsdp2-shared"])
 def test_two_processes_give_the_metrics_of_one(greedy, tmp_path, strategy):
-    """`ddp-shared`: the shared-backbone actor-critic (its value head outside DDP)."""
+    """`-shared`: the actor with a value head on its backbone, one module under DDP or
+    FSDP2 (whose generation then goes through the sharded root)."""
     one, two = tmp_path / "one", tmp_path / "two"
     shared = ("critic.shared_backbone=true",) if strategy.endswith("shared") else ()
     assert main(["train", *greedy(one, *shared)]) == 0

@@ -70,12 +70,13 @@ def test_reference_frozen_while_actor_and_critic_train(tmp_path, make_model, fas
     trainer = PPOTrainer(
         cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), device
     )
-    start = {name: _weights(getattr(roles, name)) for name in ("actor", "reference", "critic")}
+    models = {"actor": roles.actor, "reference": roles.reference, "critic": roles.critic.model}
+    start = {name: _weights(model) for name, model in models.items()}
     for _ in range(2):
         metrics, _ = trainer.step()
         assert metrics["actor/skipped_steps"] == 0 and metrics["critic/skipped_steps"] == 0
     assert _changed(start["actor"], _weights(roles.actor))
-    assert _changed(start["critic"], _weights(roles.critic))
+    assert _changed(start["critic"], _weights(roles.critic.model))
     assert not _changed(start["reference"], _weights(roles.reference))
     # and the reference is still exactly the initial folder's model
     initial = _weights(load_causal_lm(init, trainable=False))

@@ -76,7 +76,7 @@ def test_reference_is_the_untouched_base(tmp_path, make_model, fast_overrides):
     cfg = load_config(None, fast_overrides(init, tmp_path / "unused", 2, *LORA))
     device = torch.device("cpu")
     roles = load_roles(cfg, device)
-    assert is_lora(roles.actor) and is_lora(roles.critic)
+    assert is_lora(roles.actor) and is_lora(roles.critic.model)
     assert isinstance(roles.reference, AdapterDisabled) and roles.reference.actor is roles.actor
     assert "shares the actor's weights, 0 MiB extra" in roles.report()
     trainer = PPOTrainer(
@@ -108,8 +108,8 @@ def test_critic_lora_off_and_explicit_reference(tmp_path, make_model, fast_overr
     extra = (*LORA, "model.critic_lora=false", f"model.reference_path={other}")
     cfg = load_config(None, fast_overrides(init, tmp_path / "unused", 1, *extra))
     roles = load_roles(cfg, torch.device("cpu"))
-    assert is_lora(roles.actor) and not is_lora(roles.critic)
-    assert all(p.requires_grad for p in roles.critic.parameters())  # full fine-tuning
+    assert is_lora(roles.actor) and not is_lora(roles.critic.model)
+    assert all(p.requires_grad for p in roles.critic.model.parameters())  # full fine-tuning
     assert not isinstance(roles.reference, AdapterDisabled)  # the folder it was given
     assert not any(p.requires_grad for p in roles.reference.parameters())
 

@@ -17,7 +17,9 @@ import torch
 from proxima.cli import main
 from proxima.config import ConfigError, load_config
 from proxima.logging import read_metrics
-from proxima.rollout.engine import HFEngine, LogprobMismatchWarning, check_engine
+from proxima.rollout.engine import LogprobMismatchWarning
+from proxima.rollout.engines import check_engine
+from proxima.rollout.hf_engine import HFEngine
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import load_prompts, load_roles

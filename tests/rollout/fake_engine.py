@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from proxima.models.critic import policy_of
 from proxima.models.lora import is_lora, merged_copy
-from proxima.models.saving import export_weights
-from proxima.rollout.engine import HFEngine, Sampling
+from proxima.models.saving import export_weights, load_named_weights
+from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation
+from proxima.rollout.hf_engine import HFEngine
 
 
 class StaleWeightsError(AssertionError):
@@ -34,11 +36,12 @@ class FakeEngine:
         watch: Callable[[], torch.nn.Module] | None = None,
         logprob_shift: float = 0.0,
     ) -> None:
+        model = policy_of(model)  # an engine serves the policy; the actor's value head stays
         own = merged_copy(model) if is_lora(model) else copy.deepcopy(model)
         with torch.no_grad():  # "dummy" weights until the first push
             for p in own.parameters():
                 p.add_(0.5)
-        self.inner = HFEngine(own, pad_token_id, micro_batch_size, own_weights=True)
+        self.inner = HFEngine(own, pad_token_id, micro_batch_size)
         self.watch, self.logprob_shift = watch, logprob_shift
         self.pushes: list[int] = []  # the version of each push
         self.served: list[int] = []  # the version held at each generate
@@ -62,7 +65,7 @@ class FakeEngine:
 
     def check_current(self, actor: torch.nn.Module) -> None:
         mine = dict(export_weights(self.inner.model))
-        for name, tensor in export_weights(actor):
+        for name, tensor in export_weights(policy_of(actor)):
             if not torch.equal(mine[name], tensor):
                 raise StaleWeightsError(
                     f"sampling from stale weights: {name} differs from the actor's "
@@ -70,7 +73,9 @@ class FakeEngine:
                 )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int):
-        self.inner.update_weights(named_tensors, version)
+        with torch.no_grad():
+            load_named_weights(self.inner.model, named_tensors, "the pushed actor weights")
+        self.inner.update_weights((), version)
         self.pushes.append(version)
 
     def sleep(self) -> None:

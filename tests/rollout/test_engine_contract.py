@@ -15,9 +15,10 @@ import torch
 
 from proxima.config import Config
 from proxima.models import build_char_tokenizer, build_tiny_model
-from proxima.models.saving import export_weights
-from proxima.rollout.engine import HFEngine, RolloutEngine, Sampling
+from proxima.models.saving import export_weights, load_named_weights
+from proxima.rollout.engine import RolloutEngine, Sampling
 from proxima.rollout.generate import generate_responses
+from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.score import sequence_logprobs
 from tests.rollout.fake_engine import FakeEngine
 
@@ -67,7 +68,7 @@ ENGINES = ["hf", "fake", pytest.param("vllm", marks=pytest.mark.vllm)]
 def engine(request, tok, models, model_dir) -> RolloutEngine:
     name = request.param
     if name == "hf":
-        built = HFEngine(_model(tok, 2), tok.pad_token_id, micro_batch_size=3, own_weights=True)
+        built = HFEngine(_model(tok, 2), tok.pad_token_id, micro_batch_size=3)
     elif name == "fake":
         built = FakeEngine(models[0], tok.pad_token_id, micro_batch_size=3)
     else:
@@ -96,6 +97,9 @@ def _batch(tok, prompts=PROMPTS):
 
 
 def _push(engine, model, version: int) -> None:
+    if isinstance(engine, HFEngine):  # it serves its model live: give that model the weights
+        with torch.no_grad():
+            load_named_weights(engine.model, export_weights(model), "the test's weights")
     engine.update_weights(export_weights(model), version)
     assert engine.weight_version == version
 

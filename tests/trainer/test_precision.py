@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from dataclasses import replace
+
 from proxima.config import ConfigError, load_config
 from proxima.models import load_causal_lm
-from proxima.rollout.score import build_experience, engine_logprobs_exact
+from proxima.rollout.plan import engine_logprobs_differ, plan_scoring
+from proxima.rollout.score import build_experience
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.update import actor_micro_loss
+from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -32,22 +35,23 @@ def make_trainer(files, *extra: str) -> PPOTrainer:
 
 def _experience(trainer: PPOTrainer, ro, old_from_engine: bool):
     r = trainer.roles
+    plan = replace(trainer.plan, old_logprobs="engine" if old_from_engine else "actor")
     return build_experience(
         ro.gen,
+        torch.zeros(len(ro.prompts)),
+        ro.group_ids,
+        plan,
         actor=r.actor,
         reference=r.reference,
         critic=r.critic,
-        scores=torch.zeros(len(ro.prompts)),
-        temperature=trainer.cfg.rollout.temperature,
-        micro_batch_size=3,
-        group_ids=ro.group_ids,
-        old_from_engine=old_from_engine,
+        rollout=replace(trainer.cfg.rollout, micro_batch_size=3),
+        algorithm=trainer.cfg.algorithm,
     )
 
 
 def test_auto_takes_the_engines_logprobs_in_float32_and_skips_the_actor_pass(files):
     trainer = make_trainer(files)
-    assert trainer.old_from_engine and trainer.old_logprobs_source.startswith("engine")
+    assert trainer.plan.old_from_engine and trainer.plan.why.startswith("auto: exact")
     torch.manual_seed(0)
     ro = trainer.generate()
     calls = []
@@ -88,8 +92,8 @@ def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
         for p in trainer.roles.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
     exp = _experience(trainer, ro, old_from_engine=True)
-    exp.advantages = torch.zeros_like(exp.old_logprobs)
-    _, stats = actor_micro_loss(trainer.roles.actor, exp, trainer.cfg.actor, 0.7)
+    exp = replace(exp, advantages=torch.zeros_like(exp.old_logprobs))
+    _, stats = PolicyObjective(trainer.cfg.actor, 0.7)(trainer.roles.actor, exp)
     assert stats["logratio_abs"] > 1e-3
 
 
@@ -104,26 +108,28 @@ def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
 )
 def test_auto_recomputes_where_the_engine_samples_another_distribution(files, override, reason):
     trainer = make_trainer(files, override)
-    assert not trainer.old_from_engine
-    assert reason in trainer.old_logprobs_source
+    assert not trainer.plan.old_from_engine
+    assert reason in trainer.plan.why and reason in trainer.plan.describe()
 
 
 def test_auto_recomputes_when_the_generation_config_changes_the_sampler(files):
     trainer = make_trainer(files)
-    actor = load_causal_lm(files["model"])
-    assert engine_logprobs_exact(trainer.cfg, actor) == ""
-    actor.generation_config.suppress_tokens = [2]
-    assert "suppress_tokens" in engine_logprobs_exact(trainer.cfg, actor)
+    config = load_causal_lm(files["model"]).generation_config
+    assert engine_logprobs_differ(trainer.cfg, "hf", config) == ""
+    assert plan_scoring(trainer.cfg, "hf", config).old_from_engine
+    config.suppress_tokens = [2]
+    assert "suppress_tokens" in engine_logprobs_differ(trainer.cfg, "hf", config)
+    assert not plan_scoring(trainer.cfg, "hf", config).old_from_engine
 
 
 def test_bf16_mixed_precision_computes_in_bf16_with_float32_master_weights(files):
     fp32 = make_trainer(files, "rollout.old_logprobs=recompute")
     mixed = make_trainer(files, "model.mixed_precision=bf16")
-    assert not mixed.old_from_engine  # auto: bf16 decode and forward pass round differently
+    assert not mixed.plan.old_from_engine  # auto: bf16 decode and forward pass round differently
     assert next(mixed.roles.reference.parameters()).dtype == torch.bfloat16
     torch.manual_seed(3)
     ro = fp32.generate()
-    with mixed.autocast():
+    with mixed.precision():
         low = _experience(mixed, ro, old_from_engine=False)
     high = _experience(fp32, ro, old_from_engine=False)
     assert low.old_logprobs.dtype == torch.float32
@@ -148,7 +154,7 @@ def test_precision_options_are_checked(files):
     with pytest.raises(ConfigError, match="model.dtype=float32"):
         load_config(None, ["model.mixed_precision=bf16", "model.dtype=bfloat16"])
     with pytest.raises(ConfigError, match="rollout_correction"):
-        load_config(None, ["rollout.old_logprobs=engine", "algorithm.rollout_correction=token"])
+        make_trainer(files, "rollout.old_logprobs=engine", "algorithm.rollout_correction=token")
     with pytest.raises(ConfigError, match="rollout.old_logprobs"):
         load_config(None, ["rollout.old_logprobs=cached"])
 
@@ -178,7 +184,7 @@ def test_bf16_updates_see_the_weights_of_the_previous_optimizer_step(files):
     assert len(calls) == 3  # scoring, mini-batch 1, mini-batch 2 (after the first step)
     kwargs, seen = calls[2]
     fresh = load_critic_like(critic.model, snapshots[0])
-    with trainer.autocast(), torch.no_grad():
+    with trainer.precision(), torch.no_grad():
         expected = fresh(**kwargs).logits
     torch.testing.assert_close(seen, expected, atol=0, rtol=0)
 
@@ -191,4 +197,5 @@ def load_critic_like(model: torch.nn.Module, state: dict) -> torch.nn.Module:
 
 def test_auto_recomputes_for_another_engine(files):
     trainer = make_trainer(files)
-    assert "vllm engine" in engine_logprobs_exact(trainer.cfg, trainer.roles.actor, "vllm")
+    assert "vllm engine" in engine_logprobs_differ(trainer.cfg, "vllm")
+    assert plan_scoring(trainer.cfg, "vllm").old_logprobs == "actor"

@@ -19,6 +19,7 @@ from proxima.models import (
     load_tokenizer,
     vocabulary_difference,
 )
+from proxima.models import critic as critic_module
 from proxima.trainer import setup
 
 ALPHABET = "0123456789+="
@@ -80,8 +81,12 @@ def test_other_vocabulary_stops_before_any_model_loads(folders, monkeypatch, cha
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded before the vocabulary check")
 
-    for loader in ("load_causal_lm", "load_critic", "load_reward_model"):
-        monkeypatch.setattr(setup, loader, no_model)
+    for module, loader in (
+        (setup, "load_causal_lm"),
+        (critic_module, "load_critic"),
+        (setup, "load_reward_model"),
+    ):
+        monkeypatch.setattr(module, loader, no_model)
     with pytest.raises(ConfigError) as err:
         setup.load_roles(cfg, torch.device("cpu"))
     msg = str(err.value)

@@ -1,7 +1,7 @@
-"""critic.shared_backbone: one network with a policy head and a value head (seed 001). The
-value head reads the LM head's input; the values come with the actor's scoring pass, or from
-the generation itself when the old log-probs do; one forward / backward per micro-batch
-trains both losses. Nano models, a few seconds in all."""
+"""critic.shared_backbone: one network with a policy head and a value head (PPO's shared
+parameterisation). The value head reads the LM head's input; the values come with the
+actor's scoring pass, or from the generation itself when the old log-probs do; one forward /
+backward per micro-batch trains both losses. Nano models, a few seconds in all."""
 
 from __future__ import annotations
 
@@ -14,12 +14,18 @@ import torch
 
 from proxima.config import ConfigError
 from proxima.models import init_model, load_causal_lm
-from proxima.models.forward import position_ids_from_mask, response_logits, response_logits_hidden
-from proxima.models.value_head import lm_head, new_value_head, value_of
-from proxima.rollout.engine import HFEngine, Sampling
+from proxima.models.critic import PolicyValue, ValueHead, lm_head, new_value_head, value_of
+from proxima.models.forward import (
+    position_ids_from_mask,
+    response_logits,
+    response_logits_values,
+)
+from proxima.rollout.engine import Sampling
+from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import build_experience, sequence_logprobs
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.update import _value_terms, actor_micro_loss, shared_micro_loss
+from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,39 +49,42 @@ def count_calls(module: torch.nn.Module) -> list:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "gpt_neox"])
-def test_hidden_states_are_the_lm_heads_input(tmp_path, arch):
-    """The value head reads the final (normalised) hidden state the logits come from."""
+def test_values_read_the_lm_heads_input(tmp_path, arch):
+    """The value head reads the final (normalised) hidden state the logits come from, at
+    the positions a value model's values are read (P + t - 1 for response token t)."""
     model = load_causal_lm(init_model(tmp_path / arch, arch, "nano", alphabet="abcdefghij", seed=1))
+    both = PolicyValue(model, new_value_head(model, seed=3))
     torch.manual_seed(0)
     ids = torch.randint(3, 8, (3, 9))
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding
     r = 4
-    logits, hidden = response_logits_hidden(model, ids, mask, r, temperature=0.5)
-    assert hidden.shape == (3, r, lm_head(model).weight.shape[1])
+    logits, values = response_logits_values(both, ids, mask, r, temperature=0.5)
     torch.testing.assert_close(logits, response_logits(model, ids, mask, r, 0.5))
-    torch.testing.assert_close(lm_head(model)(hidden) / 0.5, logits)
     base = model.base_model(
         input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
     )
-    torch.testing.assert_close(hidden, base.last_hidden_state[:, -r - 1 : -1])
+    hidden = base.last_hidden_state[:, -r - 1 : -1]
+    assert hidden.shape == (3, r, lm_head(model).weight.shape[1])
+    torch.testing.assert_close(lm_head(model)(hidden) / 0.5, logits)
+    torch.testing.assert_close(values, value_of(both.value_head, hidden))
 
 
 def test_generation_values_equal_the_scoring_pass(files):
     trainer = make_trainer(files)
-    assert trainer.values_from_engine and "values too" in trainer.old_logprobs_source
-    assert trainer.roles.critic is None and "critic" not in trainer.trained
+    assert trainer.plan.old_from_engine and trainer.plan.values == "generation"
+    assert isinstance(trainer.roles.critic, ValueHead) and "critic" not in trainer.trained
     torch.manual_seed(0)
     ro = trainer.generate()
-    gen, head = ro.gen, trainer.roles.value_head
+    gen = ro.gen
     mask = gen.response_mask.bool()
     assert gen.values is not None and mask.sum() > 10 and (gen.values[~mask] == 0).all()
     r = gen.response_mask.shape[1]
     with torch.no_grad():
-        _, hidden = response_logits_hidden(
+        _, values = response_logits_values(
             trainer.roles.actor, gen.input_ids, gen.attention_mask, r
         )
-        want = value_of(head, hidden) * gen.response_mask
+        want = values * gen.response_mask
     assert float(want[mask].std()) > 1e-3  # values that differ between states
     torch.testing.assert_close(gen.values, want, atol=1e-5, rtol=0)
 
@@ -84,25 +93,24 @@ def test_generation_values_equal_the_scoring_pass(files):
 def test_scoring_passes_of_the_actor(files, mode):
     """Engine log-probs: no actor pass at all (the values came with the generation).
     Recompute: one pass per micro-batch gives both log-probs and values."""
-    trainer = make_trainer(files, f"rollout.old_logprobs={mode}")
+    trainer = make_trainer(files, f"rollout.old_logprobs={mode}", "rollout.micro_batch_size=3")
     torch.manual_seed(1)
     ro = trainer.generate()
-    calls = count_calls(trainer.roles.actor.model)  # the decoder: runs once per actor pass
+    calls = count_calls(trainer.roles.actor.policy.model)  # the decoder: once per actor pass
     exp = build_experience(
         ro.gen,
+        torch.zeros(len(ro.prompts)),
+        ro.group_ids,
+        trainer.plan,
         actor=trainer.roles.actor,
         reference=None,
-        critic=None,
-        scores=torch.zeros(len(ro.prompts)),
-        temperature=0.7,
-        micro_batch_size=3,
-        group_ids=ro.group_ids,
-        old_from_engine=trainer.old_from_engine,
-        value_head=trainer.roles.value_head,
+        critic=trainer.roles.critic,
+        rollout=trainer.cfg.rollout,
+        algorithm=trainer.cfg.algorithm,
     )
     assert len(calls) == (0 if mode == "auto" else 3)  # 8 rows in micro-batches of 3
     assert exp.values is not None and exp.values.abs().sum() > 0
-    want_old = sequence_logprobs(trainer.roles.actor, ro.gen, 0.7, 8)
+    want_old = sequence_logprobs(trainer.roles.actor.policy, ro.gen, 0.7, 8)
     torch.testing.assert_close(exp.old_logprobs, want_old, atol=1e-5, rtol=0)
 
 
@@ -123,18 +131,18 @@ def _experience(trainer: PPOTrainer):
 def test_one_loss_is_the_actor_loss_plus_vf_coef_times_the_value_loss(files):
     trainer = make_trainer(files)
     exp = _experience(trainer)
-    actor, head, cfg = trainer.roles.actor, trainer.roles.value_head, trainer.cfg
-    params = [p for p in actor.parameters()] + list(head.parameters())
+    actor, critic, cfg = trainer.roles.actor, trainer.roles.critic, trainer.cfg
+    params = list(actor.parameters())  # the policy's, then the value head's
 
     def grads(loss):
         return torch.autograd.grad(loss, params, allow_unused=True)
 
-    loss, stats = shared_micro_loss(actor, head, exp, cfg.actor, cfg.critic, 0.7)
+    loss, stats = PolicyObjective(cfg.actor, 0.7, critic=critic)(actor, exp)
     got = grads(loss)
-    a_loss, a_stats = actor_micro_loss(actor, exp, cfg.actor, 0.7)
+    a_loss, a_stats = PolicyObjective(cfg.actor, 0.7)(actor.policy, exp)
     r = exp.response_mask.shape[1]
-    _, hidden = response_logits_hidden(actor, exp.input_ids, exp.attention_mask, r, 0.7)
-    v_loss, _ = _value_terms(value_of(head, hidden), exp, cfg.critic)
+    _, values = response_logits_values(actor, exp.input_ids, exp.attention_mask, r, 0.7)
+    v_loss, _ = critic.value_terms(values, exp)
     torch.testing.assert_close(loss, a_loss + 0.7 * v_loss)
     assert stats["pg_loss"] == a_stats["pg_loss"]
     assert stats["critic/vf_loss"] == float(v_loss.detach())
@@ -143,14 +151,14 @@ def test_one_loss_is_the_actor_loss_plus_vf_coef_times_the_value_loss(files):
         want = (ga if ga is not None else 0) + 0.7 * (gv if gv is not None else 0)
         torch.testing.assert_close(g, want * torch.ones_like(p), atol=1e-7, rtol=1e-5)
     # the value loss trains the backbone too, not only its head
-    layer = actor.model.layers[0].mlp.up_proj.weight
+    layer = actor.policy.model.layers[0].mlp.up_proj.weight
     at = next(i for i, p in enumerate(params) if p is layer)
     assert float(g_value[at].abs().max()) > 0
 
 
 def test_one_forward_and_one_optimizer_per_micro_batch(files):
     trainer = make_trainer(files, "actor.ppo_epochs=2")
-    calls = count_calls(trainer.roles.actor.model)
+    calls = count_calls(trainer.roles.actor.policy.model)
     update = trainer.update
 
     def counted(exp):  # the update's passes only (generation runs the actor too)
@@ -158,14 +166,15 @@ def test_one_forward_and_one_optimizer_per_micro_batch(files):
         return update(exp)
 
     trainer.update = counted
-    head_before = trainer.roles.value_head.weight.detach().clone()
+    head = trainer.roles.critic.head
+    head_before = head.weight.detach().clone()
     torch.manual_seed(3)
     metrics, _ = trainer.step()
     assert len(calls) == 4  # 2 epochs x 2 micro-batches, no critic pass
     assert metrics["actor/optimizer_steps"] == 2
     assert "critic/vf_loss" in metrics and "critic/explained_variance" in metrics
-    assert not torch.equal(head_before, trainer.roles.value_head.weight)
-    # the value head at critic.optim.lr, on the actor's schedule
+    assert not torch.equal(head_before, head.weight)
+    # the value head at critic.optim.lr, on its own (here the same) schedule
     groups = trainer.trained["actor"].optimizer.param_groups
     assert groups[1]["initial_lr"] == 3e-3 and groups[0]["initial_lr"] == 1e-3
     assert groups[1]["lr"] / groups[0]["lr"] == pytest.approx(3.0)
@@ -174,13 +183,14 @@ def test_one_forward_and_one_optimizer_per_micro_batch(files):
 
 def test_warmup_trains_only_the_value_head(files):
     trainer = make_trainer(files, "critic.warmup_iterations=1")
-    before = {k: v.clone() for k, v in trainer.roles.actor.state_dict().items()}
-    head = trainer.roles.value_head.weight.detach().clone()
+    policy, head = trainer.roles.actor.policy, trainer.roles.critic.head
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    head_before = head.weight.detach().clone()
     torch.manual_seed(4)
     metrics, _ = trainer.step()
-    after = trainer.roles.actor.state_dict()
+    after = policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not torch.equal(head, trainer.roles.value_head.weight)
+    assert not torch.equal(head_before, head.weight)
     assert "critic/vf_loss" in metrics and "actor/pg_loss" not in metrics
     assert trainer.weight_version == 0  # the engine's weights did not change
     metrics, _ = trainer.step()
@@ -196,12 +206,13 @@ def test_models_and_optimizer_state_round_trip(files, tmp_path):
     assert not (tmp_path / "critic").exists()
     state = trainer.state_dict()
     other = make_trainer(files)
+    mine, theirs = trainer.roles.critic.head, other.roles.critic.head
     with torch.no_grad():
-        other.roles.value_head.weight.zero_()
+        theirs.weight.zero_()
     other.load_models(tmp_path)
     other.load_state_dict(state)
-    torch.testing.assert_close(other.roles.value_head.weight, trainer.roles.value_head.weight)
-    torch.testing.assert_close(other.roles.value_head.bias, trainer.roles.value_head.bias)
+    torch.testing.assert_close(theirs.weight, mine.weight)
+    torch.testing.assert_close(theirs.bias, mine.bias)
     # resumed: the next iteration is the same as the uninterrupted one's
     torch.manual_seed(6)
     want, _ = trainer.step()
@@ -225,7 +236,6 @@ def test_a_checkpoint_without_a_value_head_is_refused(files, tmp_path):
         ("algorithm.adv_estimator=grpo", "uses no critic"),
         ("model.critic_init=reward_model", "separate critic"),
         ("model.critic_path=/x", "separate critic"),
-        ("trainer.strategy=fsdp2", "fsdp2"),
         ("critic.vf_coef=0", "vf_coef"),
         ("rollout.name=vllm rollout.old_logprobs=engine", "only the hf engine"),
     ],
@@ -235,14 +245,27 @@ def test_options_that_cannot_apply_are_refused(files, override, match):
         make_trainer(files, *override.split())
 
 
-def test_only_an_engine_with_the_value_head_gives_values(files):
+def test_only_an_actor_that_carries_the_critic_gives_values(files):
     trainer = make_trainer(files)
-    engine = HFEngine(trainer.roles.actor, 0, 8)  # no value head
     ids, mask = torch.full((2, 3), 4), torch.ones(2, 3, dtype=torch.long)
     sampling = Sampling(max_new_tokens=2, stop_ids=(1,), values=True)
-    with pytest.raises(ValueError, match="value_head"):
-        engine.generate(ids, mask, sampling)
-    assert engine.generate(ids, mask, replace(sampling, values=False)).values is None
+    assert HFEngine(trainer.roles.actor, 0, 8).generate(ids, mask, sampling).values is not None
+    plain = HFEngine(trainer.roles.actor.policy, 0, 8)  # the policy alone: no value head
+    with pytest.raises(ValueError, match="value head"):
+        plain.generate(ids, mask, sampling)
+    assert plain.generate(ids, mask, replace(sampling, values=False)).values is None
+
+
+def test_the_plan_takes_the_values_with_the_old_logprobs(files):
+    trainer = make_trainer(files)
+    cfg = trainer.cfg
+    assert plan_scoring(cfg).values == "generation"
+    assert plan_scoring(cfg, engine="vllm").values == "actor"  # vllm: an actor pass
+    recompute = cfg.replace({"rollout.old_logprobs": "recompute"})
+    assert plan_scoring(recompute).values == "actor"
+    assert plan_scoring(cfg.replace({"critic.shared_backbone": False})).values == "critic"
+    free = cfg.replace({"critic.shared_backbone": False, "algorithm.adv_estimator": "grpo"})
+    assert plan_scoring(free).values == ""
 
 
 def test_new_value_head_is_seeded_and_leaves_the_global_rng(files):

@@ -1,4 +1,4 @@
-"""Phase 2 updates: micro-batching never changes a mini-batch's gradient, NaN steps are
+"""Phase 6, the update: micro-batching never changes a mini-batch's gradient, NaN steps are
 skipped, and mini-batches cover every sequence once per epoch.
 
 Oracle for the gradient tests: the same loss on the whole mini-batch in one micro-batch
@@ -14,13 +14,14 @@ from transformers import AutoModelForTokenClassification
 
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
+from proxima.models.critic import ValueModel
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import (
-    actor_micro_loss,
-    critic_micro_loss,
+    PolicyObjective,
+    ValueObjective,
     micro_weight,
     mini_batches,
-    run_updates,
+    run_epochs,
 )
 from proxima.types import Experience
 from tests.oracles import ragged_experience
@@ -91,7 +92,7 @@ def test_actor_gradient_independent_of_micro_batch_size(actor, mode, extras):
         use_kl_loss=extras,
         kl_loss_coef=0.1,
     )
-    loss_fn = lambda mb: actor_micro_loss(actor, mb, cfg, TEMPERATURE)  # noqa: E731
+    loss_fn = lambda mb: PolicyObjective(cfg, TEMPERATURE)(actor, mb)  # noqa: E731
     whole = accumulated_grads(actor, exp, 4, loss_fn, mode)
     assert any(g.abs().max() > 1e-4 for g in whole.values())  # a real, non-zero gradient
     for micro in (1, 2):
@@ -101,8 +102,8 @@ def test_actor_gradient_independent_of_micro_batch_size(actor, mode, extras):
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_critic_gradient_independent_of_micro_batch_size(critic, mode):
     exp = make_experience(build_tiny_model("llama", build_char_tokenizer(ALPHABET), "nano"))
-    cfg = CriticConfig(loss_agg_mode=mode)
-    loss_fn = lambda mb: critic_micro_loss(critic, mb, cfg)  # noqa: E731
+    objective = ValueObjective(ValueModel(CriticConfig(loss_agg_mode=mode), critic, "test"))
+    loss_fn = lambda mb: objective(critic, mb)  # noqa: E731
     whole = accumulated_grads(critic, exp, 4, loss_fn, mode)
     assert any(g.abs().max() > 1e-4 for g in whole.values())
     for micro in (1, 2):
@@ -115,7 +116,7 @@ def test_equal_micro_weights_would_differ(actor):
     # above can detect a wrong `micro_weight`.
     exp = make_experience(actor)
     cfg = ActorConfig(loss_agg_mode="token-mean")
-    loss_fn = lambda mb: actor_micro_loss(actor, mb, cfg, TEMPERATURE)  # noqa: E731
+    loss_fn = lambda mb: PolicyObjective(cfg, TEMPERATURE)(actor, mb)  # noqa: E731
     whole = accumulated_grads(actor, exp, 4, loss_fn, "token-mean")
     naive = accumulated_grads(
         actor,
@@ -138,29 +139,23 @@ def test_micro_weight_values(actor):
     assert micro_weight(first, exp, "token-sum") == 1.0  # sums add up as they are
 
 
-# --------------------------------------------------------------------------- run_updates
+# --------------------------------------------------------------------------- run_epochs
 
 
 def _params(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _nan_loss(model):
-    def loss(mb: Experience):
-        total = sum(p.sum() for p in model.parameters())
-        return total * float("nan"), {"pg_loss": float("nan")}
-
-    return loss
+def _nan_loss(model, mb: Experience):
+    total = sum(p.sum() for p in model.parameters())
+    return total * float("nan"), {"pg_loss": float("nan")}
 
 
-def _finite_loss(model):
-    def loss(mb: Experience):
-        return sum(p.square().sum() for p in model.parameters()) * 1e-3, {"pg_loss": 1.0}
-
-    return loss
+def _finite_loss(model, mb: Experience):
+    return sum(p.square().sum() for p in model.parameters()) * 1e-3, {"pg_loss": 1.0}
 
 
-def _run(model, exp, micro_loss, mini_size: int, grad_clip: float = 1.0) -> dict:
+def _run(model, exp, objective, mini_size: int, grad_clip: float = 1.0) -> dict:
     sec = ActorConfig(
         optim=OptimConfig(lr=1e-2, grad_clip=grad_clip),
         ppo_epochs=1,
@@ -169,37 +164,36 @@ def _run(model, exp, micro_loss, mini_size: int, grad_clip: float = 1.0) -> dict
         shuffle=True,
         loss_agg_mode="token-mean",
     )
-    return run_updates(
+    return run_epochs(
         TrainedRole("actor", model, sec, total_steps=10),
         exp,
-        micro_loss=micro_loss,
+        objective,
         generator=torch.Generator().manual_seed(0),
     )
 
 
 @pytest.mark.parametrize("grad_clip", [1.0, 0.0])
-def test_run_updates_skips_nan_step(tok, grad_clip):
+def test_run_epochs_skips_nan_step(tok, grad_clip):
     model = build_tiny_model("llama", tok, "nano", max_positions=32, seed=9)
     exp = make_experience(model)
     before = _params(model)
-    out = _run(model, exp, _nan_loss(model), mini_size=4, grad_clip=grad_clip)
+    out = _run(model, exp, _nan_loss, mini_size=4, grad_clip=grad_clip)
     assert out["skipped_steps"] == 1.0
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name]), name
         assert p.grad is None  # the NaN gradient is not carried into the next step
 
 
-def test_run_updates_skips_only_the_nan_step(tok):
+def test_run_epochs_skips_only_the_nan_step(tok):
     # two mini-batches of 2: the first loss is NaN (skipped), the second finite (applied)
     model = build_tiny_model("llama", tok, "nano", max_positions=32, seed=9)
     exp = make_experience(model)
     before = _params(model)
     calls = {"n": 0}
-    nan, finite = _nan_loss(model), _finite_loss(model)
 
-    def loss(mb):
+    def loss(m, mb):
         calls["n"] += 1
-        return (nan if calls["n"] == 1 else finite)(mb)
+        return (_nan_loss if calls["n"] == 1 else _finite_loss)(m, mb)
 
     out = _run(model, exp, loss, mini_size=2)
     assert calls["n"] == 2 and out["skipped_steps"] == 1.0
@@ -224,9 +218,10 @@ def _rows_experience(b: int) -> Experience:
 
 def _epochs(exp, size, epochs, shuffle, seed=0) -> list[list[list[int]]]:
     gen = torch.Generator().manual_seed(seed)
-    minis = [mb.group_ids.tolist() for mb in mini_batches(exp, size, epochs, shuffle, gen)]
-    per_epoch = exp.batch_size // size
-    return [minis[e * per_epoch : (e + 1) * per_epoch] for e in range(epochs)]
+    return [
+        [mb.group_ids.tolist() for mb in mini_batches(exp, size, shuffle, gen)]
+        for _ in range(epochs)
+    ]
 
 
 def test_mini_batches_cover_every_row_once_per_epoch():
@@ -245,7 +240,7 @@ def test_mini_batches_cover_every_row_once_per_epoch():
 def test_mini_batches_keep_rows_together_and_order_without_shuffle():
     exp = _rows_experience(6)
     gen = torch.Generator().manual_seed(1)
-    for mb in mini_batches(exp, 3, 2, True, gen):
+    for mb in mini_batches(exp, 3, True, gen):
         assert torch.equal(mb.input_ids[:, 0], mb.group_ids)  # fields selected consistently
     assert _epochs(exp, 3, 2, shuffle=False) == [[[0, 1, 2], [3, 4, 5]]] * 2
 
@@ -263,15 +258,15 @@ def _kl_run(model, exp, epochs: int, target_kl: float) -> dict:
     )
     calls = []
 
-    def loss(mb):
-        out = actor_micro_loss(model, mb, sec, TEMPERATURE)
+    def loss(m, mb):
+        out = PolicyObjective(sec, TEMPERATURE)(m, mb)
         calls.append(out[1]["approx_kl"])
         return out
 
-    stats = run_updates(
+    stats = run_epochs(
         TrainedRole("actor", model, sec, total_steps=16),
         exp,
-        micro_loss=loss,
+        loss,
         generator=torch.Generator().manual_seed(0),
         target_kl=target_kl,
     )
@@ -279,7 +274,7 @@ def _kl_run(model, exp, epochs: int, target_kl: float) -> dict:
 
 
 def test_target_kl_stops_the_remaining_epochs(tok):
-    """Issue 7.8: 4 rows, mini-batches of 2 -> 2 optimizer steps per epoch. The rollout's old
+    """4 rows, mini-batches of 2 -> 2 optimizer steps per epoch. The rollout's old
     log-probs are the actor's plus 0.3 N(0, 1) noise, so the first epoch's approx_kl, mean of
     0.5 (log-ratio)^2, is about 0.5 * 0.09 = 0.045 (measured below, not assumed)."""
     model = build_tiny_model("llama", tok, "nano", max_positions=32, seed=9)

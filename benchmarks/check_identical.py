@@ -1,0 +1,146 @@
+"""Behaviour check for refactors: the metrics of three short runs, recorded before a change
+and compared after it, bit for bit (same machine, same threads).
+
+The runs: the default example (`proxima train`, its task preparation and SFT warm start
+included), the same with the shared-backbone critic (`critic.shared_backbone=true
+model.critic_init=actor`), and the default example under `torchrun --nproc_per_node 2` (DDP,
+1 thread per process, micro-batches of 64). Every metric but the wall-clock ones (`time/*`,
+`tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
+summary.json.
+
+    python benchmarks/check_identical.py record runs/identical/before.json
+    # ... change the code ...
+    python benchmarks/check_identical.py record runs/identical/after.json
+    python benchmarks/check_identical.py compare runs/identical/before.json \
+        runs/identical/after.json
+
+`compare` prints every value that differs (run, iteration, key, before, after) and exits 1
+when any does; `--allow KEY` names a metric whose change is expected (it is printed, not
+counted). A run takes a few minutes on a 2-core machine (the warm start dominates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WALL_CLOCK = ("time/", "tokens_per_s")
+
+RUNS = {
+    "default": ([], 1),
+    "shared": (["critic.shared_backbone=true", "model.critic_init=actor"], 1),
+    # 64 sequences per process: a micro-batch of 128 would not divide them
+    "ddp": (
+        ["trainer.threads=1", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"],
+        2,
+    ),
+}
+
+
+def _command(nproc: int, overrides: list[str]) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "proxima", "train", *overrides]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*torchrun, f"--nproc_per_node={nproc}", "-m", "proxima", "train", *overrides]
+
+
+def _observed(run_dir: Path) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    task = summary.get("task", {})
+    return {
+        "metrics": metrics,
+        "eval_before": summary.get("eval_before"),
+        "eval_after": summary.get("eval_after"),
+        "sft_val_accuracy": task.get("sft_val_accuracy"),
+        "sft_final_loss": task.get("sft_final_loss"),
+    }
+
+
+def record(out: Path, iterations: int, only: list[str]) -> None:
+    """Run `only` and write their observations to `out` (other runs already there stay)."""
+    result = json.loads(out.read_text()) if out.is_file() else {}
+    with tempfile.TemporaryDirectory(prefix="proxima-identical-") as tmp:
+        for name in only:
+            extra, nproc = RUNS[name]
+            run_dir = Path(tmp) / name
+            overrides = [
+                f"trainer.iterations={iterations}",
+                f"trainer.output_dir={run_dir}",
+                "trainer.tensorboard=false",
+                *extra,
+            ]
+            start = time.perf_counter()
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            proc = subprocess.run(
+                _command(nproc, overrides), cwd=tmp, env=env, capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+            result[name] = _observed(run_dir)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1, sort_keys=True))
+            seconds = time.perf_counter() - start
+            print(f"{name}: {len(result[name]['metrics'])} rows, {seconds:.0f} s -> {out}")
+
+
+def _diffs(before, after, where: str):
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(before.keys() | after.keys()):
+            yield from _diffs(
+                before.get(key, "<absent>"), after.get(key, "<absent>"), f"{where}.{key}"
+            )
+    elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            yield from _diffs(b, a, f"{where}[{i}]")
+    elif before != after:
+        yield where, before, after
+
+
+def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
+    before = json.loads(before_path.read_text())
+    after = json.loads(after_path.read_text())
+    counted = expected = 0
+    for name in sorted(before.keys() | after.keys()):
+        for where, b, a in _diffs(before.get(name), after.get(name), name):
+            key = where.rsplit(".", 1)[-1]
+            if key in allow:
+                expected += 1
+                print(f"  allowed  {where}: {b!r} -> {a!r}")
+                continue
+            counted += 1
+            print(f"  DIFFERS  {where}: {b!r} -> {a!r}")
+    values = sum(len(r) for run in before.values() for r in run["metrics"])
+    verdict = "bit-identical" if counted == 0 else f"{counted} values differ"
+    print(f"{verdict} ({values} metric values compared; {expected} allowed changes)")
+    return 1 if counted else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="run the three runs and write their metrics")
+    rec.add_argument("out", type=Path)
+    rec.add_argument("--iterations", type=int, default=50)
+    rec.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    cmp_ = sub.add_parser("compare", help="compare two recordings")
+    cmp_.add_argument("before", type=Path)
+    cmp_.add_argument("after", type=Path)
+    cmp_.add_argument("--allow", nargs="*", default=[], help="metric keys expected to change")
+    args = p.parse_args()
+    if args.cmd == "record":
+        record(args.out, args.iterations, args.runs)
+        return 0
+    return compare(args.before, args.after, args.allow)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The rollout engine `rollout.name` names: checked before anything heavy, built once per run.
+
+vLLM is imported only when it is chosen (an optional dependency)."""
+
+from __future__ import annotations
+
+import torch
+
+from proxima.config import Config, RolloutConfig
+from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.hf_engine import HFEngine
+
+
+def check_engine(cfg: Config, model_path: str | None = None) -> None:
+    """Stop before anything heavy when the configured engine cannot run (ConfigError naming
+    the key and the fix); the `hf` engine always can."""
+    if cfg.rollout.name == "vllm":
+        from proxima.rollout.vllm_engine import check_engine as check_vllm
+
+        check_vllm(cfg, model_path)
+
+
+def build_engine(cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
+    """The engine `rollout.name` names, for a run whose actor module is `actor` (the `hf`
+    engine serves it directly; vLLM loads the actor's folder and gets its weights pushed)."""
+    if cfg.rollout.name == "vllm":
+        from proxima.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(cfg, tokenizer, device)
+    return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size)
+
+
+def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:
+    """An engine as given, or a model wrapped in the `hf` engine (the model is served live)."""
+    if isinstance(actor_or_engine, torch.nn.Module):
+        return HFEngine(actor_or_engine, tokenizer.pad_token_id, cfg.micro_batch_size)
+    return actor_or_engine

@@ -1,0 +1,95 @@
+"""`rollout.name=hf`: transformers `generate` with the KV cache, on the trainer's own actor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from proxima.rollout.engine import Sampling
+from proxima.rollout.generate import Generation, generate_responses
+
+
+def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
+    """Concatenate generation chunks whose response widths differ (pad on the right)."""
+    r = max(p.response_mask.shape[1] for p in parts)
+
+    def pad(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    def per_token(name: str) -> torch.Tensor | None:
+        got = [getattr(p, name) for p in parts]
+        return None if any(t is None for t in got) else torch.cat([pad(t, r, 0.0) for t in got])
+
+    ids, attn = [], []
+    for p in parts:
+        extra = r - p.response_mask.shape[1]
+        ids.append(pad(p.input_ids, p.input_ids.shape[1] + extra, pad_id))
+        attn.append(pad(p.attention_mask, p.attention_mask.shape[1] + extra, 0))
+    return Generation(
+        torch.cat(ids),
+        torch.cat(attn),
+        torch.cat([pad(p.response_mask, r, 0) for p in parts]),
+        torch.cat([p.stopped for p in parts]),
+        logprobs=per_token("logprobs"),
+        values=per_token("values"),
+    )
+
+
+class HFEngine:
+    """`rollout.name=hf`: transformers `generate` (KV cache) in micro-batches of sequences.
+
+    It serves the model it was given, the trainer's actor module itself: its weights are
+    always current, so `update_weights` only records the version and never reads the
+    tensors (no LoRA merge, nothing copied). An actor that carries the critic
+    (`models.critic.PolicyValue`) also gives the values of the sampled states
+    (`Sampling.values`).
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        micro_batch_size: int,
+    ) -> None:
+        self.model, self.pad_token_id = model, pad_token_id
+        self.micro_batch_size = micro_batch_size
+        self.weight_version = -1
+
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
+    ) -> Generation:
+        ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
+        mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
+        size = self.micro_batch_size
+        parts = [
+            generate_responses(
+                self.model,
+                ids[i : i + size],
+                mask[i : i + size],
+                max_new_tokens=sampling.max_new_tokens,
+                stop_ids=list(sampling.stop_ids),
+                pad_token_id=self.pad_token_id,
+                greedy=sampling.greedy,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                logprobs=sampling.logprobs,
+                values=sampling.values,
+            )
+            for i in range(0, ids.shape[0], size)
+        ]
+        return cat_generations(parts, self.pad_token_id)
+
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        self.weight_version = version
+
+    def sleep(self) -> None:  # nothing held between rollouts
+        pass
+
+    def wake_up(self) -> None:
+        pass

@@ -1,0 +1,132 @@
+"""Where each quantity of phase 3 comes from, decided once at start-up (`plan_scoring`),
+printed, and followed by `score.build_experience`.
+
+PPO's old log-probs are log-softmax(actor logits / temperature) of the sampled tokens. The
+rollout engine already computed the log-probs of what it sampled; where the two are the same
+quantity, the scoring forward pass of the actor is skipped (`rollout.old_logprobs=auto`): the
+`hf` engine serves the actor itself, in float32 without autocast, samples with no truncation
+(top_k=0, top_p=1) and the actor's generation_config adds no logits processor (e.g.
+suppress_tokens, repetition_penalty). They then differ only by the KV-cached decode's float
+rounding (~1e-7). A critic on the actor's backbone gives its values from the same pass as the
+old log-probs: from the actor's scoring pass, or from the generation itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxima.config import Config, ConfigError
+
+# generation_config fields that do not change the distribution tokens are sampled from
+NEUTRAL_GENERATION_FIELDS = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "max_length",
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "transformers_version",
+    "_from_model_config",
+}
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """`old_logprobs`: "engine" (the engine's own log-probs of the sampled tokens) or
+    "actor" (an actor forward pass). `values`: "critic" (a pass of a value model), "actor"
+    (with the old log-probs, from the actor's pass), "generation" (from the decode steps of
+    the hf engine) or "" (no critic). `kl`: the per-token KL's estimator, "full" (exact over
+    the vocabulary: one more pair of forward passes) or "" (no reference: the KL is 0)."""
+
+    old_logprobs: str
+    values: str
+    kl: str
+    why: str  # why the old log-probs come from where they do
+
+    @property
+    def old_from_engine(self) -> bool:
+        return self.old_logprobs == "engine"
+
+    def describe(self) -> str:
+        old = {
+            "engine": "the engine's own log-probs, no actor pass",
+            "actor": "an actor forward pass",
+        }[self.old_logprobs]
+        values = {
+            "critic": "a pass of the value model",
+            "actor": "the actor's pass (its value head)",
+            "generation": "the generation (the value head on the decode steps)",
+            "": "none (no critic)",
+        }[self.values]
+        kl = f"a reference pass, KL estimator {self.kl}" if self.kl else "none (no KL)"
+        return (
+            f"scoring plan:\n  old log-probs: {old} ({self.why})\n  values       : {values}\n"
+            f"  reference    : {kl}"
+        )
+
+
+def engine_logprobs_differ(cfg: Config, engine: str, generation_config=None) -> str:
+    """Why the engine's log-probs of the sampled tokens are NOT the trainer's old log-probs,
+    or "" when they are the same quantity (see the module's docstring). `engine`: the name
+    of the engine that samples; `generation_config`: the actor's (a transformers
+    GenerationConfig; None: nothing set)."""
+    r = cfg.rollout
+    if engine != "hf":
+        return f"the {engine} engine has its own kernels"
+    if cfg.model.dtype != "float32" or cfg.model.mixed_precision != "no":
+        return "not float32 (the KV-cached decode rounds differently from the forward pass)"
+    if r.top_k or r.top_p < 1.0:
+        return "top_k / top_p renormalise the sampled distribution"
+    if cfg.algorithm.rollout_correction:
+        return "algorithm.rollout_correction compares the two"
+    diff = generation_config.to_diff_dict() if generation_config is not None else {}
+    extra = sorted(set(diff) - NEUTRAL_GENERATION_FIELDS)
+    if extra:
+        return f"the actor's generation_config sets {', '.join(extra)}"
+    return ""
+
+
+def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str]:
+    mode = cfg.rollout.old_logprobs
+    if mode == "engine" and cfg.algorithm.rollout_correction:
+        raise ConfigError(
+            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
+            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
+            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
+        )
+    if mode != "auto":
+        return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"
+    why_not = engine_logprobs_differ(cfg, engine, generation_config)
+    if why_not:
+        return "actor", f"auto: {why_not}"
+    return "engine", f"auto: exact here, the {engine} engine's own"
+
+
+def plan_scoring(cfg: Config, engine: str | None = None, generation_config=None) -> ScoringPlan:
+    """The scoring plan of a run whose samples come from `engine` (default: rollout.name)
+    and whose actor has `generation_config`. Raises ConfigError for a combination that
+    cannot be scored."""
+    engine = engine or cfg.rollout.name
+    old, why = _old_logprobs(cfg, engine, generation_config)
+    values = ""
+    if cfg.critic_on_actor:
+        values = "generation" if old == "engine" else "actor"
+        if values == "generation" and engine != "hf":
+            raise ConfigError(
+                "a critic on the actor's backbone with `rollout.old_logprobs=engine` would "
+                f"need the values from the generation, which only the hf engine can give "
+                f"(rollout.name={engine}). Fix: set rollout.old_logprobs=auto (one actor "
+                "pass gives log-probs and values)."
+            )
+    elif cfg.uses_critic:
+        values = "critic"
+    needs_reference = cfg.kl_in_reward or cfg.actor.use_kl_loss
+    kl = cfg.algorithm.kl_penalty if needs_reference else ""
+    return ScoringPlan(old, values, kl, why)

@@ -1,0 +1,109 @@
+"""Phases 4 and 5 on the whole global batch: token rewards, then advantages and returns.
+
+With several processes each rank scored its own share; `BatchView.gather` puts the
+per-sequence quantities of the whole batch on every rank (rows in rank order, so one process
+and N processes see the same batch), and `estimate` computes from them, identically on every
+rank (verl's flow): GAE, whitening, score normalisation, group baselines and the KL
+controller's measurement all see global quantities. `Estimates.rows` hands each rank its own
+rows back for the update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from proxima.algos import ADVANTAGE_ESTIMATORS, compute_advantages, shape_rewards
+from proxima.config import AlgorithmConfig
+from proxima.trainer.dist import Dist
+from proxima.types import Experience
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """The per-sequence quantities of the whole global batch that phases 4 and 5 read."""
+
+    scores: torch.Tensor  # [B]
+    stopped: torch.Tensor  # [B] bool
+    kl: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor  # [B, R]
+    values: torch.Tensor | None  # [B, R]
+    group_ids: torch.Tensor  # [B], unique across ranks
+
+    @property
+    def batch_size(self) -> int:
+        return self.scores.shape[0]
+
+    @classmethod
+    def gather(cls, exp: Experience, dist: Dist, groups_per_rank: int) -> BatchView:
+        g = dist.gather_rows
+        return cls(
+            scores=g(exp.scores),
+            stopped=g(exp.stopped),
+            kl=g(exp.kl),
+            response_mask=g(exp.response_mask),
+            values=g(exp.values) if exp.values is not None else None,
+            group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
+        )
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What phases 4-5 computed for the whole batch ([B, R] each) and the shaping stats
+    (kl, reward, no_stop_fraction: see `algos.shape_rewards`)."""
+
+    token_rewards: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    stats: dict[str, float]
+
+    def rows(self, exp: Experience, dist: Dist) -> Experience:
+        """`exp` (this rank's rows) with its token rewards, advantages and returns."""
+        b, r = exp.batch_size, exp.response_mask.shape[1]
+        rows = slice(dist.rank * b, (dist.rank + 1) * b)
+        return replace(
+            exp,
+            token_rewards=self.token_rewards[rows, :r],
+            advantages=self.advantages[rows, :r],
+            returns=self.returns[rows, :r],
+        )
+
+
+def estimate(
+    batch: BatchView,
+    algorithm: AlgorithmConfig,
+    *,
+    kl_coef: float,
+    no_stop_penalty: float,
+    score_mean: float = 0.0,
+    score_std: float = 1.0,
+) -> Estimates:
+    """Phase 4, `algos.shape_rewards`: -kl_coef x KL on every token, the standardised,
+    penalised, clipped score at the last; phase 5, `algos.compute_advantages` with the
+    estimator `algorithm.adv_estimator` and its own options, read from the config fields
+    its registry entry names."""
+    token_rewards, stats = shape_rewards(
+        batch.scores,
+        batch.stopped,
+        batch.kl,
+        batch.response_mask,
+        kl_coef=kl_coef,
+        clip_reward_value=algorithm.clip_reward_value or None,
+        no_stop_penalty=no_stop_penalty,
+        score_mean=score_mean,
+        score_std=score_std,
+    )
+    name = algorithm.adv_estimator
+    options = {k: getattr(algorithm, k) for k in ADVANTAGE_ESTIMATORS[name].options}
+    advantages, returns = compute_advantages(
+        name,
+        token_rewards,
+        batch.response_mask,
+        values=batch.values,
+        gamma=algorithm.gamma,
+        group_ids=batch.group_ids,
+        **options,
+    )
+    stats = {k: float(v) for k, v in stats.items()}
+    return Estimates(token_rewards, advantages, returns, stats)
