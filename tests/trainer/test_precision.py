@@ -6,12 +6,11 @@ weights and their optimizer state stay float32. Nano models, a few seconds in al
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-
-from dataclasses import replace
 
 from proxima.config import ConfigError, load_config
 from proxima.models import load_causal_lm
