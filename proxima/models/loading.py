@@ -36,7 +36,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-CRITIC_INIT = ("actor", "reward_model", "critic")
+from proxima.config.choices import CRITIC_INIT
+
 _HEAD_NAMES = ("score", "classifier")  # one-label heads of *ForSequence/TokenClassification
 
 _FIX = {

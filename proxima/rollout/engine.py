@@ -29,8 +29,6 @@ from proxima.config import Config, RolloutConfig
 from proxima.models.saving import load_named_weights
 from proxima.rollout.generate import Generation, generate_responses
 
-ENGINES = ("hf", "vllm")
-
 
 class LogprobMismatchWarning(UserWarning):
     """The engine's log-probs are further from the trainer's than rollout.logprob_diff_warn."""

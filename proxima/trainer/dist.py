@@ -25,8 +25,6 @@ from torch import nn
 
 T = TypeVar("T")
 
-STRATEGIES = ("auto", "none", "ddp", "fsdp2")
-
 
 @dataclass(frozen=True)
 class Dist:
