@@ -36,8 +36,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from proxima.config.choices import CRITIC_INIT
+from proxima.config.choices import CRITIC_INIT, DTYPE_NAMES
 
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # model.dtype -> torch dtype
 _HEAD_NAMES = ("score", "classifier")  # one-label heads of *ForSequence/TokenClassification
 
 _FIX = {

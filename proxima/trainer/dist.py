@@ -207,13 +207,14 @@ def shard(model: nn.Module, fsdp, trainable: bool) -> None:
     offloaded to the CPU (`fsdp.offload_frozen`)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    from proxima.models import DTYPES
+
     # FSDP2 warns that a module returned a view (HF heads slice their outputs); proxima does
     # no in-place op on model outputs, and tests/distributed/test_parity.py checks the gradients
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*", category=UserWarning)
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     mp = MixedPrecisionPolicy(
-        param_dtype=dtypes[fsdp.param_dtype], reduce_dtype=dtypes[fsdp.reduce_dtype]
+        param_dtype=DTYPES[fsdp.param_dtype], reduce_dtype=DTYPES[fsdp.reduce_dtype]
     )
     kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": fsdp.reshard_after_forward}
     if not trainable and fsdp.offload_frozen:

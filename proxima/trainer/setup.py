@@ -11,6 +11,7 @@ import torch
 from proxima.config import Config, ConfigError
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
+    DTYPES,
     config_vocab_size,
     describe_model,
     folder_problem,
@@ -26,13 +27,11 @@ from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.models.value_head import new_value_head
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def frozen_dtype(cfg: Config) -> torch.dtype:
     """Dtype of the frozen roles (reference, reward model): bfloat16 under mixed precision
     (autocast computes in it anyway; half the memory), else model.dtype."""
-    return torch.bfloat16 if cfg.model.mixed_precision == "bf16" else _DTYPES[cfg.model.dtype]
+    return torch.bfloat16 if cfg.model.mixed_precision == "bf16" else DTYPES[cfg.model.dtype]
 
 
 def autocast(cfg: Config, device: torch.device):
@@ -276,7 +275,7 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     With model.lora_rank > 0 the actor (and the critic, if model.critic_lora) trains LoRA
     adapters, and the reference is the actor with its adapters disabled unless
     model.reference_path names another model (no second copy of the weights)."""
-    dtype = _DTYPES[cfg.model.dtype]
+    dtype = DTYPES[cfg.model.dtype]
     lora = cfg.model.lora_rank > 0
     tok = tokenizer or load_tokenizer(cfg.model.actor_path)
     check_vocabularies(cfg, tok)  # from tokenizer files, before any model loads
