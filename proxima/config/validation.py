@@ -9,7 +9,6 @@ belongs in that order rather than anywhere. `check_sources` checks that a comman
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from proxima.config.choices import (
@@ -27,6 +26,7 @@ from proxima.config.choices import (
 )
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ModelConfig
+from proxima.env import world_size
 
 _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "model.critic_init": CRITIC_INIT,
@@ -98,11 +98,6 @@ def _get(cfg: Config, dotted: str) -> Any:
     for part in dotted.split("."):
         node = getattr(node, part)
     return node
-
-
-def world_size() -> int:
-    """Processes in this job: torchrun's WORLD_SIZE, 1 without torchrun."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:

@@ -11,7 +11,6 @@ train ...` every rank holds its share of the global batch (`data.train_batch_siz
 from __future__ import annotations
 
 import datetime
-import os
 import pickle
 import warnings
 from collections.abc import Callable
@@ -22,6 +21,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as tdist
 from torch import nn
+
+from proxima import env
 
 T = TypeVar("T")
 
@@ -124,15 +125,6 @@ def _portable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def env_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
-    return (
-        int(os.environ.get("RANK", 0)),
-        int(os.environ.get("WORLD_SIZE", 1)),
-        int(os.environ.get("LOCAL_RANK", 0)),
-    )
-
-
 def resolve_strategy(strategy: str, world_size: int) -> str:
     """`trainer.strategy` for this job: one process trains unwrapped whatever it says (so a
     checkpoint of a torchrun job resumes in one process); auto is ddp for several."""
@@ -166,7 +158,7 @@ def backend_for(spec: str, device_type: str) -> str:
 
 def init(strategy: str, backend: str, timeout_s: float, device: torch.device) -> Dist:
     """The process group of a torchrun job (once per process), or a one-process `Dist`."""
-    rank, world, local = env_world()
+    rank, world, local = env.world()
     strategy = resolve_strategy(strategy, world)
     if world > 1 and not tdist.is_initialized():
         if device.type == "cuda":
