@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from proxima import env
+
 DEFAULT_EXAMPLE = "arithmetic.yaml"
 
 
@@ -112,7 +114,7 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     path, overrides = _split_config_args(overrides, default_example)
     base = _resume_base(path, overrides) if ns.command == "train" else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if ns.command == "train" and _is_main_process():
+    if ns.command == "train" and env.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     return load_config(path, overrides, base=base, command=ns.command)
 
@@ -129,11 +131,6 @@ def _threads_and_device(cfg):
     return resolve_device(cfg.model.device)
 
 
-def _is_main_process() -> bool:
-    """Rank 0 of a torchrun job, or a plain single process: the one that prints."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
@@ -141,7 +138,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.trainer.guard import EXIT_DIVERGED
 
     summary = train(_load(ns, default_example=True))
-    if not _is_main_process():
+    if not env.is_main_process():
         return 0
     before, after = summary.get("eval_before"), summary.get("eval_after")
     if before and after:
@@ -384,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
-        where = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        where = f"[rank {env.rank()}] " if env.world_size() > 1 else ""
         print(f"error: {where}{err}", file=sys.stderr)
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2

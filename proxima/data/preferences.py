@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
+from proxima.config.choices import PREFERENCE_OVERLONG
 from proxima.data.prompts import missing_column_error, render_prompt, tokenize_text
-
-PREFERENCE_OVERLONG = ("error", "drop")  # truncation would cut the EOS the score is read at
 
 
 @dataclass

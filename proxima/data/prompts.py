@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-OVERLONG_MODES = ("error", "drop", "truncate")
+from proxima.config.choices import OVERLONG_MODES
 
 
 @dataclass

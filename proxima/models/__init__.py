@@ -4,6 +4,7 @@ built locally for tests and examples."""
 from proxima.models.forward import position_ids_from_mask, reward_model_scores
 from proxima.models.loading import (
     CRITIC_INIT,
+    DTYPES,
     config_vocab_size,
     describe_model,
     folder_problem,
@@ -31,6 +32,7 @@ __all__ = [
     "init_reward_model",
     "ARCHITECTURES",
     "CRITIC_INIT",
+    "DTYPES",
     "config_vocab_size",
     "folder_problem",
     "has_tokenizer",

@@ -36,8 +36,9 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-CRITIC_INIT = ("actor", "reward_model", "critic")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from proxima.config.choices import CRITIC_INIT, DTYPE_NAMES
+
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # model.dtype -> torch dtype
 _HEAD_NAMES = ("score", "classifier")  # one-label heads of *ForSequence/TokenClassification
 
 _FIX = {

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 import torch
 
+from proxima import env
 from proxima.config import Config, ConfigError
 from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation
@@ -89,7 +90,7 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
         return
     _import_vllm()
     v = cfg.rollout.vllm
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = env.world_size()
     if v.tensor_model_parallel_size > world:
         raise ConfigError(
             f"`rollout.vllm.tensor_model_parallel_size`={v.tensor_model_parallel_size} needs "
@@ -144,7 +145,7 @@ class VLLMEngine:
         self.weight_version = -1
         self.sleep_mode = v.enable_sleep_mode and current_platform.is_sleep_mode_available()
         self.asleep: set[str] = set()  # the parts released by sleep(): weights, kv_cache
-        rank = int(os.environ.get("RANK", "0"))
+        rank = env.rank()
         self.llm = vllm.LLM(
             model=cfg.model.actor_path,
             load_format="dummy",  # the trainer pushes the actor's weights before any rollout

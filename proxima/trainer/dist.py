@@ -11,7 +11,6 @@ train ...` every rank holds its share of the global batch (`data.train_batch_siz
 from __future__ import annotations
 
 import datetime
-import os
 import pickle
 import warnings
 from collections.abc import Callable
@@ -23,12 +22,14 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from proxima import env
 from proxima.models.critic import PolicyValue
+from proxima.models.loading import DTYPES
 from proxima.models.unwrap import unwrap
 
 T = TypeVar("T")
 
-STRATEGIES = ("auto", "none", "ddp", "fsdp2")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,15 +130,6 @@ def _portable(error: Exception) -> Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def env_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) without it."""
-    return (
-        int(os.environ.get("RANK", 0)),
-        int(os.environ.get("WORLD_SIZE", 1)),
-        int(os.environ.get("LOCAL_RANK", 0)),
-    )
-
-
 def resolve_strategy(strategy: str, world_size: int) -> str:
     """`trainer.strategy` for this job: one process trains unwrapped whatever it says (so a
     checkpoint of a torchrun job resumes in one process); auto is ddp for several."""
@@ -171,7 +163,7 @@ def backend_for(spec: str, device_type: str) -> str:
 
 def init(strategy: str, backend: str, timeout_s: float, device: torch.device) -> Dist:
     """The process group of a torchrun job (once per process), or a one-process `Dist`."""
-    rank, world, local = env_world()
+    rank, world, local = env.world()
     strategy = resolve_strategy(strategy, world)
     if world > 1 and not tdist.is_initialized():
         if device.type == "cuda":
@@ -219,9 +211,8 @@ def shard(model: nn.Module, fsdp, trainable: bool) -> None:
     # no in-place op on model outputs, and tests/distributed/test_parity.py checks the gradients
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*", category=UserWarning)
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     mp = MixedPrecisionPolicy(
-        param_dtype=dtypes[fsdp.param_dtype], reduce_dtype=dtypes[fsdp.reduce_dtype]
+        param_dtype=DTYPES[fsdp.param_dtype], reduce_dtype=DTYPES[fsdp.reduce_dtype]
     )
     kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": fsdp.reshard_after_forward}
     if not trainable and fsdp.offload_frozen:

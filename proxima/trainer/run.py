@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from proxima import env
 from proxima.checkpoint import (
     check_resume,
     checkpoint_iteration,
@@ -25,7 +26,7 @@ from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
-from proxima.trainer.dist import Dist, env_world
+from proxima.trainer.dist import Dist
 from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.guard import (
@@ -143,7 +144,7 @@ def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
     """The process group (under torchrun) and this process's device; threads."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    _, _, local = env_world()
+    _, _, local = env.world()
     device = resolve_device(cfg.model.device, local)
     t = cfg.trainer
     return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device

@@ -11,6 +11,7 @@ import torch
 from proxima.config import Config, ConfigError
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
+    DTYPES,
     config_vocab_size,
     describe_model,
     folder_problem,
@@ -22,7 +23,6 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic
-from proxima.models.loading import DTYPES
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 

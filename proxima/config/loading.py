@@ -1,0 +1,177 @@
+"""Loading: YAML and `section.key=value` overrides -> a checked tree of dicts -> `Config`,
+validated for the command (`load_config`). Every value is checked against its field's type
+(`_coerce`), every key against the schema (unknown keys get a "did you mean")."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from proxima.config.schema import Config, ConfigError
+from proxima.config.validation import check_sources, validate
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f" Did you mean `{prefix}{close[0]}`?" if close else ""
+    return f"{hint} Valid keys: {', '.join(valid)}."
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Check a YAML value against a field type; ints are accepted for floats."""
+    if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
+        if value is None:
+            return None
+        inner = [t for t in typing.get_args(typ) if t is not type(None)]
+        return _coerce(value, inner[0], where) if len(inner) == 1 else value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is float and isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"`{where}` must be true or false, got {value!r}.")
+    if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"`{where}` must be an integer, got {value!r}.")
+    if typ is float and not isinstance(value, float):
+        raise ConfigError(f"`{where}` must be a number, got {value!r}.")
+    if typ is str and not isinstance(value, str):
+        if value is None:
+            return ""
+        raise ConfigError(f"`{where}` must be a string, got {value!r}. Quote it in YAML.")
+    if typ is list and not isinstance(value, list):
+        raise ConfigError(f"`{where}` must be a list like [1, 2], got {value!r}.")
+    return value
+
+
+def _build(cls: type, data: dict, prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"`{prefix.rstrip('.') or 'config'}` must be a mapping, got {data!r}.")
+    ftypes = _field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        where = prefix + key
+        if key not in ftypes:
+            raise ConfigError(
+                f"Unknown config key `{where}`." + _suggest(key, list(ftypes), prefix)
+            )
+        typ = ftypes[key]
+        if dataclasses.is_dataclass(typ):
+            kwargs[key] = _build(typ, value or {}, where + ".")
+        else:
+            kwargs[key] = _coerce(value, typ, where)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"Cannot set `{dotted}`: `{part}` is not a section.")
+        node = child
+    node[parts[-1]] = value
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What PyYAML was parsing and what it found, with 1-based line and column."""
+    parts = []
+    for text, mark in (
+        (getattr(err, "context", None), getattr(err, "context_mark", None)),
+        (getattr(err, "problem", None), getattr(err, "problem_mark", None)),
+    ):
+        if text:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            parts.append(text + where)
+    return "; ".join(parts) or str(err)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["a.b=1", "c.d=x"]` -> nested dict; values parsed as YAML scalars."""
+    tree: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"Override `{item}` is not of the form section.key=value.")
+        key, raw = item.split("=", 1)
+        if not key.strip() or "" in key.strip().split("."):
+            raise ConfigError(f"Override `{item}` has no key: write section.key=value.")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"Override `{item}`: the value {raw!r} is not valid YAML ({_yaml_problem(err)}). "
+                f"Fix it, e.g. {key}=[1, 2] for a list, or quote a string: {key}='{raw}'."
+            ) from None
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def read_yaml(path: Path) -> dict:
+    """The mapping a YAML config file holds; ConfigError naming the file otherwise."""
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"Config file {path} is not valid YAML ({_yaml_problem(err)}). Fix that line "
+            "(indentation, a missing colon or bracket, an unquoted special character)."
+        ) from None
+    except (UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"Config file {path} cannot be read as text ({err}).") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"Config file {path} holds a {type(tree).__name__} at the top level; a config is a "
+            "mapping of sections, e.g.\n  model:\n    actor_path: path/to/model\n  trainer:\n"
+            "    iterations: 100"
+        )
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: dict | None = None,
+    command: str = "train",
+) -> Config:
+    """Read YAML (or start from `base`, e.g. a checkpoint's saved config), apply `a.b=c`
+    overrides, build and validate the config for `command` (train|sft|rm|eval)."""
+    tree: dict = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"Config file {path} not found. Pass an existing YAML file "
+                "or no file at all for the built-in default example."
+            )
+        tree = read_yaml(path)
+    tree = _merge(tree, parse_overrides(overrides or []))
+    cfg = _build(Config, tree, "")
+    validate(cfg)
+    if command != "train" or not cfg.task.name:  # a task names its sources when prepared
+        check_sources(cfg, command)
+    return cfg

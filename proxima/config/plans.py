@@ -1,0 +1,81 @@
+"""What start-up prints and the README shows: the batch plan, where the KL goes, and the
+table of every key with its default and help (`python -m proxima.config`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from proxima.config.schema import Config
+
+
+def batch_plan(cfg: Config, world: int = 1) -> str:
+    """Human-readable batch plan, printed at start-up: one unit (sequences), every count,
+    global and per process."""
+    rollout = cfg.rollout_batch_size
+    lines = [
+        f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
+        f"{rollout} sequences per iteration"
+        + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
+    ]
+    for role, sec in cfg.trained_roles().items():
+        mini = sec.ppo_mini_batch_size
+        n_mini = rollout // mini
+        n_micro = mini // world // sec.ppo_micro_batch_size
+        per = f" ({mini // world} per process)" if world > 1 else ""
+        lines.append(
+            f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
+            f"{mini}{per} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
+            f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
+        )
+    if cfg.critic.shared_backbone:
+        lines.append(
+            f"  critic: a value head on the actor's backbone, trained in the actor's steps "
+            f"(loss + {cfg.critic.vf_coef:g} x value loss)"
+        )
+    elif cfg.algorithm.adv_estimator != "gae":
+        lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
+    lines += kl_plan(cfg)
+    lines.append(
+        f"  total : {cfg.trainer.iterations} iterations, "
+        f"{cfg.trainer.iterations * rollout} sequences"
+    )
+    return "\n".join(lines)
+
+
+def kl_plan(cfg: Config) -> list[str]:
+    """Where the KL penalty goes, when the KL loss makes that a choice (printed at start-up)."""
+    if not cfg.actor.use_kl_loss:
+        return []
+    if cfg.kl_in_reward:
+        return [
+            "  KL    : in the reward (algorithm.use_kl_in_reward=true) AND in the actor loss "
+            "(actor.use_kl_loss=true): counted twice, as set"
+        ]
+    if cfg.algorithm.use_kl_in_reward is None:
+        return [
+            "  KL    : in the actor loss only: actor.use_kl_loss=true turns the in-reward KL "
+            "off (as verl); set algorithm.use_kl_in_reward=true to have both"
+        ]
+    return ["  KL    : in the actor loss only (algorithm.use_kl_in_reward=false)"]
+
+
+def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every leaf field: the README's config table."""
+    node = Config() if node is None else node
+    rows = []
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            rows.extend(describe_fields(value, prefix + f.name + "."))
+        else:
+            rows.append((prefix + f.name, value, f.metadata.get("help", "")))
+    return rows
+
+
+def keys_markdown() -> str:
+    """The README's config table, generated from the fields (`python -m proxima.config`)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for key, default, help_text in describe_fields():
+        rows.append(f"| `{key}` | `{default!r}` | {help_text.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)

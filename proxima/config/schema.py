@@ -1,0 +1,168 @@
+"""The whole config tree: the root `Config` (its derived values, `replace`), the sections of
+the other commands (task, eval, sft, rm) and `ConfigError`; the PPO run's sections are in
+`sections`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxima.config.sections import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    DataConfig,
+    FSDPConfig,
+    GuardConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
+    _f,
+)
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote that cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = _f(
+        "",
+        "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
+        "empty to train on your own model.actor_path / data.train_path / reward.",
+    )
+    arch: str = _f(
+        "llama", "Architecture of the tiny model the task builds: llama|qwen2|gpt2|gpt_neox."
+    )
+    size: str = _f("tiny", "Size preset of the tiny model: nano|tiny|small.")
+    digits: int = _f(2, "Arithmetic task: largest number of digits of each operand.")
+    n_train: int = _f(4000, "Number of RL training prompts the task writes.")
+    n_eval: int = _f(256, "Number of held-out evaluation prompts (never seen in SFT or RL).")
+    n_sft: int = _f(1000, "Number of supervised (prompt, answer) pairs for the SFT warm start.")
+    sft_steps: int = _f(3000, "Most optimizer steps of the SFT warm start (0 skips it).")
+    sft_target_accuracy: float = _f(
+        0.3,
+        "Stop the SFT warm start once greedy accuracy on a "
+        "validation split reaches this (0 = run all sft_steps).",
+    )
+    sft_check_every: int = _f(10, "SFT steps between two validation checks.")
+    sft_smooth_checks: int = _f(
+        3,
+        "The SFT stopping rule compares the mean accuracy of this many last validation "
+        "checks with sft_target_accuracy (1 = a single check, noisy).",
+    )
+    sft_lr: float = _f(3e-3, "Learning rate of the SFT warm start.")
+    sft_batch_size: int = _f(64, "Batch size of the SFT warm start.")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = _f(0, "Evaluate on data.eval_path every N iterations (0 = only before and after).")
+    max_prompts: int = _f(0, "Evaluate on at most this many prompts (0 = all).")
+    sampled: bool = _f(False, "Also evaluate with sampling at rollout.temperature.")
+    batch_size: int = _f(128, "Prompts per evaluation generate call.")
+    out: str = _f("", "`proxima eval`: also write the results as JSON to this file.")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    out: str = _f(
+        "", "`proxima sft`: folder the fine-tuned model is written to (must not hold one)."
+    )
+    steps: int = _f(200, "`proxima sft`: optimizer steps.")
+    lr: float = _f(1e-4, "`proxima sft`: peak learning rate (cosine to 10% after warm-up).")
+    batch_size: int = _f(16, "`proxima sft`: records per step.")
+    max_length: int = _f(512, "`proxima sft`: most tokens of prompt + response.")
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    train_path: str = _f("", "`proxima rm`: preference pairs (prompt, chosen, rejected[, margin]).")
+    eval_path: str = _f("", "`proxima rm`: held-out pairs, evaluated before and after.")
+    out: str = _f("", "`proxima rm`: folder the reward model is written to (must not hold one).")
+    steps: int = _f(200, "`proxima rm`: optimizer steps.")
+    lr: float = _f(1e-5, "`proxima rm`: peak learning rate (cosine to 10% after warm-up).")
+    batch_size: int = _f(16, "`proxima rm`: pairs per step.")
+    max_length: int = _f(512, "`proxima rm`: most tokens of prompt + response.")
+    overlong: str = _f("error", "`proxima rm`: pairs longer than max_length: error|drop.")
+    chosen_key: str = _f("chosen", "`proxima rm`: column of the preferred response.")
+    rejected_key: str = _f("rejected", "`proxima rm`: column of the other response.")
+    margin_key: str = _f(
+        "", "`proxima rm`: optional numeric column added as Llama 2's margin (empty = none)."
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Sequences per iteration: prompts x samples per prompt."""
+        return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether -kl_coef * KL goes into the token rewards: algorithm.use_kl_in_reward as
+        set, and when unset (None) on unless the KL is already in the actor loss (verl's
+        docs on actor.use_kl_loss: "When used, we are not applying KL in the reward
+        function", https://verl.readthedocs.io/en/latest/examples/config.html)."""
+        explicit = self.algorithm.use_kl_in_reward
+        return (not self.actor.use_kl_loss) if explicit is None else explicit
+
+    @property
+    def uses_critic(self) -> bool:
+        """The advantage estimator needs a value function (gae); the critic-free ones
+        (grpo, rloo, ...) train none."""
+        from proxima.algos import ADVANTAGE_ESTIMATORS
+
+        estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
+        return estimator is not None and estimator.critic
+
+    @property
+    def critic_on_actor(self) -> bool:
+        """The critic is a value head on the actor's backbone (critic.shared_backbone), not
+        a value model of its own."""
+        return self.uses_critic and self.critic.shared_backbone
+
+    def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
+        """The config section of each role PPO trains with its own optimizer steps, by role
+        name (a shared-backbone critic is trained in the actor's steps)."""
+        if self.critic.shared_backbone:
+            return {"actor": self.actor}
+        return {"actor": self.actor, "critic": self.critic}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, changes: dict[str, Any]) -> Config:
+        """A new config with `{"section.key": value}` changed (the config is frozen)."""
+        return _replace_dotted(self, changes)
+
+
+def _replace_dotted(node: Any, changes: dict[str, Any]) -> Any:
+    direct = {k: v for k, v in changes.items() if "." not in k}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in changes.items():
+        if "." in key:
+            head, rest = key.split(".", 1)
+            nested.setdefault(head, {})[rest] = value
+    for head, sub in nested.items():
+        direct[head] = _replace_dotted(getattr(node, head), sub)
+    return dataclasses.replace(node, **direct)

@@ -1,0 +1,412 @@
+"""The sections a PPO run reads: model, data, rollout, algorithm, actor, critic, reward,
+trainer, fsdp, guard. Frozen dataclasses, a help text per field (`_f`): the README's config
+table is generated from them (`python -m proxima.config`).
+
+Defaults are DeepSpeed-Chat's step-3 values (kl 0.1, clip 0.2, value clip 0.2, reward clip 5,
+gamma 1.0, lam 0.95; learning rates from the PPO-tricks seed: actor 5e-7, critic 9e-6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the tables below
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
+    reference_path: str = _f(
+        "",
+        "Folder of the reference policy; empty = frozen copy of actor_path. Must share the "
+        "policy's vocabulary (checked).",
+    )
+    critic_path: str = _f(
+        "",
+        "Folder the critic starts from; empty = actor_path. Its tokenizer must number every "
+        "token as the policy's does (checked before any model loads).",
+    )
+    critic_init: str = _f(
+        "actor",
+        "How the critic starts: actor (backbone + new value head), "
+        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises; "
+        "it must share the policy's vocabulary, checked before any model loads) or "
+        "critic (a critic saved by proxima).",
+    )
+    dtype: str = _f(
+        "float32",
+        "Parameter dtype: float32|bfloat16|float16 (weights and optimizer state; for speed "
+        "keep float32 and set mixed_precision).",
+    )
+    mixed_precision: str = _f(
+        "no",
+        "no | bf16: bfloat16 autocast for generation (hf engine), scoring, the reward model "
+        "and the updates, with float32 master weights and optimizer state (model.dtype must "
+        "be float32); the frozen reference and reward model are held in bfloat16.",
+    )
+    device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
+    lora_rank: int = _f(
+        0,
+        "LoRA rank r (0 = full fine-tuning). With r > 0 only low-rank adapters are trained and "
+        "the reference is the actor with its adapters disabled (no second copy of the weights).",
+    )
+    lora_alpha: float = _f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / r) B A x.")
+    lora_dropout: float = _f(
+        0.0,
+        "Dropout on the LoRA input; keep 0 for PPO (dropout makes the first ratio differ from 1).",
+    )
+    lora_target_modules: list = _f(
+        [],
+        "Module names that get adapters (e.g. [q_proj, v_proj]); empty = every linear layer "
+        "of the backbone (peft's all-linear, heads excluded).",
+    )
+    critic_lora: bool = _f(
+        True,
+        "With lora_rank > 0, train the critic's backbone through LoRA too; its value head "
+        "stays fully trainable. False trains the whole critic.",
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train_path: str = _f(
+        "", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder."
+    )
+    eval_path: str = _f("", "Held-out prompt file for in-loop evaluation (optional).")
+    prompt_key: str = _f("prompt", "Column holding the prompt (a string or a chat message list).")
+    max_prompt_length: int = _f(256, "Longest prompt in tokens.")
+    overlong_prompts: str = _f("error", "What to do with longer prompts: error|drop|truncate.")
+    train_batch_size: int = _f(64, "Prompts per PPO iteration (each sampled rollout.n times).")
+    sft_path: str = _f(
+        "", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0."
+    )
+    response_key: str = _f("response", "Column holding the response in SFT records.")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """`rollout.name=vllm`: the engine options users know from verl's rollout config."""
+
+    tensor_model_parallel_size: int = _f(
+        1,
+        "GPUs one vLLM engine shards the model over; > 1 needs a torchrun launch with that "
+        "many processes (vLLM's external_launcher).",
+    )
+    gpu_memory_utilization: float = _f(
+        0.5,
+        "Share of GPU memory vLLM may take for weights and KV cache, next to training "
+        "(colocated); ignored on CPU (see VLLM_CPU_KVCACHE_SPACE in the README).",
+    )
+    enable_prefix_caching: bool = _f(
+        True,
+        "Reuse the KV cache of shared prompt prefixes (the rollout.n samples of a prompt); "
+        "reset after every weight push.",
+    )
+    enable_sleep_mode: bool = _f(
+        True,
+        "Release the KV cache (and offload the weights) between rollouts so training gets "
+        "the memory back; where the platform supports it (CUDA; a no-op on CPU).",
+    )
+    enforce_eager: bool = _f(
+        True,
+        "Run eagerly; False captures CUDA graphs and compiles: faster decoding on a GPU, "
+        "a slower start.",
+    )
+    dtype: str = _f(
+        "auto", "Weights and activations in vLLM: auto (= model.dtype)|float32|bfloat16|float16."
+    )
+    seed: int = _f(
+        0,
+        "vLLM's engine seed (offset by rank). Each request's sampling seed is drawn from "
+        "the trainer's RNG, so a resumed run replays its rollouts.",
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    name: str = _f(
+        "hf",
+        "Rollout engine: hf (transformers generate with the KV cache on the actor itself; "
+        "works everywhere) | vllm (vLLM in the training process, weights pushed after each "
+        "update; needs the vllm or vllm-cpu package, see the README).",
+    )
+    n: int = _f(
+        1,
+        "Samples per prompt. grpo / rloo / reinforce_plus_plus_baseline want > 1: with 1, as "
+        "in verl, the advantage is the raw score (no baseline) and a warning says so.",
+    )
+    max_response_length: int = _f(128, "Most new tokens per response.")
+    temperature: float = _f(
+        1.0, "Sampling temperature; log-probs are computed from logits / temperature."
+    )
+    top_p: float = _f(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    stop_token_ids: list = _f([], "Token ids that end a response besides the tokenizer's EOS.")
+    no_stop_penalty: float = _f(
+        0.0,
+        "Added to the score of responses that hit max_response_length "
+        "without a stop token (e.g. -1.0); 0 disables.",
+    )
+    micro_batch_size: int = _f(
+        64, "Sequences per generation call (hf engine) and per scoring forward pass."
+    )
+    old_logprobs: str = _f(
+        "auto",
+        "PPO's old log-probs: recompute (an actor forward pass over the rollout), engine (the "
+        "engine's own log-probs of the sampled tokens: one forward pass less, numerics of "
+        "generation) or auto (engine where both are the same quantity: hf engine, float32 "
+        "without mixed precision, top_k=0, top_p=1, no rollout correction, and no sampling "
+        "option in the actor's generation_config; else recompute). "
+        "actor/first_logratio_abs shows the gap on the first mini-batch.",
+    )
+    logprob_diff_warn: float = _f(
+        0.05,
+        "Warn when rollout/logprob_diff_mean (mean |engine log-prob - trainer log-prob| over "
+        "response tokens, logged every iteration) exceeds this; 0 disables the warning.",
+    )
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    type: str = _f("fixed", "fixed|adaptive (Ziegler et al. 2019).")
+    kl_coef: float = _f(0.1, "(Initial) coefficient of the in-reward KL penalty (beta).")
+    target_kl: float = _f(6.0, "Adaptive controller: KL per sequence it steers toward.")
+    horizon: int = _f(10000, "Adaptive controller: horizon in samples.")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    adv_estimator: str = _f(
+        "gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline."
+    )
+    gamma: float = _f(1.0, "Discount factor.")
+    lam: float = _f(0.95, "GAE lambda.")
+    whiten_advantages: bool = _f(
+        True, "Whiten advantages over the batch (masked) before the update."
+    )
+    norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
+    use_kl_in_reward: bool | None = _f(
+        None,
+        "Put -kl_coef * KL into the token rewards. Unset (null): on, unless actor.use_kl_loss "
+        'is on; then the KL is in the loss only, as in verl ("When used, we are not applying '
+        'KL in the reward function") and start-up says so. true together with '
+        "actor.use_kl_loss=true counts the KL twice (reward and loss): only when set explicitly.",
+    )
+    kl_penalty: str = _f(
+        "k1",
+        "KL estimator in the reward: k1 (kl) | abs | k2 (mse) | k3 (low_var_kl) | full "
+        "(exact over the vocabulary; one more forward pass pair per scoring micro-batch); "
+        "a `+` suffix (k3+, ...) keeps the value with k2's gradient (verl), which only "
+        "matters in a loss.",
+    )
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    normalize_scores: bool = _f(
+        False,
+        "Standardise scores by the running mean and std of every score seen so far "
+        "(OpenRLHF's normalize_reward), before clipping; the logged `score` stays raw.",
+    )
+    clip_reward_value: float = _f(
+        5.0, "Scores are clipped to [-c, c] (DeepSpeed-Chat's clip_reward_value); 0 disables."
+    )
+    rollout_correction: str = _f(
+        "",
+        "Truncated importance sampling against the rollout engine's own log-probs mu (TIS, "
+        "verl's rollout_is): each token's policy loss is weighted by min(pi_old / mu, "
+        "rollout_correction_cap), per token (token) or per sequence (sequence); empty = off.",
+    )
+    rollout_correction_cap: float = _f(
+        2.0, "Cap of the rollout correction weights (verl's rollout_is_threshold); >= 1."
+    )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = _f(5e-7, "AdamW learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list = _f([0.9, 0.95], "AdamW betas.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    warmup_steps: int = _f(0, "Linear warm-up in optimizer steps.")
+    schedule: str = _f("constant", "constant|cosine (after warm-up).")
+    min_lr_ratio: float = _f(0.0, "Cosine schedule floor as a fraction of lr.")
+    grad_clip: float = _f(1.0, "Max global gradient norm (0 disables).")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_micro_batch_size: int = _f(
+        16, "Sequences per forward/backward (gradient accumulation); never changes the result."
+    )
+    shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
+    policy_loss: str = _f(
+        "vanilla",
+        "Policy loss, by verl's actor.policy_loss.loss_mode name: vanilla (PPO's clipped "
+        "surrogate with the dual clip).",
+    )
+    clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
+    clip_ratio_low: float = _f(0.0, "Lower clip range (0 = clip_ratio).")
+    clip_ratio_high: float = _f(
+        0.0, "Upper clip range (0 = clip_ratio; > clip_ratio = clip-higher)."
+    )
+    clip_ratio_c: float = _f(
+        3.0, "Dual-clip bound for negative advantages (0 disables; must be > 1)."
+    )
+    loss_agg_mode: str = _f(
+        "token-mean",
+        "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm.",
+    )
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient (c2).")
+    use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(actor || reference) to the actor loss.")
+    kl_loss_coef: float = _f(0.001, "Coefficient of the KL loss.")
+    kl_loss_type: str = _f(
+        "low_var_kl",
+        "KL estimator of the KL loss: k1|abs|k2|k3 (or their aliases), their straight-through "
+        "forms k1+|k2+|k3+ (the value of the estimator, the gradient of k2; verl), or full "
+        "(exact over the vocabulary; one more reference forward pass per micro-batch).",
+    )
+    ptx_coef: float = _f(0.0, "Coefficient of the SFT (ptx) loss on data.sft_path.")
+    target_kl: float = _f(
+        0.0,
+        "Early stopping on the old-policy KL (PPO-KL, as Stable-Baselines3 and OpenRLHF): skip "
+        "the iteration's remaining actor epochs once a finished epoch's mean approx_kl "
+        "exceeds this; counted as actor/early_stopped. 0 = off (e.g. 0.02 with ppo_epochs > 1).",
+    )
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=9e-6))
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
+    shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
+    cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
+    loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss (as actor.loss_agg_mode).")
+    warmup_iterations: int = _f(
+        0,
+        "First iterations train only the critic (actor frozen; with shared_backbone only the "
+        "value head).",
+    )
+    shared_backbone: bool = _f(
+        False,
+        "One network for policy and value (seed 001): the critic is a value head on the "
+        "actor's final hidden state. One model less in memory; no critic pass when scoring "
+        "(the values come with the actor's pass, or from generation when the old log-probs "
+        "do); one forward/backward per micro-batch for loss = actor loss + vf_coef x value "
+        "loss. The actor's epochs, batch sizes and schedule apply; critic.optim.lr is the "
+        "value head's learning rate.",
+    )
+    vf_coef: float = _f(
+        0.5,
+        "With shared_backbone: weight of the value loss in the shared network's loss (seed "
+        "001: c1 in [0.5, 1.0]).",
+    )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    function: str = _f(
+        "",
+        "Python reward `path/to/file.py:fn` or `package.module:fn`, called as "
+        "fn(prompts, responses, **columns) -> list[float].",
+    )
+    model_path: str = _f("", "Reward model folder (sequence classification, one label).")
+    batch_size: int = _f(64, "Sequences per reward model forward.")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    iterations: int = _f(100, "PPO iterations (each: generate, score, update).")
+    seed: int = _f(42, "Seed of everything (offset by rank).")
+    output_dir: str = _f(
+        "runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models."
+    )
+    save_every: int = _f(
+        0,
+        "Write a full checkpoint (models, optimizers, RNG, step) to "
+        "output_dir/checkpoints/iter_N every N iterations (0 = only by time: save_every_minutes); "
+        "one is always written at the end and when the run is stopped (Ctrl-C, SIGTERM).",
+    )
+    save_every_minutes: float = _f(
+        30.0,
+        "Also write a checkpoint once this many minutes have passed since the last one (0 = "
+        "off), so a killed run loses at most that much; iterations whose metrics look "
+        "diverged (guard.*) are not saved.",
+    )
+    keep_checkpoints: int = _f(
+        2, "Newest checkpoints kept in output_dir/checkpoints (older ones deleted; 0 = keep all)."
+    )
+    resume_from: str = _f(
+        "",
+        "Checkpoint folder (run/checkpoints/iter_N) or run folder (its latest checkpoint) to "
+        "continue from, with the same config; raise trainer.iterations to train longer. "
+        "Writes a new run folder.",
+    )
+    log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
+    tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
+    threads: int = _f(0, "torch CPU threads per process (0 = torch's default).")
+    strategy: str = _f(
+        "auto",
+        "Data parallelism across the processes torchrun starts: auto (none for one process, "
+        "ddp otherwise) | none | ddp (DistributedDataParallel) | fsdp2 (fully_shard).",
+    )
+    dist_backend: str = _f(
+        "auto",
+        "torch.distributed backend: auto (gloo on CPU, nccl on CUDA), a name, or "
+        "a map like cpu:gloo,cuda:nccl.",
+    )
+    dist_timeout_s: float = _f(
+        600.0, "Seconds a collective may wait for the other ranks before the job fails."
+    )
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    reshard_after_forward: bool = _f(
+        True,
+        "FSDP2: free the gathered parameters after each forward (less memory, one more "
+        "all-gather in backward).",
+    )
+    param_dtype: str = _f(
+        "float32",
+        "FSDP2 mixed precision: dtype of gathered parameters in compute "
+        "(float32|bfloat16|float16); the sharded master weights keep model.dtype.",
+    )
+    reduce_dtype: str = _f("float32", "FSDP2 mixed precision: dtype of the gradient reduction.")
+    offload_frozen: bool = _f(
+        False, "FSDP2: keep the frozen reference model's shards on the CPU (CPUOffloadPolicy)."
+    )
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    patience: int = _f(
+        3,
+        "Stop the run after this many consecutive unhealthy iterations (collapse: see the "
+        "other guard.* keys), keeping the last good checkpoint as the result; 0 = never. "
+        "Non-finite weights or outputs always stop the run at once.",
+    )
+    min_entropy: float = _f(
+        1e-4,
+        "An iteration is unhealthy when actor/entropy (nats per response token) is below this: "
+        "the policy collapsed onto single tokens.",
+    )
+    max_kl_per_token: float = _f(
+        5.0,
+        "An iteration is unhealthy when the KL to the reference per response token (kl / "
+        "response_length) is above this: a KL runaway (reward hacking when the score rises); "
+        "0 = off.",
+    )
+    min_length_ratio: float = _f(
+        0.1,
+        "An iteration is unhealthy when the mean response length falls below this fraction "
+        "of the run's first iteration's (length collapse); 0 = off.",
+    )

@@ -1,0 +1,401 @@
+"""Validation: everything a config can be checked for before anything heavy happens, each
+failure a ConfigError that names the key and says what to change.
+
+`validate` runs the checks below in a fixed order and the first failure raises: the order
+decides which of several mistakes a user is told about, so a new check goes where it
+belongs in that order rather than anywhere. `check_sources` checks that a command's inputs
+(model, data, reward) are named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxima.config.choices import (
+    CRITIC_INIT,
+    DTYPE_NAMES,
+    ENGINES,
+    KL_CONTROLLERS,
+    MIXED_PRECISION,
+    OLD_LOGPROBS,
+    OVERLONG_MODES,
+    PREFERENCE_OVERLONG,
+    SCHEDULES,
+    STRATEGIES,
+    VLLM_DTYPES,
+)
+from proxima.config.schema import Config, ConfigError
+from proxima.config.sections import ModelConfig
+from proxima.env import world_size
+
+_CHOICES = {  # checked in this order, then the names proxima.algos accepts
+    "model.critic_init": CRITIC_INIT,
+    "model.dtype": DTYPE_NAMES,
+    "rollout.name": ENGINES,
+    "rollout.old_logprobs": OLD_LOGPROBS,
+    "model.mixed_precision": MIXED_PRECISION,
+    "rollout.vllm.dtype": VLLM_DTYPES,
+    "data.overlong_prompts": OVERLONG_MODES,
+    "algorithm.kl_ctrl.type": KL_CONTROLLERS,
+    "actor.optim.schedule": SCHEDULES,
+    "critic.optim.schedule": SCHEDULES,
+    "rm.overlong": PREFERENCE_OVERLONG,
+    "trainer.strategy": STRATEGIES,
+    "fsdp.param_dtype": DTYPE_NAMES,
+    "fsdp.reduce_dtype": DTYPE_NAMES,
+}
+
+_POSITIVE = (  # sizes and counts that must be > 0, checked in this order
+    "data.train_batch_size",
+    "rollout.n",
+    "rollout.max_response_length",
+    "rollout.micro_batch_size",
+    "rollout.vllm.tensor_model_parallel_size",
+    "actor.ppo_epochs",
+    "critic.ppo_epochs",
+    "data.max_prompt_length",
+    "reward.batch_size",
+    "eval.batch_size",
+    "sft.steps",
+    "sft.batch_size",
+    "sft.max_length",
+    "rm.steps",
+    "rm.batch_size",
+    "rm.max_length",
+)
+
+_NON_NEGATIVE = (  # where 0 means off or never, checked in this order
+    "trainer.save_every",
+    "trainer.save_every_minutes",
+    "trainer.keep_checkpoints",
+    "guard.patience",
+    "guard.min_entropy",
+    "guard.max_kl_per_token",
+    "guard.min_length_ratio",
+)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError naming the key for anything that cannot run (any command)."""
+    _check_choices(cfg)
+    _check_counts(cfg)
+    _check_lora(cfg.model)
+    _check_lists(cfg)
+    _check_optim(cfg)
+    _check_temperature(cfg)
+    _check_mixed_precision(cfg.model)
+    _check_old_logprobs(cfg)
+    _check_rollout(cfg)
+    _check_rollout_correction(cfg)
+    _check_actor(cfg)
+    _check_critic(cfg)
+    _check_shared_backbone(cfg)
+    _check_processes(cfg)
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _algorithm_choices() -> dict[str, tuple[str, ...]]:
+    """Names the math in proxima.algos accepts, checked before any model is loaded."""
+    from proxima.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+
+    return {
+        "algorithm.adv_estimator": tuple(ADVANTAGE_ESTIMATORS),
+        "actor.policy_loss": tuple(POLICY_LOSSES),
+        "algorithm.kl_penalty": (*KL_ESTIMATORS, "full"),
+        "actor.kl_loss_type": (*KL_ESTIMATORS, "full"),
+        "actor.loss_agg_mode": AGG_MODES,
+        "critic.loss_agg_mode": AGG_MODES,
+    }
+
+
+def _check_choices(cfg: Config) -> None:
+    """Keys with a fixed set of values (every section)."""
+    for key, choices in {**_CHOICES, **_algorithm_choices()}.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(
+                f"`{key}` must be one of {', '.join(choices)}; got {_get(cfg, key)!r}."
+            )
+
+
+def _check_counts(cfg: Config) -> None:
+    """Sizes and counts: positive, at least one iteration, the others >= 0."""
+    for key in _POSITIVE:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"`{key}` must be positive, got {_get(cfg, key)}.")
+    if cfg.trainer.iterations <= 0:
+        raise ConfigError(
+            f"`trainer.iterations` must be >= 1, got {cfg.trainer.iterations}: a run trains at "
+            "least one iteration (use `proxima eval` to only evaluate)."
+        )
+    for key in _NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
+
+
+def _check_lora(m: ModelConfig) -> None:
+    if m.lora_rank < 0:
+        raise ConfigError(
+            f"`model.lora_rank` must be >= 0 (0 = full fine-tuning), got {m.lora_rank}."
+        )
+    if m.lora_alpha <= 0:
+        raise ConfigError(
+            f"`model.lora_alpha` must be > 0 (e.g. 16 or 2 x rank), got {m.lora_alpha}."
+        )
+    if not 0 <= m.lora_dropout < 1:
+        raise ConfigError(f"`model.lora_dropout` must be in [0, 1), got {m.lora_dropout}.")
+
+
+def _check_lists(cfg: Config) -> None:
+    """List values: their length and the type of their items."""
+    for role in ("actor", "critic"):
+        key, betas = f"{role}.optim.betas", _get(cfg, f"{role}.optim.betas")
+        ok = len(betas) == 2 and all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+        )
+        if not ok:
+            raise ConfigError(
+                f"`{key}` must be two numbers in [0, 1) (Adam's beta1, beta2), like "
+                f"[0.9, 0.95]; got {betas!r}."
+            )
+    ids = cfg.rollout.stop_token_ids
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConfigError(
+            f"`rollout.stop_token_ids` must be a list of token ids (integers >= 0), like "
+            f"[13]; got {ids!r}."
+        )
+    modules = cfg.model.lora_target_modules
+    if not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(
+            f"`model.lora_target_modules` must be a list of module names, like "
+            f"[q_proj, v_proj]; got {modules!r}."
+        )
+
+
+def _check_optim(cfg: Config) -> None:
+    """The optimizers of actor and critic, and the actor's early stopping."""
+    for role in ("actor", "critic"):
+        o = _get(cfg, f"{role}.optim")
+        for name, value in (("lr", o.lr), ("weight_decay", o.weight_decay)):
+            if value < 0:
+                raise ConfigError(f"`{role}.optim.{name}` must be >= 0, got {value}.")
+        if o.eps <= 0:
+            raise ConfigError(f"`{role}.optim.eps` must be > 0 (e.g. 1e-8), got {o.eps}.")
+        if o.grad_clip < 0:
+            raise ConfigError(
+                f"`{role}.optim.grad_clip` must be >= 0 (0 = no clipping), got {o.grad_clip}."
+            )
+        if not 0 <= o.min_lr_ratio <= 1:
+            raise ConfigError(
+                f"`{role}.optim.min_lr_ratio` must be in [0, 1], got {o.min_lr_ratio}."
+            )
+        if o.warmup_steps < 0:
+            raise ConfigError(f"`{role}.optim.warmup_steps` must be >= 0, got {o.warmup_steps}.")
+    if cfg.actor.target_kl < 0:
+        raise ConfigError(
+            f"`actor.target_kl` must be >= 0 (0 = no early stopping), got {cfg.actor.target_kl}."
+        )
+
+
+def _check_temperature(cfg: Config) -> None:
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError(
+            "`rollout.temperature` must be > 0 (use a small value such as 1e-3 "
+            "for near-greedy sampling)."
+        )
+
+
+def _check_mixed_precision(m: ModelConfig) -> None:
+    if m.mixed_precision != "no" and m.dtype != "float32":
+        raise ConfigError(
+            f"`model.mixed_precision={m.mixed_precision}` keeps float32 master weights "
+            f"and autocasts the compute; `model.dtype` is {m.dtype}. Set "
+            "model.dtype=float32 (or mixed_precision=no to train in that dtype)."
+        )
+
+
+def _check_rollout(cfg: Config) -> None:
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError("`rollout.top_p` must be in (0, 1].")
+    if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError(
+            "`rollout.vllm.gpu_memory_utilization` must be in (0, 1] (a share of GPU memory), "
+            f"got {cfg.rollout.vllm.gpu_memory_utilization}."
+        )
+
+
+def _check_rollout_correction(cfg: Config) -> None:
+    """The engine's log-probs against the trainer's: correction level and cap, warning."""
+    from proxima.algos import IS_LEVELS
+
+    if cfg.algorithm.rollout_correction not in ("", *IS_LEVELS):
+        raise ConfigError(
+            "`algorithm.rollout_correction` must be token, sequence or empty (off); got "
+            f"{cfg.algorithm.rollout_correction!r}."
+        )
+    if cfg.algorithm.rollout_correction_cap < 1:
+        raise ConfigError(
+            "`algorithm.rollout_correction_cap` must be >= 1 (weights above it are truncated), "
+            f"got {cfg.algorithm.rollout_correction_cap}; verl uses 2.0."
+        )
+    if cfg.rollout.logprob_diff_warn < 0:
+        raise ConfigError("`rollout.logprob_diff_warn` must be >= 0 (0 disables the warning).")
+
+
+def _check_actor(cfg: Config) -> None:
+    if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
+        raise ConfigError("`actor.clip_ratio_c` must be > 1 (dual clip) or 0 to disable it.")
+    if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:
+        raise ConfigError("`actor.ptx_coef` > 0 needs `data.sft_path` (prompt/response records).")
+
+
+def _check_critic(cfg: Config) -> None:
+    if cfg.algorithm.adv_estimator != "gae" and cfg.critic.warmup_iterations:
+        raise ConfigError(
+            "`critic.warmup_iterations` needs a critic; the estimator "
+            f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
+        )
+
+
+def _check_processes(cfg: Config) -> None:
+    """What a multi-process (torchrun) job supports, and batch sizes that split over it."""
+    if cfg.trainer.strategy == "fsdp2" and cfg.model.lora_rank:
+        raise ConfigError(
+            "`trainer.strategy=fsdp2` with `model.lora_rank` > 0 is not supported yet: use "
+            "trainer.strategy=ddp for LoRA (its adapters are small), or model.lora_rank=0."
+        )
+    world = world_size()
+    if cfg.rollout.name == "vllm" and world > 1:
+        raise ConfigError(
+            "`rollout.name=vllm` in a multi-process (torchrun) job is not supported yet: use "
+            "rollout.name=hf with several processes, or vllm in a single process."
+        )
+    _check_batch_sizes(cfg, world)
+
+
+def _check_batch_sizes(cfg: Config, world: int) -> None:
+    """Sizes in sequences; train_batch_size and ppo_mini_batch_size are global (all
+    processes together), ppo_micro_batch_size is per process (verl's convention)."""
+    rollout = cfg.rollout_batch_size
+    if cfg.data.train_batch_size % world:
+        raise ConfigError(
+            f"`data.train_batch_size`={cfg.data.train_batch_size} is global: it must split "
+            f"evenly over the {world} processes. Pick a multiple of {world}."
+        )
+    for role, sec in cfg.trained_roles().items():
+        mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
+        if mini <= 0 or micro <= 0:
+            raise ConfigError(
+                f"`{role}.ppo_mini_batch_size` and `{role}.ppo_micro_batch_size` "
+                f"must be positive, got {mini} and {micro}."
+            )
+        if rollout % mini:
+            raise ConfigError(
+                f"`{role}.ppo_mini_batch_size`={mini} does not divide the {rollout} sequences "
+                f"of an iteration (data.train_batch_size={cfg.data.train_batch_size} x rollout.n="
+                f"{cfg.rollout.n}). Pick a divisor of {rollout}."
+            )
+        if mini % world:
+            raise ConfigError(
+                f"`{role}.ppo_mini_batch_size`={mini} is global: it must split evenly over the "
+                f"{world} processes. Pick a multiple of {world}."
+            )
+        if (mini // world) % micro:
+            per = f" ({mini} / {world} processes)" if world > 1 else ""
+            raise ConfigError(
+                f"`{role}.ppo_micro_batch_size`={micro} does not divide the per-process "
+                f"`{role}.ppo_mini_batch_size`={mini // world}{per}. Pick a divisor of "
+                f"{mini // world} (micro-batches are counted per process)."
+            )
+
+
+# ------------------------------------------------- rollout.old_logprobs, critic.shared_backbone
+# Where PPO's old log-probs (and a shared backbone's values) come from: the checks that concern
+# rollout.old_logprobs=engine, kept together here. validate calls each at its own place in the
+# order (_check_old_logprobs after the precision checks, _check_shared_backbone after the
+# critic's), so that the first error of a config is the one it always was.
+
+
+def _check_old_logprobs(cfg: Config) -> None:
+    """rollout.old_logprobs=engine with algorithm.rollout_correction."""
+    if cfg.rollout.old_logprobs == "engine" and cfg.algorithm.rollout_correction:
+        raise ConfigError(
+            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
+            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
+            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
+        )
+
+
+def _check_shared_backbone(cfg: Config) -> None:
+    """critic.shared_backbone: the value head reads the actor's own backbone, so anything
+    that gives the critic a model, a schedule or steps of its own cannot apply."""
+    c, m = cfg.critic, cfg.model
+    if not c.shared_backbone:
+        return
+    why = ""
+    if cfg.algorithm.adv_estimator != "gae":
+        why = f"the estimator `{cfg.algorithm.adv_estimator}` uses no critic"
+        fix = "set algorithm.adv_estimator=gae, or critic.shared_backbone=false"
+    elif m.critic_path or m.critic_init != "actor":
+        why = "`model.critic_path` / `model.critic_init` name a separate critic model"
+        fix = "leave model.critic_path empty and model.critic_init=actor"
+    elif cfg.rollout.name != "hf" and cfg.rollout.old_logprobs == "engine":
+        why = (
+            f"with `rollout.old_logprobs=engine` the values would come from the generation, "
+            f"which only the hf engine can give (rollout.name={cfg.rollout.name})"
+        )
+        fix = "set rollout.old_logprobs=auto (one actor pass gives log-probs and values)"
+    elif c.vf_coef <= 0:
+        why = f"`critic.vf_coef`={c.vf_coef} would never train the value head"
+        fix = "set critic.vf_coef > 0 (0.5 to 1.0, seed 001)"
+    if why:
+        raise ConfigError(f"`critic.shared_backbone=true`: {why}. Fix: {fix}.")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _require(cfg: Config, key: str, what: str) -> None:
+    if not _get(cfg, key):
+        raise ConfigError(f"`{key}` is empty. Set it to {what}.")
+
+
+def _require_one_reward(cfg: Config, flags: bool = False) -> None:
+    if bool(cfg.reward.function) == bool(cfg.reward.model_path):
+        fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
+        raise ConfigError(
+            f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
+            f"and `reward.model_path`{rm} (a reward model folder)."
+        )
+
+
+def check_sources(cfg: Config, command: str = "train") -> None:
+    """The model, data and reward a command reads must be named (a built-in task names
+    them when it is prepared, before training starts)."""
+    model = "a Hugging Face model folder"
+    if command == "train":
+        if cfg.task.name and not cfg.model.actor_path:
+            raise ConfigError(
+                f"`task.name`={cfg.task.name!r} is not prepared yet: run it with "
+                "`proxima train` or proxima.recipes.train(cfg), which prepare the task first."
+            )
+        _require(cfg, "model.actor_path", model + ", or set `task.name=arithmetic` for the example")
+        _require(cfg, "data.train_path", "a prompt file (.jsonl, .json, .parquet, .csv)")
+        _require_one_reward(cfg)
+    elif command == "sft":
+        _require(cfg, "model.actor_path", model + " (--model)")
+        _require(cfg, "data.sft_path", "a file of prompt/response records (--data)")
+        _require(cfg, "sft.out", "a new folder for the fine-tuned model (--out)")
+    elif command == "rm":
+        _require(cfg, "model.actor_path", model + ", the model to start from (--model)")
+        _require(cfg, "rm.train_path", "a file of preference pairs (--data)")
+        _require(cfg, "rm.out", "a new folder for the reward model (--out)")
+    elif command == "eval":
+        _require(cfg, "model.actor_path", model + " (--model)")
+        _require(cfg, "data.eval_path", "a prompt file (--data)")
+        _require_one_reward(cfg, flags=True)
