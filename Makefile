@@ -24,6 +24,7 @@ run: install
 # The whole suite: unit, component and end-to-end tiers (pytest skips `slow` unless asked).
 test: install-dev
 	$(VENV)/bin/ruff check proxima tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "slow or not slow" -p no:cacheprovider
 
 test-quick: install-dev
@@ -35,6 +36,7 @@ test-dist: install-dev
 
 lint: install-dev
 	$(VENV)/bin/ruff check proxima tests benchmarks
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff format --check proxima tests benchmarks
 
 bench: install-dev

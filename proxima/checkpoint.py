@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from proxima.config import Config
+from proxima.config import Config, fixed_keys
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
@@ -44,33 +44,9 @@ CONTENTS = (
     "checkpoint.json"
 )
 
-# Keys whose change makes the saved state mean something else: batch shapes and optimizer
-# steps per iteration (scheduler position, loader position), which models exist and where
-# they come from (the reference must stay the ORIGINAL initial policy), the prompt order.
-# Every other key (learning rates, clip ranges, trainer.iterations, ...) may change.
-RESUME_KEYS = (
-    "task.name",
-    "model.actor_path",
-    "model.reference_path",
-    "model.critic_init",
-    "model.dtype",
-    "model.lora_rank",
-    "model.lora_alpha",
-    "model.lora_target_modules",
-    "model.critic_lora",
-    "data.train_path",
-    "data.prompt_key",
-    "data.train_batch_size",
-    "rollout.n",
-    "algorithm.adv_estimator",
-    "algorithm.kl_ctrl.type",
-    "actor.ppo_epochs",
-    "actor.ppo_mini_batch_size",
-    "critic.ppo_epochs",
-    "critic.ppo_mini_batch_size",
-    "critic.shared_backbone",
-    "trainer.seed",
-)
+# Keys whose change makes the saved state mean something else: the schema marks them
+# (`fixed`); every other key (learning rates, clip ranges, trainer.iterations, ...) may change.
+RESUME_KEYS = fixed_keys()
 # --------------------------------------------------------------------------- saving
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from importlib import resources
@@ -119,18 +118,6 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     return load_config(path, overrides, base=base, command=ns.command)
 
 
-def _threads_and_device(cfg):
-    import torch
-
-    from proxima.rng import seed_everything
-    from proxima.trainer.setup import resolve_device
-
-    seed_everything(cfg.trainer.seed)
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    return resolve_device(cfg.model.device)
-
-
 def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
@@ -156,11 +143,19 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
+    """The resolved config, the batch plan and, when the actor's folder is there to read
+    its generation config, the scoring plan."""
     from proxima.config import batch_plan
+    from proxima.models.loading import generation_config
+    from proxima.rollout.plan import plan_scoring
 
     cfg = _load(ns, default_example=True)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
+    if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():
+        print(
+            plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path)).describe()
+        )
     return 0
 
 
@@ -186,140 +181,24 @@ def cmd_init_model(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _fresh_out(path: str) -> Path:
-    """An --out folder that holds no model yet: nothing already written is overwritten."""
-    out = Path(path)
-    if (out / "config.json").exists():
-        raise FileExistsError(f"{out} already holds a model (config.json); choose another --out.")
-    return out
-
-
 def cmd_sft(ns: argparse.Namespace) -> int:
-    from proxima.models import load_causal_lm, load_tokenizer
-    from proxima.trainer.setup import check_enough, check_model_folders, load_sft, with_key
-    from proxima.trainer.sft import sft_train
+    from proxima.recipes.sft import sft
 
-    cfg = _load(ns)
-    out = _fresh_out(cfg.sft.out)
-    check_model_folders(cfg, "sft")
-    device = _threads_and_device(cfg)
-    tok = load_tokenizer(cfg.model.actor_path)
-    data = with_key("data.sft_path", load_sft, cfg, cfg.data.sft_path, tok, cfg.sft.max_length)
-    check_enough(data, cfg.sft.batch_size, "sft.batch_size", "data.sft_path")
-    model = load_causal_lm(cfg.model.actor_path, device=device)
-    s = cfg.sft
-    losses = sft_train(
-        model,
-        tok,
-        data,
-        steps=s.steps,
-        lr=s.lr,
-        batch_size=s.batch_size,
-        seed=cfg.trainer.seed,
-        device=device,
-    )
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    print(f"sft: {s.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")
+    sft(_load(ns))
     return 0
 
 
 def cmd_rm(ns: argparse.Namespace) -> int:
-    from proxima.data import load_records
-    from proxima.data.preferences import PreferenceDataset
-    from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
-    from proxima.trainer.rm import CURVES, rm_train
-    from proxima.trainer.setup import check_model_folders, with_key
+    from proxima.recipes.rm import reward_model
 
-    cfg = _load(ns)
-    r = cfg.rm
-    out = _fresh_out(r.out)
-    check_model_folders(cfg, "rm")
-    device = _threads_and_device(cfg)
-    tok = load_tokenizer(cfg.model.actor_path)
-    opts = {
-        "prompt_key": cfg.data.prompt_key,
-        "chosen_key": r.chosen_key,
-        "rejected_key": r.rejected_key,
-        "margin_key": r.margin_key or None,
-        "max_length": r.max_length,
-        "overlong": r.overlong,
-    }
-
-    def pairs(key: str, path: str) -> PreferenceDataset:
-        return with_key(key, lambda: PreferenceDataset(load_records(path), tok, **opts))
-
-    train = pairs("rm.train_path", r.train_path)
-    held = pairs("rm.eval_path", r.eval_path) if r.eval_path else None
-    model = init_reward_model(
-        cfg.model.actor_path, device=device, seed=cfg.trainer.seed, pad_token_id=tok.pad_token_id
-    )
-    res = rm_train(
-        model,
-        tok,
-        train,
-        steps=r.steps,
-        lr=r.lr,
-        batch_size=r.batch_size,
-        seed=cfg.trainer.seed,
-        eval_dataset=held,
-        device=device,
-    )
-    with quiet_transformers():
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-    evals = {k: v for k, v in res.items() if k not in CURVES}
-    summary = {"config": cfg.to_dict(), "pairs": len(train)}
-    summary.update(dropped=train.num_dropped, eval_pairs=len(held) if held else 0, **evals)
-    summary["curves"] = {k: res[k] for k in CURVES}
-    (out / "rm_summary.json").write_text(json.dumps(summary, indent=2))
-    for name in ("train", "eval"):
-        if f"{name}_before" in res:
-            before, after = res[f"{name}_before"], res[f"{name}_after"]
-            print(
-                f"{name} preference accuracy: before {before['accuracy']:.4f} -> after "
-                f"{after['accuracy']:.4f} (mean margin {after['margin']:.4f}, {after['n']} pairs)"
-            )
-    print(f"rm: {r.steps} steps, final loss {res['loss'][-1]:.4f}; saved to {out}")
+    reward_model(_load(ns))
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from proxima.models import load_causal_lm, load_tokenizer
-    from proxima.models.saving import export_weights
-    from proxima.rollout.engines import build_engine
-    from proxima.trainer.evaluate import evaluate
-    from proxima.trainer.setup import build_reward, check_model_folders, load_prompts, with_key
+    from proxima.recipes.evaluation import evaluate_policy
 
-    cfg = _load(ns)
-    check_model_folders(cfg, "eval")
-    device = _threads_and_device(cfg)
-    tok = load_tokenizer(cfg.model.actor_path)
-    items = list(with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tok))
-    items = items[: cfg.eval.max_prompts or None]
-    actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
-    reward = build_reward(cfg, tok, device)
-    engine = build_engine(cfg, actor, tok, device)  # rollout.name: hf or vllm
-    engine.update_weights(export_weights(actor), version=0)
-    modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
-    results = {
-        mode: evaluate(
-            engine,
-            tok,
-            items,
-            reward,
-            cfg.rollout,
-            device,
-            greedy=g,
-            batch_size=cfg.eval.batch_size,
-        )
-        for mode, g in modes.items()
-    }
-    for mode, res in results.items():
-        acc = f", accuracy {res['accuracy']:.2%}" if "accuracy" in res else ""
-        print(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
-    if cfg.eval.out:
-        Path(cfg.eval.out).write_text(json.dumps(results, indent=2))
+    evaluate_policy(_load(ns))
     return 0
 
 

@@ -18,7 +18,7 @@ Everything is imported from here: `from proxima.config import Config, load_confi
 """
 
 from proxima.config.loading import load_config, parse_overrides, read_yaml
-from proxima.config.plans import batch_plan, describe_fields, keys_markdown, kl_plan
+from proxima.config.plans import batch_plan, describe_fields, fixed_keys, keys_markdown, kl_plan
 from proxima.config.schema import (
     Config,
     ConfigError,
@@ -67,6 +67,7 @@ __all__ = [
     "batch_plan",
     "check_sources",
     "describe_fields",
+    "fixed_keys",
     "keys_markdown",
     "kl_plan",
     "load_config",

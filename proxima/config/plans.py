@@ -28,13 +28,13 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
             f"{mini}{per} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
             f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
         )
-    if cfg.critic.shared_backbone:
+    if cfg.critic_on_actor:
         lines.append(
             f"  critic: a value head on the actor's backbone, trained in the actor's steps "
             f"(loss + {cfg.critic.vf_coef:g} x value loss)"
         )
-    elif cfg.algorithm.adv_estimator != "gae":
-        lines[-1] += f"  (unused: {cfg.algorithm.adv_estimator} trains no critic)"
+    elif not cfg.uses_critic:
+        lines.append(f"  critic: none ({cfg.algorithm.adv_estimator} trains no critic)")
     lines += kl_plan(cfg)
     lines.append(
         f"  total : {cfg.trainer.iterations} iterations, "
@@ -58,6 +58,20 @@ def kl_plan(cfg: Config) -> list[str]:
             "off (as verl); set algorithm.use_kl_in_reward=true to have both"
         ]
     return ["  KL    : in the actor loss only (algorithm.use_kl_in_reward=false)"]
+
+
+def fixed_keys() -> tuple[str, ...]:
+    """The keys a run resumes only with unchanged (fields declared `fixed` in the schema)."""
+    fields, out = [("", Config())], []
+    while fields:
+        prefix, node = fields.pop(0)
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if dataclasses.is_dataclass(value):
+                fields.append((prefix + f.name + ".", value))
+            elif f.metadata.get("fixed"):
+                out.append(prefix + f.name)
+    return tuple(out)
 
 
 def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:

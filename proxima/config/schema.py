@@ -33,6 +33,7 @@ class TaskConfig:
         "",
         "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
         "empty to train on your own model.actor_path / data.train_path / reward.",
+        fixed=True,
     )
     arch: str = _f(
         "llama", "Architecture of the tiny model the task builds: llama|qwen2|gpt2|gpt_neox."

@@ -12,19 +12,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - `help` reads best in the tables below
+def _f(default: Any, help: str, fixed: bool = False) -> Any:  # noqa: A002 - reads best below
+    """A field with its help text. `fixed`: a run resumes only with the value its checkpoint
+    was written with (a change would make the saved state mean something else: batch
+    shapes and optimizer steps per iteration, which models exist and where they come
+    from, the prompt order)."""
+    meta = {"help": help, "fixed": fixed}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    actor_path: str = _f("", "Hugging Face folder of the initial policy (usually an SFT model).")
+    actor_path: str = _f(
+        "", "Hugging Face folder of the initial policy (usually an SFT model).", fixed=True
+    )
     reference_path: str = _f(
         "",
         "Folder of the reference policy; empty = frozen copy of actor_path. Must share the "
         "policy's vocabulary (checked).",
+        fixed=True,
     )
     critic_path: str = _f(
         "",
@@ -37,11 +45,13 @@ class ModelConfig:
         "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises; "
         "it must share the policy's vocabulary, checked before any model loads) or "
         "critic (a critic saved by proxima).",
+        fixed=True,
     )
     dtype: str = _f(
         "float32",
         "Parameter dtype: float32|bfloat16|float16 (weights and optimizer state; for speed "
         "keep float32 and set mixed_precision).",
+        fixed=True,
     )
     mixed_precision: str = _f(
         "no",
@@ -54,8 +64,11 @@ class ModelConfig:
         0,
         "LoRA rank r (0 = full fine-tuning). With r > 0 only low-rank adapters are trained and "
         "the reference is the actor with its adapters disabled (no second copy of the weights).",
+        fixed=True,
     )
-    lora_alpha: float = _f(16.0, "LoRA scaling numerator: adapters add (lora_alpha / r) B A x.")
+    lora_alpha: float = _f(
+        16.0, "LoRA scaling numerator: adapters add (lora_alpha / r) B A x.", fixed=True
+    )
     lora_dropout: float = _f(
         0.0,
         "Dropout on the LoRA input; keep 0 for PPO (dropout makes the first ratio differ from 1).",
@@ -64,24 +77,32 @@ class ModelConfig:
         [],
         "Module names that get adapters (e.g. [q_proj, v_proj]); empty = every linear layer "
         "of the backbone (peft's all-linear, heads excluded).",
+        fixed=True,
     )
     critic_lora: bool = _f(
         True,
         "With lora_rank > 0, train the critic's backbone through LoRA too; its value head "
         "stays fully trainable. False trains the whole critic.",
+        fixed=True,
     )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     train_path: str = _f(
-        "", "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder."
+        "",
+        "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder.",
+        fixed=True,
     )
     eval_path: str = _f("", "Held-out prompt file for in-loop evaluation (optional).")
-    prompt_key: str = _f("prompt", "Column holding the prompt (a string or a chat message list).")
+    prompt_key: str = _f(
+        "prompt", "Column holding the prompt (a string or a chat message list).", fixed=True
+    )
     max_prompt_length: int = _f(256, "Longest prompt in tokens.")
     overlong_prompts: str = _f("error", "What to do with longer prompts: error|drop|truncate.")
-    train_batch_size: int = _f(64, "Prompts per PPO iteration (each sampled rollout.n times).")
+    train_batch_size: int = _f(
+        64, "Prompts per PPO iteration (each sampled rollout.n times).", fixed=True
+    )
     sft_path: str = _f(
         "", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0."
     )
@@ -139,6 +160,7 @@ class RolloutConfig:
         1,
         "Samples per prompt. grpo / rloo / reinforce_plus_plus_baseline want > 1: with 1, as "
         "in verl, the advantage is the raw score (no baseline) and a warning says so.",
+        fixed=True,
     )
     max_response_length: int = _f(128, "Most new tokens per response.")
     temperature: float = _f(
@@ -174,7 +196,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class KLControlConfig:
-    type: str = _f("fixed", "fixed|adaptive (Ziegler et al. 2019).")
+    type: str = _f("fixed", "fixed|adaptive (Ziegler et al. 2019).", fixed=True)
     kl_coef: float = _f(0.1, "(Initial) coefficient of the in-reward KL penalty (beta).")
     target_kl: float = _f(6.0, "Adaptive controller: KL per sequence it steers toward.")
     horizon: int = _f(10000, "Adaptive controller: horizon in samples.")
@@ -183,7 +205,9 @@ class KLControlConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     adv_estimator: str = _f(
-        "gae", "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline."
+        "gae",
+        "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline.",
+        fixed=True,
     )
     gamma: float = _f(1.0, "Discount factor.")
     lam: float = _f(0.95, "GAE lambda.")
@@ -240,8 +264,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
-    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.", fixed=True)
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.", fixed=True)
     ppo_micro_batch_size: int = _f(
         16, "Sequences per forward/backward (gradient accumulation); never changes the result."
     )
@@ -284,8 +308,8 @@ class ActorConfig:
 @dataclass(frozen=True)
 class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=9e-6))
-    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.")
-    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.")
+    ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.", fixed=True)
+    ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.", fixed=True)
     ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
@@ -303,6 +327,7 @@ class CriticConfig:
         "do); one forward/backward per micro-batch for loss = actor loss + vf_coef x value "
         "loss. The actor's epochs, batch sizes and schedule apply; critic.optim.lr is the "
         "value head's learning rate.",
+        fixed=True,
     )
     vf_coef: float = _f(
         0.5,
@@ -325,7 +350,7 @@ class RewardConfig:
 @dataclass(frozen=True)
 class TrainerConfig:
     iterations: int = _f(100, "PPO iterations (each: generate, score, update).")
-    seed: int = _f(42, "Seed of everything (offset by rank).")
+    seed: int = _f(42, "Seed of everything (offset by rank).", fixed=True)
     output_dir: str = _f(
         "runs/proxima", "Run folder: metrics, samples, plots, checkpoints, models."
     )

@@ -3,7 +3,10 @@ failure a ConfigError that names the key and says what to change.
 
 `validate` runs the checks below in a fixed order and the first failure raises: the order
 decides which of several mistakes a user is told about, so a new check goes where it
-belongs in that order rather than anywhere. `check_sources` checks that a command's inputs
+belongs in that order rather than anywhere. Checks that need more than the config live
+with what they check and run at start-up, before anything loads: the scoring plan
+(`rollout.plan`), the critic's options (`models.critic.check_critic`), model folders and
+vocabularies (`trainer.setup`). `check_sources` checks that a command's inputs
 (model, data, reward) are named.
 """
 
@@ -84,12 +87,10 @@ def validate(cfg: Config) -> None:
     _check_optim(cfg)
     _check_temperature(cfg)
     _check_mixed_precision(cfg.model)
-    _check_old_logprobs(cfg)
     _check_rollout(cfg)
     _check_rollout_correction(cfg)
     _check_actor(cfg)
     _check_critic(cfg)
-    _check_shared_backbone(cfg)
     _check_processes(cfg)
 
 
@@ -255,7 +256,7 @@ def _check_actor(cfg: Config) -> None:
 
 
 def _check_critic(cfg: Config) -> None:
-    if cfg.algorithm.adv_estimator != "gae" and cfg.critic.warmup_iterations:
+    if not cfg.uses_critic and cfg.critic.warmup_iterations:
         raise ConfigError(
             "`critic.warmup_iterations` needs a critic; the estimator "
             f"`{cfg.algorithm.adv_estimator}` trains none. Set it to 0."
@@ -312,49 +313,6 @@ def _check_batch_sizes(cfg: Config, world: int) -> None:
                 f"`{role}.ppo_mini_batch_size`={mini // world}{per}. Pick a divisor of "
                 f"{mini // world} (micro-batches are counted per process)."
             )
-
-
-# ------------------------------------------------- rollout.old_logprobs, critic.shared_backbone
-# Where PPO's old log-probs (and a shared backbone's values) come from: the checks that concern
-# rollout.old_logprobs=engine, kept together here. validate calls each at its own place in the
-# order (_check_old_logprobs after the precision checks, _check_shared_backbone after the
-# critic's), so that the first error of a config is the one it always was.
-
-
-def _check_old_logprobs(cfg: Config) -> None:
-    """rollout.old_logprobs=engine with algorithm.rollout_correction."""
-    if cfg.rollout.old_logprobs == "engine" and cfg.algorithm.rollout_correction:
-        raise ConfigError(
-            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
-            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
-            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
-        )
-
-
-def _check_shared_backbone(cfg: Config) -> None:
-    """critic.shared_backbone: the value head reads the actor's own backbone, so anything
-    that gives the critic a model, a schedule or steps of its own cannot apply."""
-    c, m = cfg.critic, cfg.model
-    if not c.shared_backbone:
-        return
-    why = ""
-    if cfg.algorithm.adv_estimator != "gae":
-        why = f"the estimator `{cfg.algorithm.adv_estimator}` uses no critic"
-        fix = "set algorithm.adv_estimator=gae, or critic.shared_backbone=false"
-    elif m.critic_path or m.critic_init != "actor":
-        why = "`model.critic_path` / `model.critic_init` name a separate critic model"
-        fix = "leave model.critic_path empty and model.critic_init=actor"
-    elif cfg.rollout.name != "hf" and cfg.rollout.old_logprobs == "engine":
-        why = (
-            f"with `rollout.old_logprobs=engine` the values would come from the generation, "
-            f"which only the hf engine can give (rollout.name={cfg.rollout.name})"
-        )
-        fix = "set rollout.old_logprobs=auto (one actor pass gives log-probs and values)"
-    elif c.vf_coef <= 0:
-        why = f"`critic.vf_coef`={c.vf_coef} would never train the value head"
-        fix = "set critic.vf_coef > 0 (0.5 to 1.0, seed 001)"
-    if why:
-        raise ConfigError(f"`critic.shared_backbone=true`: {why}. Fix: {fix}.")
 
 
 # --------------------------------------------------------------------------- sources

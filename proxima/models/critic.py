@@ -38,7 +38,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from proxima.algos import value_loss
-from proxima.config import Config, CriticConfig, OptimConfig
+from proxima.config import Config, ConfigError, CriticConfig, OptimConfig
 from proxima.models.loading import DTYPES, load_critic
 from proxima.models.lora import add_lora
 from proxima.models.saving import load_role, read_role_weights, save_role
@@ -231,6 +231,52 @@ class ValueHead(Critic):
         return (
             f"a value head ({n} params) on the actor's backbone, trained in the actor's "
             f"steps (loss + {self.cfg.vf_coef:g} x value loss)"
+        )
+
+
+# A critic on the actor trains in the actor's steps, on the actor's schedule of epochs and
+# mini-batches, clipped with the actor: these critic keys must keep their default or equal
+# the actor's (they would be ignored); the model.* keys below name a value model of its own.
+ACTOR_STEP_KEYS = ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "shuffle")
+VALUE_MODEL_KEYS = ("model.critic_path", "model.critic_init", "model.critic_lora")
+
+
+def _get(node, dotted: str):
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def check_critic(cfg: Config) -> None:
+    """Refuse, naming them, the options the configured critic cannot use (ConfigError):
+    with critic.shared_backbone the estimator must use a critic, and the keys that would
+    give the head steps, a clip or a model of its own must be left alone."""
+    c = cfg.critic
+    if not c.shared_backbone:
+        return
+    why = []
+    if not cfg.uses_critic:
+        why.append(f"the estimator `{cfg.algorithm.adv_estimator}` uses no critic")
+    defaults = Config()
+    unused = [k for k in VALUE_MODEL_KEYS if _get(cfg, k) != _get(defaults, k)]
+    if unused:
+        keys = ", ".join(f"`{k}`={_get(cfg, k)!r}" for k in unused)
+        why.append(f"{keys} configure a separate critic model, which it has none of")
+    for key in (*ACTOR_STEP_KEYS, "optim.grad_clip"):
+        mine, theirs = _get(c, key), _get(cfg.actor, key)
+        if mine != _get(defaults.critic, key) and mine != theirs:
+            why.append(
+                f"`critic.{key}`={mine!r} would be ignored: the value head trains in the "
+                f"actor's steps (`actor.{key}`={theirs!r})"
+            )
+    if c.vf_coef <= 0:
+        why.append(f"`critic.vf_coef`={c.vf_coef} would never train the value head (0.5 to 1)")
+    if why:
+        raise ConfigError(
+            "`critic.shared_backbone=true` (a value head on the actor): "
+            + "; ".join(why)
+            + ". Fix those keys, or set critic.shared_backbone=false for a value model of its "
+            "own."
         )
 
 

@@ -288,6 +288,17 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def generation_config(path: str | Path):
+    """The generation config a causal LM loaded from `path` gets (its generation_config.json,
+    else derived from its config.json, as transformers does), read without loading it."""
+    from transformers import GenerationConfig
+
+    folder = Path(path)
+    if (folder / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    return GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder))
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: torch.dtype = torch.float32,

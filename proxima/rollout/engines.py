@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from proxima.config import Config, RolloutConfig
+from proxima.models.critic import policy_of
+from proxima.models.saving import export_weights
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.hf_engine import HFEngine
 
@@ -35,3 +37,12 @@ def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:
     if isinstance(actor_or_engine, torch.nn.Module):
         return HFEngine(actor_or_engine, tokenizer.pad_token_id, cfg.micro_batch_size)
     return actor_or_engine
+
+
+def sync_weights(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> RolloutEngine:
+    """`engine`, holding the weights of `actor` at `version`: pushed unless it holds them
+    already (`models.saving.export_weights`: HF names, LoRA merged into a copy; the `hf`
+    engine serves the actor itself and never reads them; an actor's value head stays)."""
+    if engine.weight_version != version:
+        engine.update_weights(export_weights(policy_of(actor)), version)
+    return engine

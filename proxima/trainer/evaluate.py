@@ -74,3 +74,40 @@ def evaluate(
         s, ln = dist.gather_rows(s)[:n], dist.gather_rows(ln)[:n]
         samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
     return _summary(s, ln, samples, greedy)
+
+
+def evaluate_modes(
+    engine: RolloutEngine | torch.nn.Module,
+    tokenizer,
+    items: list,
+    reward,
+    cfg,
+    device: torch.device,
+    dist: Dist | None = None,
+) -> dict[str, dict]:
+    """`evaluate` greedy, and sampled too with `eval.sampled`: {"greedy": ..., "sampled": ...}
+    (cfg: the whole config: its rollout and eval sections)."""
+    modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
+    return {
+        mode: evaluate(
+            engine,
+            tokenizer,
+            items,
+            reward,
+            cfg.rollout,
+            device,
+            greedy=greedy,
+            batch_size=cfg.eval.batch_size,
+            dist=dist,
+        )
+        for mode, greedy in modes.items()
+    }
+
+
+def describe(results: dict[str, dict]) -> list[str]:
+    """One line per mode: mean reward (and accuracy) on how many prompts."""
+    lines = []
+    for mode, res in results.items():
+        acc = f", accuracy {res['accuracy']:.2%}" if "accuracy" in res else ""
+        lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+    return lines

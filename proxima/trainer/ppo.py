@@ -27,13 +27,12 @@ from proxima.algos import (
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
-from proxima.models.critic import optimizer_groups, policy_of
-from proxima.models.saving import export_weights
+from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
-from proxima.rollout.engines import build_engine
+from proxima.rollout.engines import build_engine, sync_weights
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.rollout.score import build_experience
 from proxima.trainer.advantages import BatchView, Estimates, estimate
@@ -105,11 +104,13 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
+        if plan is None:  # before the engine is built: a plan that cannot be fails first
+            name = engine.name if engine is not None else cfg.rollout.name
+            plan = plan_scoring(cfg, name, base_model(roles.actor).generation_config)
+        self.plan = plan
         if engine is None:
             engine = build_engine(cfg, roles.actor, roles.tokenizer, device)
         self.engine = engine
-        actor_config = base_model(roles.actor).generation_config
-        self.plan = plan or plan_scoring(cfg, self.engine.name, actor_config)
         self.timer = PhaseTimer()
         self.sft_loader = (
             PromptLoader(sft_data, cfg.actor.ppo_micro_batch_size, seed=cfg.trainer.seed + 1)
@@ -199,11 +200,8 @@ class PPOTrainer:
 
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
-        actor update, after `load_models`, before the first rollout). The `hf` engine serves
-        the actor itself and never reads them; LoRA is merged into a copy first."""
-        if self.engine.weight_version != self.weight_version:
-            weights = export_weights(policy_of(self.roles.actor))
-            self.engine.update_weights(weights, self.weight_version)
+        actor update, after `load_models`, before the first rollout)."""
+        sync_weights(self.engine, self.roles.actor, self.weight_version)
 
     def synced_engine(self) -> RolloutEngine:
         """The rollout engine, holding the actor's current weights (training, evaluation)."""

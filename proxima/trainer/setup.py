@@ -22,9 +22,11 @@ from proxima.models import (
     reward_model_scores,
     vocabulary_difference,
 )
-from proxima.models.critic import Critic, build_critic
+from proxima.models.critic import Critic, build_critic, check_critic
+from proxima.models.loading import generation_config
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
+from proxima.rollout.plan import ScoringPlan, plan_scoring
 
 
 def frozen_dtype(cfg: Config) -> torch.dtype:
@@ -172,7 +174,7 @@ def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, b
     if command == "train":
         if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
             out.append(("model.reference_path", m.reference_path, False))
-        if cfg.uses_critic and m.critic_path:
+        if cfg.uses_critic and not cfg.critic_on_actor and m.critic_path:
             out.append(("model.critic_path", m.critic_path, False))
     if command in ("train", "eval") and cfg.reward.model_path:
         out.append(("reward.model_path", cfg.reward.model_path, True))
@@ -246,32 +248,43 @@ class RunInputs:
     eval_items: list
     sft: SFTDataset | None
     reward_fn: object | None  # the imported reward.function, or None for a reward model
+    plan: ScoringPlan
+
+
+def check_models(cfg: Config, command: str = "train"):
+    """The model folders `command` loads (files, weights, tokenizers), the vocabularies the
+    other models share with the policy and the critic's options, checked from the files
+    before any model loads; returns the policy's tokenizer."""
+    check_critic(cfg)
+    check_model_folders(cfg, command)
+    tokenizer = load_tokenizer(cfg.model.actor_path)
+    check_vocabularies(cfg, tokenizer)
+    return tokenizer
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
-    """Model folders, the policy's tokenizer, shared vocabularies, the data, the reward."""
-    check_model_folders(cfg)
-    tok = load_tokenizer(cfg.model.actor_path)
-    check_vocabularies(cfg, tok)
+    """Everything a PPO run is checked for before a model loads: the models' folders and
+    vocabularies, the scoring plan, the data, the reward function."""
+    tok = check_models(cfg)
+    plan = plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
     fn = None
     if cfg.reward.function:
         fn = with_key("reward.function", load_reward_function, cfg.reward.function)
-    return RunInputs(tok, prompts, eval_items, sft, fn)
+    return RunInputs(tok, prompts, eval_items, sft, fn, plan)
 
 
 def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None) -> Roles:
     """Actor (trained), reference (frozen), critic (`models.critic.build_critic`), reward
-    source. `tokenizer`: the policy's, already checked against the other models' (a run's
-    set-up passes it); without it, it is loaded and checked here.
+    source. `tokenizer`: the policy's, from `check_models` (a run's set-up passes it);
+    without it, the models are checked here first.
 
     With model.lora_rank > 0 the actor (and a value model, if model.critic_lora) trains LoRA
     adapters, and the reference is the actor with its adapters disabled unless
     model.reference_path names another model (no second copy of the weights)."""
     lora = cfg.model.lora_rank > 0
     if tokenizer is None:
-        tokenizer = load_tokenizer(cfg.model.actor_path)
-        check_vocabularies(cfg, tokenizer)  # from tokenizer files, before any model loads
+        tokenizer = check_models(cfg)
     actor = load_causal_lm(
         cfg.model.actor_path, dtype=DTYPES[cfg.model.dtype], device=device, trainable=True
     )

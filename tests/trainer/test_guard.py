@@ -14,6 +14,7 @@ import torch
 
 from proxima.checkpoint import remove_orphans
 from proxima.config import Config
+from proxima.recipes.ppo import remove_orphans_near
 from proxima.trainer.guard import (
     HealthMonitor,
     NonFiniteOutputsError,
@@ -24,7 +25,6 @@ from proxima.trainer.guard import (
     should_stop,
 )
 from proxima.trainer.optim import NonFiniteWeightsError, TrainedRole, optimizer_step
-from proxima.trainer.run import remove_orphans_near
 
 HEALTHY = {"score": 0.2, "kl": 0.4, "response_length": 4.0, "actor/entropy": 2.0}
 

@@ -1,0 +1,374 @@
+"""A whole PPO run from a complete config, as one recipe (torchtune's recipe shape):
+`setup()` checks every input and builds the trainer, `train()` runs the iterations between
+the evaluations, `finish()` keeps the result and writes the summary. (A built-in task is
+prepared before this, by `proxima.recipes.train`.)
+
+Everything a user can get wrong (config, model folders, vocabularies, the critic's options,
+the scoring plan, data, reward source, the checkpoint to resume) is checked before a model
+loads, and the models are loaded before the run folder is created: a failed start leaves
+nothing behind. A run stopped by SIGINT / SIGTERM ends with a checkpoint and
+`summary["stopped"]`; a diverged one with `summary["diverged"]` and its last good
+checkpoint as the result.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from proxima import env
+from proxima.checkpoint import (
+    check_resume,
+    checkpoint_iteration,
+    copy_models,
+    list_checkpoints,
+    load_checkpoint,
+    model_folders,
+    remove_orphans,
+    save_periodic,
+)
+from proxima.config import Config, ConfigError, batch_plan, check_sources
+from proxima.logging import RunLogger, format_line, plot_metrics, progress
+from proxima.rng import preserve_rng, seed_everything
+from proxima.rollout.engines import check_engine
+from proxima.trainer.dist import Dist
+from proxima.trainer.dist import init as init_dist
+from proxima.trainer.evaluate import describe, evaluate_modes
+from proxima.trainer.guard import (
+    HealthMonitor,
+    NonFiniteOutputsError,
+    PhaseWatch,
+    SaveSchedule,
+    StopSignals,
+    non_finite_divergence,
+    should_stop,
+)
+from proxima.trainer.optim import NonFiniteWeightsError
+from proxima.trainer.ppo import PPOTrainer
+from proxima.trainer.setup import load_roles, prepare_inputs, resolve_device
+
+LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
+    "score": "score",
+    "kl": "kl",
+    "kl_coef": "beta",
+    "response_length": "len",
+    "actor/clipfrac": "clipfrac",
+    "actor/entropy": "entropy",
+    "critic/vf_loss": "vf_loss",
+    "critic/explained_variance": "ev",
+    "eval/accuracy": "eval_acc",
+    "tokens_per_s": "tok/s",
+    "rollout/logprob_diff_mean": "lp_diff",
+}
+PLOT_KEYS = [
+    "score",
+    "eval/accuracy",
+    "eval/mean_reward",
+    "kl",
+    "response_length",
+    "actor/entropy",
+    "actor/clipfrac",
+    "actor/approx_kl",
+    "critic/vf_loss",
+    "critic/explained_variance",
+    "kl_coef",
+    "actor/grad_norm",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+]
+
+
+def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
+    """The process group (under torchrun) and this process's device; threads."""
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    _, _, local = env.world()
+    device = resolve_device(cfg.model.device, local)
+    t = cfg.trainer
+    return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device
+
+
+def new_run_dir(path: str | Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten.
+    A folder that cannot be created is a ConfigError naming trainer.output_dir."""
+    base = Path(path)
+    candidate, k = base, 1
+    try:
+        while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
+            k += 1
+            candidate = base.with_name(f"{base.name}-{k}")
+        candidate.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"`trainer.output_dir`={path}: cannot create the run folder {candidate} "
+            f"({err.strerror or err}). Point trainer.output_dir at a folder you can write to."
+        ) from None
+    return candidate
+
+
+def remove_orphans_near(output_dir: str | Path) -> None:
+    """Temporary checkpoint folders left by killed writes in the runs at `output_dir`
+    (`output_dir`, `output_dir-2`, ...), removed when the next run starts."""
+    base = Path(output_dir)
+    if not base.parent.is_dir():
+        return
+    pattern = re.compile(re.escape(base.name) + r"(-\d+)?")
+    for run in base.parent.iterdir():
+        if pattern.fullmatch(run.name) and run.is_dir():
+            for orphan in remove_orphans(run / "checkpoints"):
+                print(f"removed {orphan}: an unfinished checkpoint of a killed run")
+
+
+class PPORecipe:
+    """One PPO run. Under torchrun every rank runs it; rank 0 alone writes files and prints
+    (the seed is offset by rank: each rank samples its own responses).
+
+    `run_dir`: the run folder when it exists already (a built-in task prepared in it);
+    `summary`: what the summary starts from (the task's preparation)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        dist: Dist | None = None,
+        run_dir: Path | None = None,
+        summary: dict | None = None,
+    ) -> None:
+        self.cfg, self.dist, self.run_dir = cfg, dist, run_dir
+        self.summary = dict(summary or {})
+        self.start = time.perf_counter()
+
+    def run(self) -> dict:
+        """setup, train, finish; returns the summary (also written to summary.json)."""
+        self.setup()
+        try:
+            with StopSignals() as signals:
+                reason = self.train(signals)
+            return self.finish(reason, signals)
+        finally:
+            self.logger.close()
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        check_sources(cfg)
+        check_engine(cfg)  # rollout.name=vllm: installed, and able to run this model
+        self.resume = check_resume(cfg)  # checked before anything is written
+        if self.dist is None:
+            self.dist, device = start_dist(cfg)
+        else:
+            device = resolve_device(cfg.model.device, self.dist.local_rank)
+        seed_everything(cfg.trainer.seed + self.dist.rank)
+        inputs = prepare_inputs(cfg)  # folders, vocabularies, plan, data, reward
+        self.eval_items = inputs.eval_items
+        roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
+        self.trainer = PPOTrainer(
+            cfg, roles, inputs.prompts, device, inputs.sft, self.dist, plan=inputs.plan
+        )
+        self._open_run_dir()
+        self._say(
+            f"{batch_plan(cfg, self.dist.world_size)}\nroles:\n{roles.report()}\n"
+            f"{self.trainer.plan.describe()}"
+        )
+        if self.resume is not None:
+            load_checkpoint(self.resume, self.trainer)
+            self.summary["resumed_from"] = str(self.resume)
+            self._say(f"resumed from {self.resume} at iteration {self.trainer.iteration}")
+        self.logger = RunLogger(
+            self.run_dir, tensorboard=cfg.trainer.tensorboard, enabled=self.dist.is_main
+        )
+
+    def _open_run_dir(self) -> None:
+        """The run folder (a new one unless given), its config.json; leftovers of killed
+        checkpoint writes next to it removed."""
+        cfg, main = self.cfg, self.dist.is_main
+        if main:
+            remove_orphans_near(cfg.trainer.output_dir)
+            if self.resume is not None:
+                remove_orphans(self.resume.parent)
+        if self.run_dir is None:
+            run_dir = new_run_dir(cfg.trainer.output_dir) if main else None
+            self.run_dir = self.dist.broadcast_object(run_dir)
+            self._say(f"run folder: {self.run_dir}")
+        self.summary = {
+            "run_dir": str(self.run_dir),
+            "world_size": self.dist.world_size,
+            **self.summary,
+        }
+        if main:
+            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+
+    # ------------------------------------------------------------------ train
+
+    def train(self, signals: StopSignals) -> str | None:
+        """Evaluation before, then the iterations until trainer.iterations, a stop signal or
+        a divergence (`guard.should_stop`); returns why it stopped early, or None.
+        Periodic checkpoints are written only after healthy iterations."""
+        cfg, trainer, dist = self.cfg, self.trainer, self.dist
+        total = cfg.trainer.iterations
+        if self.eval_items:
+            with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
+                self.summary["eval_before"] = self.evaluate("before")
+            self.logger.log(trainer.iteration, _eval_metrics(self.summary["eval_before"]))
+        monitor, schedule = HealthMonitor(cfg), SaveSchedule(cfg.trainer)
+        bar = progress(total=total, desc="ppo", disable=not dist.is_main or None)
+        bar.update(trainer.iteration)
+        trainer.timer.listener = watch = PhaseWatch(bar, lambda: trainer.iteration + 1)
+        self.divergence = None
+        try:
+            while trainer.iteration < total:
+                reason = should_stop(signals.agreed(dist), self.divergence)
+                if reason is not None:
+                    return reason
+                try:
+                    metrics, ro = trainer.step()
+                except (NonFiniteWeightsError, NonFiniteOutputsError) as err:
+                    self.divergence = non_finite_divergence(err, cfg, trainer.iteration + 1)
+                    return "diverged"
+                it = trainer.iteration
+                if self.eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
+                    metrics.update(_eval_metrics(self.evaluate(f"it {it}")))
+                self._log(it, metrics, ro, bar)
+                self.divergence = monitor.observe(it, metrics)  # the same on every rank
+                due = dist.any(it == total or (monitor.healthy and schedule.due(it)))
+                if self.divergence is None and due:
+                    self._checkpoint()
+                    schedule.saved()
+            return "diverged" if self.divergence is not None else None
+        finally:
+            watch.close()
+            trainer.timer.listener = None
+            bar.close()
+
+    def _log(self, it: int, metrics: dict, ro, bar) -> None:
+        self.logger.log(it, metrics)
+        k = self.cfg.trainer.log_samples
+        self.logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
+        bar.update(1)
+        if self.dist.is_main:
+            bar.write(format_line(it, self.cfg.trainer.iterations, metrics, LINE_KEYS))
+
+    def evaluate(self, tag: str) -> dict:
+        """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
+        trainer = self.trainer
+        roles = trainer.roles
+        with trainer.precision(generation=True):
+            runs = evaluate_modes(
+                trainer.synced_engine(),
+                roles.tokenizer,
+                self.eval_items,
+                roles.reward,
+                self.cfg,
+                trainer.device,
+                dist=self.dist,
+            )
+        self._say("\n".join(f"[eval {tag}] {line}" for line in describe(runs)))
+        res = runs["greedy"]
+        if "sampled" in runs:
+            res["sampled"] = {k: v for k, v in runs["sampled"].items() if k != "samples"}
+        return res
+
+    def _checkpoint(self) -> None:
+        extra = {"run_dir": str(self.run_dir)}
+        save_periodic(self.trainer, self.run_dir, self.cfg.trainer.keep_checkpoints, extra)
+
+    # ------------------------------------------------------------------ finish
+
+    def finish(self, reason: str | None, signals: StopSignals) -> dict:
+        """What the end of the run leaves: a checkpoint when stopped, the evaluation after,
+        the result models, summary.json, curves.png and the last lines on the console."""
+        trainer, summary = self.trainer, self.summary
+        if reason == "diverged":
+            summary["diverged"] = self.divergence.to_dict()
+        elif reason == "signal":
+            if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
+                self._checkpoint()
+            summary["stopped"] = {
+                "signal": signals.name,
+                "iteration": trainer.iteration,
+                "exit_status": 128 + int(signals.received),
+            }
+        elif self.eval_items:
+            self._evaluate_after(signals)
+        self._keep_result()
+        summary.update(
+            config=self.cfg.to_dict(),
+            iterations=trainer.iteration,
+            wall_seconds=time.perf_counter() - self.start,
+            phase_seconds=dict(trainer.timer.total),
+        )
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            metrics = self.run_dir / "metrics.jsonl"
+            if metrics.is_file() and metrics.stat().st_size:
+                plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)
+            _report(summary, self.run_dir)
+        self.dist.barrier()  # no rank leaves before the files are written
+        return summary
+
+    def _evaluate_after(self, signals: StopSignals) -> None:
+        if signals.agreed(self.dist).received:  # a signal during the last iteration
+            self._say(f"evaluation after training skipped ({signals.name}); the run is complete")
+            return
+        try:
+            self.summary["eval_after"] = self.evaluate("after")
+            self.logger.log(self.trainer.iteration, _eval_metrics(self.summary["eval_after"]))
+        except KeyboardInterrupt:  # the run is complete: keep it, skip the evaluation
+            self._say("evaluation after training interrupted and skipped; the run is kept")
+
+    def _keep_result(self) -> None:
+        """The run's result in the run folder (actor/, the critic's): the trained models, or
+        after a divergence the last good checkpoint's (the diverged weights are not kept)."""
+        diverged = self.summary.get("diverged")
+        if diverged is None:
+            self.trainer.save_models(self.run_dir)  # the value model too: kept, not thrown away
+            return
+        if not self.dist.is_main:
+            return
+        good = [
+            c
+            for c in [self.resume, *list_checkpoints(self.run_dir / "checkpoints")]
+            if c is not None and checkpoint_iteration(c) <= diverged["last_good_iteration"]
+        ]
+        diverged["result"] = str(good[-1]) if good else None
+        if good:
+            copy_models(good[-1], self.run_dir)
+
+    def _say(self, text: str) -> None:
+        """Print on the main process only (one console for the whole job)."""
+        if self.dist.is_main:
+            print(text)
+
+
+def _eval_metrics(res: dict) -> dict[str, float]:
+    return {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+
+
+def _report(summary: dict, run_dir: Path) -> None:
+    """The last lines of a run: where everything is, or why it stopped and how to go on."""
+    stopped, diverged = summary.get("stopped"), summary.get("diverged")
+    models = ", ".join(f"{n}/" for n in model_folders(run_dir))
+    if diverged is not None:
+        result = diverged["result"]
+        kept = (
+            f"the result ({models}) is the last good checkpoint {result}"
+            if result
+            else "no checkpoint was written before it, so no result is kept: the initial "
+            "model is model.actor_path, unchanged"
+        )
+        print(f"error: {diverged['diagnosis']}\n{kept}; run folder: {run_dir}", file=sys.stderr)
+    elif stopped is not None:
+        print(
+            f"stopped at iteration {stopped['iteration']} ({stopped['signal']}); resume with "
+            f"`proxima train trainer.resume_from={run_dir}`"
+        )
+    else:
+        print(
+            f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
+            f"{models})"
+        )
