@@ -1,4 +1,4 @@
-"""Experience: everything phase 1 produces for phase 2, in one typed container.
+"""Experience: everything phases 1-5 produce for the update (phase 6), in one typed container.
 
 Shapes: B sequences, P prompt positions (left-padded), R response positions (right-padded).
 Per-token tensors are aligned on response tokens: ``old_logprobs[b, t]`` is the

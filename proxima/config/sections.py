@@ -42,7 +42,7 @@ class ModelConfig:
     critic_init: str = _f(
         "actor",
         "How the critic starts: actor (backbone + new value head), "
-        "reward_model (backbone and head of a reward model, as the PPO-tricks write-up advises; "
+        "reward_model (backbone and head of a reward model, as OpenRLHF advises; "
         "it must share the policy's vocabulary, checked before any model loads) or "
         "critic (a critic saved by proxima).",
         fixed=True,
@@ -189,7 +189,8 @@ class RolloutConfig:
     logprob_diff_warn: float = _f(
         0.05,
         "Warn when rollout/logprob_diff_mean (mean |engine log-prob - trainer log-prob| over "
-        "response tokens, logged every iteration) exceeds this; 0 disables the warning.",
+        "response tokens, logged whenever the trainer computes its own old log-probs) "
+        "exceeds this; 0 disables the warning.",
     )
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
@@ -206,13 +207,17 @@ class KLControlConfig:
 class AlgorithmConfig:
     adv_estimator: str = _f(
         "gae",
-        "gae|grpo|rloo|reinforce_plus_plus|reinforce_plus_plus_baseline.",
+        "Advantage estimator (verl's algorithm.adv_estimator): gae (with a critic) | grpo | "
+        "rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (critic-free).",
         fixed=True,
     )
     gamma: float = _f(1.0, "Discount factor.")
     lam: float = _f(0.95, "GAE lambda.")
     whiten_advantages: bool = _f(
-        True, "Whiten advantages over the batch (masked) before the update."
+        True,
+        "GAE only: whiten the advantages over the batch (masked) before the update. The "
+        "critic-free estimators normalise their own way: grpo by the group's std "
+        "(norm_adv_by_std_in_grpo), reinforce_plus_plus(_baseline) over the batch, rloo not.",
     )
     norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
     use_kl_in_reward: bool | None = _f(
@@ -316,23 +321,25 @@ class CriticConfig:
     loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss (as actor.loss_agg_mode).")
     warmup_iterations: int = _f(
         0,
-        "First iterations train only the critic (actor frozen; with shared_backbone only the "
-        "value head).",
+        "First iterations train only the critic (the actor's policy waits; with "
+        "shared_backbone only the value head learns).",
     )
     shared_backbone: bool = _f(
         False,
-        "One network for policy and value (seed 001): the critic is a value head on the "
-        "actor's final hidden state. One model less in memory; no critic pass when scoring "
-        "(the values come with the actor's pass, or from generation when the old log-probs "
-        "do); one forward/backward per micro-batch for loss = actor loss + vf_coef x value "
-        "loss. The actor's epochs, batch sizes and schedule apply; critic.optim.lr is the "
-        "value head's learning rate.",
+        "One network for policy and value (PPO's shared parameterisation, arXiv:1707.06347): "
+        "the critic is a value head on the actor's final hidden state. One model less in "
+        "memory; no critic pass when scoring (the values come with the actor's pass, or from "
+        "generation when the old log-probs do); one forward/backward per micro-batch for "
+        "loss = actor loss + vf_coef x value loss. The actor's epochs, mini- and micro-batches "
+        "and gradient clip apply (critic.ppo_*, critic.shuffle and critic.optim.grad_clip "
+        "must match them or keep their defaults); critic.optim.* (lr, betas, eps, weight "
+        "decay, warm-up, schedule) set the value head's own optimizer group.",
         fixed=True,
     )
     vf_coef: float = _f(
         0.5,
-        "With shared_backbone: weight of the value loss in the shared network's loss (seed "
-        "001: c1 in [0.5, 1.0]).",
+        "With shared_backbone: weight c1 of the value loss in the shared network's loss "
+        "(the PPO paper's L = L_clip - c1 L_vf + c2 S; 0.5 to 1.0 are common).",
     )
 
 

@@ -401,7 +401,7 @@ def load_critic(
 
     init_from="actor": backbone from a causal-LM folder, new seeded head.
     init_from="reward_model": backbone and head from a sequence-classification folder, so
-    the critic starts as the reward model (as the PPO-tricks write-up and OpenRLHF advise).
+    the critic starts as the reward model (as OpenRLHF and the InstructGPT setup advise).
     init_from="critic": a saved critic.
     """
     if init_from not in CRITIC_INIT:

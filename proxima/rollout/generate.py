@@ -1,4 +1,4 @@
-"""Phase 1a, the `hf` engine's generation: HF `generate` with the KV cache.
+"""Phase 1 with the `hf` engine: HF `generate` with the KV cache.
 
 `generate_responses` is the one function the `hf` rollout engine (proxima.rollout.engine)
 wraps; other engines (vLLM) return the same `Generation`.

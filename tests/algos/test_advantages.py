@@ -11,10 +11,12 @@ from proxima.algos import (
     compute_gae,
     discounted_returns,
     grpo,
+    register_advantage,
     reinforce_plus_plus,
     reinforce_plus_plus_baseline,
     rloo,
 )
+from proxima.algos.advantages import GRPO_EPS
 
 # The shared fixture has a group of one on purpose; the tests that are about its warning
 # catch it explicitly (pytest.warns overrides this filter).
@@ -442,3 +444,58 @@ def test_estimators_do_not_modify_inputs_or_track_grad():
         assert not adv.requires_grad and not ret.requires_grad
     assert torch.equal(rewards.detach(), GROUP_REWARDS)
     assert torch.equal(values.detach(), torch.ones(6, 3))
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_gae_is_registered_with_its_options_and_whitens_when_asked():
+    # The literal of test_gae_default_gamma_lam_literal, A = [0.45125, 0.475, 0.5] (gamma 1,
+    # lam 0.95), whitened: mean 0.4754167, unbiased variance 0.00059427 (squared deviations
+    # 0.00058403 + 0.00000017 + 0.00060434, over 2), so A_w = (A - 0.4754167) *
+    # rsqrt(0.00059427 + 1e-8) = [-0.99134, -0.01709, 1.00843].
+    est = ADVANTAGE_ESTIMATORS["gae"]
+    assert est.critic and est.options == ("lam", "whiten_advantages")
+    assert all(not e.critic for n, e in ADVANTAGE_ESTIMATORS.items() if n != "gae")
+    assert ADVANTAGE_ESTIMATORS["grpo"].options == ("norm_adv_by_std_in_grpo",)
+    rewards, values, mask = (
+        torch.tensor([[0.0, 0.0, 1.0]]),
+        torch.full((1, 3), 0.5),
+        torch.ones(1, 3),
+    )
+    plain = compute_advantages("gae", rewards, mask, values=values, lam=0.95)
+    torch.testing.assert_close(plain[0], torch.tensor([[0.45125, 0.475, 0.5]]))
+    white = compute_advantages(
+        "gae", rewards, mask, values=values, lam=0.95, whiten_advantages=True
+    )
+    want = torch.tensor([[-0.99134, -0.01709, 1.00843]])
+    torch.testing.assert_close(white[0], want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(white[1], plain[1])  # the critic's targets are never whitened
+
+
+def test_an_estimator_option_goes_to_its_estimator_only():
+    # grpo's option changes grpo (group {0, 1}: outcomes 1 and 3 -> mean 2, std sqrt(2)) and
+    # gae's lam is no option of grpo.
+    rewards, mask = torch.tensor([[1.0], [3.0]]), torch.ones(2, 1)
+    ids = torch.tensor([0, 0])
+    scaled = compute_advantages("grpo", rewards, mask, group_ids=ids)[0]
+    torch.testing.assert_close(scaled, torch.tensor([[-1.0], [1.0]]) / (2**0.5 + GRPO_EPS))
+    centred = compute_advantages(
+        "grpo", rewards, mask, group_ids=ids, norm_adv_by_std_in_grpo=False
+    )
+    torch.testing.assert_close(centred[0], torch.tensor([[-1.0], [1.0]]))
+    with pytest.raises(ValueError, match=r"'grpo' got unknown options \['lam'\]"):
+        compute_advantages("grpo", rewards, mask, group_ids=ids, lam=0.9)
+
+
+def test_a_registered_estimator_is_dispatched_by_name():
+    @register_advantage("test_constant", options=("scale",))
+    def constant(token_rewards, response_mask, scale: float = 1.0):
+        out = torch.full_like(token_rewards, scale) * response_mask
+        return out, out
+
+    try:
+        adv, _ = compute_advantages("test_constant", torch.zeros(1, 2), torch.ones(1, 2), scale=3.0)
+        torch.testing.assert_close(adv, torch.full((1, 2), 3.0))
+    finally:
+        del ADVANTAGE_ESTIMATORS["test_constant"]

@@ -7,10 +7,13 @@ import torch
 
 from proxima.algos import (
     AGG_MODES,
+    POLICY_LOSSES,
     EmptyMaskWarning,
     entropy_from_logits,
+    explained_variance,
     logprobs_from_logits,
     policy_loss,
+    register_policy_loss,
     value_loss,
 )
 
@@ -373,3 +376,34 @@ def test_explained_variance_stays_finite_for_a_tiny_return_variance():
         torch.ones(1, 2),
     )
     assert stats["explained_variance"].item() == -torch.finfo(torch.float32).max
+
+
+def test_policy_losses_are_a_registry_under_verls_names():
+    assert POLICY_LOSSES["vanilla"] is policy_loss
+
+    @register_policy_loss("test_zero")
+    def zero(log_prob, old_log_prob, advantages, response_mask, **_):
+        return (log_prob * 0).sum(), {}
+
+    try:
+        assert POLICY_LOSSES["test_zero"] is zero
+    finally:
+        del POLICY_LOSSES["test_zero"]
+
+
+def test_explained_variance_floor():
+    # returns [1, 2, 3] (Var 1), values [1, 2, 2] (residual [0, 0, 1], Var 1/3): EV 2/3.
+    returns, values, mask = (
+        torch.tensor([[1.0, 2.0, 3.0]]),
+        torch.tensor([[1.0, 2.0, 2.0]]),
+        torch.ones(1, 3),
+    )
+    assert explained_variance(values, returns, mask).item() == pytest.approx(2 / 3)
+    assert explained_variance(values, returns, mask, min_var=0.5).item() == pytest.approx(2 / 3)
+    # a floor above Var(R) = 1: nothing to explain, 0
+    assert explained_variance(values, returns, mask, min_var=1.0).item() == 0.0
+    # returns that are all about 0 (Var 1e-12) against values of size 1: -1e12 without a
+    # floor, 0 with the trainer's 1e-8
+    tiny = torch.tensor([[0.0, 1e-6, 2e-6]])
+    assert explained_variance(values, tiny, mask).item() < -1e11
+    assert explained_variance(values, tiny, mask, min_var=1e-8).item() == 0.0

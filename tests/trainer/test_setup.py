@@ -111,3 +111,16 @@ def test_bare_folder_vocab_size_from_config(folders):
     assert config_vocab_size(folders["bare_lm"]) == len(load_tokenizer(folders["bpe_lm"]))
     config = json.loads((Path(folders["actor"]) / "config.json").read_text())
     assert config_vocab_size(folders["actor"]) == config["vocab_size"] == 16  # 4 special + 12
+
+
+def test_the_roles_report_names_where_each_role_comes_from(folders):
+    cfg = _cfg(folders, **{"model.critic_init": "reward_model"})
+    report = setup.load_roles(cfg, torch.device("cpu")).report()
+    assert f"reward   : the reward model {folders['rm']}" in report
+    assert f"initialised from the reward model (backbone and head), {folders['rm']}" in report
+    assert "reference: " in report and "frozen" in report
+    head = cfg.replace({"model.critic_init": "actor", "critic.shared_backbone": True})
+    assert (
+        "a value head (33 params) on the actor's backbone"
+        in setup.load_roles(head, torch.device("cpu")).report()
+    )

@@ -277,3 +277,44 @@ def test_new_value_head_is_seeded_and_leaves_the_global_rng(files):
     torch.testing.assert_close(a.weight, b.weight)
     assert not torch.equal(a.weight, new_value_head(actor, seed=2).weight)
     assert float(a.bias.detach().abs().max()) == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["critic.ppo_epochs=2"], r"`critic.ppo_epochs`=2 would be ignored.*`actor.ppo_epochs`=1"),
+        (["critic.shuffle=false"], r"`critic.shuffle`=False would be ignored"),
+        (["critic.optim.grad_clip=0.5"], r"`critic.optim.grad_clip`=0.5 would be ignored"),
+        (["model.critic_lora=false"], r"`model.critic_lora`=False configure a separate critic"),
+    ],
+)
+def test_critic_keys_the_value_head_would_ignore_are_refused(files, overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        make_trainer(files, *overrides)
+
+
+def test_critic_keys_equal_to_the_actors_are_accepted(files):
+    """A config that sets the critic's steps like the actor's (the default example does)
+    runs with the value head: the keys say nothing the head would ignore."""
+    trainer = make_trainer(files, "critic.ppo_epochs=2", "actor.ppo_epochs=2")
+    assert "critic" not in trainer.trained
+
+
+def test_the_heads_optimizer_group_has_the_critics_settings(files):
+    trainer = make_trainer(
+        files,
+        "critic.optim.betas=[0.8,0.9]",
+        "critic.optim.eps=1e-6",
+        "critic.optim.weight_decay=0.1",
+        "critic.optim.warmup_steps=4",
+    )
+    role = trainer.trained["actor"]
+    policy, head = role.optimizer.param_groups
+    assert [name for name, _, _ in role.groups] == ["actor", "critic"]
+    assert policy["betas"] == (0.9, 0.95) and policy["eps"] == 1e-8
+    assert policy["weight_decay"] == 0.0
+    assert head["betas"] == (0.8, 0.9) and head["eps"] == 1e-6 and head["weight_decay"] == 0.1
+    assert head["params"] == list(trainer.roles.critic.head.parameters())
+    # warm-up of its own: step 0 of 4 -> lr x 1/4, while the policy's group has none
+    assert head["lr"] == pytest.approx(3e-3 / 4) and policy["lr"] == pytest.approx(1e-3)
+    assert role.lrs() == {"actor": policy["lr"], "critic": head["lr"]}
