@@ -25,7 +25,7 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
         per = f" ({mini // world} per process)" if world > 1 else ""
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
-            f"{mini}{per} = {sec.ppo_epochs * n_mini} optimizer step(s) per "
+            f"{mini}{per} = {cfg.steps_per_iteration(sec)} optimizer step(s) per "
             f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
         )
     if cfg.critic_on_actor:

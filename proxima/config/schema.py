@@ -118,6 +118,10 @@ class Config:
         """Sequences per iteration: prompts x samples per prompt."""
         return self.data.train_batch_size * self.rollout.n
 
+    def steps_per_iteration(self, section: ActorConfig | CriticConfig) -> int:
+        """Optimizer steps of a trained role per iteration: epochs x mini-batches."""
+        return section.ppo_epochs * (self.rollout_batch_size // section.ppo_mini_batch_size)
+
     @property
     def kl_in_reward(self) -> bool:
         """Whether -kl_coef * KL goes into the token rewards: algorithm.use_kl_in_reward as

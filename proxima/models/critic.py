@@ -27,8 +27,6 @@ module alike, a plain model or a `PolicyValue`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +115,8 @@ class PolicyValue(nn.Module):
     positions of the LM head's input to value, e.g. `slice(-R - 1, -1)` for the R response
     tokens), the output also holds `vpreds` [B, R]. `values_only` (the critic's warm-up):
     the policy runs without gradient, so only the head learns. `generate` is the policy's;
-    `generation_values()` records the values of the states the tokens are sampled from.
+    `generate(..., with_values=True)` also returns the values of the states the tokens are
+    sampled from, computed inside the call (where FSDP2 holds the head's shards gathered).
     """
 
     def __init__(self, policy: nn.Module, value_head: nn.Linear) -> None:
@@ -135,33 +134,32 @@ class PolicyValue(nn.Module):
         values = value_of(self.value_head, seen.calls[-1][:, value_span])
         return PolicyValueOutput(loss=out.loss, logits=out.logits, vpreds=values)
 
-    def generate(self, *args, **kwargs):
-        return self.policy.generate(*args, **kwargs)
-
-    @contextmanager
-    def generation_values(self) -> Iterator[Callable[[int], torch.Tensor]]:
-        """Records the LM head's input at every decode step of a `generate` inside the
-        block; yields `values(n)`: [B, n] the values of the states the first n response
-        tokens were sampled from (the last position of each step)."""
+    def generate(self, *args, with_values: bool = False, **kwargs):
+        """The policy's `generate`; `with_values`: (sequences, values [B, n]), the values of
+        the states the n response tokens were sampled from (the last position of each
+        decode step's LM head input)."""
+        if not with_values:
+            return self.policy.generate(*args, **kwargs)
         with HeadInput(self.policy) as seen:
-            yield lambda n: value_of(
-                self.value_head, torch.cat([h[:, -1:] for h in seen.calls[:n]], dim=1)
-            )
+            out = self.policy.generate(*args, **kwargs)
+        n = out.shape[1] - kwargs["input_ids"].shape[1]
+        steps = torch.cat([h[:, -1:] for h in seen.calls[:n]], dim=1)
+        return out, value_of(self.value_head, steps)
 
     def get_base_model(self) -> nn.Module:
         """The Hugging Face model (peft's accessor, which `models.unwrap.base_model` uses)."""
         return base_model(self.policy)
 
 
-def generation_values(model: nn.Module):
-    """`model.generation_values()` (see PolicyValue): only an actor with a value head has
-    values to give while it generates."""
+def generate_with_values(model: nn.Module, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """`model.generate(**kwargs)` and the values of the sampled states: only an actor with a
+    value head (a PolicyValue) has values to give while it generates."""
     if not isinstance(model, PolicyValue):
         raise ValueError(
             "values during generation need the actor with a value head (the critic on the "
             f"actor's backbone); got a {type(model).__name__}"
         )
-    return model.generation_values()
+    return model.generate(**kwargs, with_values=True)
 
 
 def policy_of(module: nn.Module) -> nn.Module:

@@ -6,7 +6,6 @@ wraps; other engines (vLLM) return the same `Generation`.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -18,7 +17,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from proxima.models.critic import generation_values
+from proxima.models.critic import generate_with_values
 
 
 @dataclass
@@ -144,21 +143,24 @@ def generate_responses(
         else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     )
     recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
-    with generation_values(model) if values else nullcontext() as values_of:
-        out = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=stop_ids,
-            pad_token_id=pad_token_id,
-            use_cache=True,
-            synced_gpus=synced_generation(model),
-            logits_processor=LogitsProcessorList([recorder]) if recorder else None,
-            **sampling,
-        )
+    kwargs = dict(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids,
+        pad_token_id=pad_token_id,
+        use_cache=True,
+        synced_gpus=synced_generation(model),
+        logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+        **sampling,
+    )
+    state_values = None
+    if values:
+        out, state_values = generate_with_values(model, **kwargs)
+    else:
+        out = model.generate(**kwargs)
     model.train(was_training)
     response_ids = out[:, prompt_ids.shape[1] :]
-    state_values = values_of(response_ids.shape[1]) if values else None
     mask, stopped = response_mask_after_stop(response_ids, stop_ids)
     # tokens after the first stop become padding so they can never leak into a forward pass
     response_ids = torch.where(

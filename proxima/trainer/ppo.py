@@ -125,11 +125,10 @@ class PPOTrainer:
         """The roles the update trains (the actor, and a value model of its own), each
         wrapped for the processes, and their objectives."""
         cfg, roles, critic = self.cfg, self.roles, self.roles.critic
-        n_seq = cfg.rollout_batch_size
         trained, objectives = {}, {}
 
         def role(name: str, module: torch.nn.Module, sec) -> TrainedRole:
-            steps = cfg.trainer.iterations * sec.ppo_epochs * (n_seq // sec.ppo_mini_batch_size)
+            steps = cfg.trainer.iterations * cfg.steps_per_iteration(sec)
             model = wrap_trained(module, self.dist, self.device, cfg.fsdp)
             groups = optimizer_groups(unwrap(model), name, sec.optim, cfg.critic.optim)
             return TrainedRole(name, model, sec, steps, self.dist, groups)
@@ -386,9 +385,9 @@ class PPOTrainer:
             seed_everything(self.cfg.trainer.seed + self.dist.rank + 7919 * self.iteration)
 
     def save_models(self, folder) -> None:
-        """Each trained module as plain Hugging Face folders (`actor/`, `critic/` or
-        `value_head/`; LoRA merged in, plus `actor_adapter/`, `critic_adapter/`). Every rank
-        calls it (FSDP2 gathers the shards); rank 0 writes."""
+        """Each trained module as plain Hugging Face folders (`actor/`, and the critic's:
+        `models.critic.save_module`; LoRA merged in, plus the adapters). Every rank calls it
+        (FSDP2 gathers the shards); rank 0 writes."""
         for role in self.trained.values():
             role.save(folder, self.roles.tokenizer)
 
