@@ -1,4 +1,4 @@
-"""The CPU levers of issue 12, measured on their own before they are built into a trainer:
+"""The CPU levers, measured on their own before they are built into a trainer:
 
 1. bfloat16 against float32: the matmuls of one W2 layer, and a forward + backward of a
    W1-sized Llama under autocast (as `model.mixed_precision=bf16` computes);

@@ -2,7 +2,7 @@
 
     .venv-trl/bin/python benchmarks/bench_vs_trl.py --out runs/bench_vs_trl.jsonl
 
-Runs the matrix of issue 12 with one command: for each workload (--workloads, default W1 W2) x
+Runs the W1/W2 matrix with one command: for each workload (--workloads, default W1 W2) x
 PPO epochs (--epochs, default 1 4) x precision (fp32 and each system's best), three systems:
 
 - trl: TRL 1.12's `PPOTrainer.train()`; fp32, and for its best cell `bf16=True` (accelerate
@@ -75,7 +75,7 @@ class Workload:
     intermediate: int
     prompts: int  # prompts per iteration (1 sample each)
     response: int  # sampled tokens per response, exactly
-    # rough seconds per iteration of TRL fp32 on a quiet 2-core machine (issue 12), only for
+    # rough seconds per iteration of TRL fp32 on a quiet 2-core machine, only for
     # the time estimate printed before the run: rollout (generate + score), train per epoch
     est_rollout: float
     est_train: float
@@ -336,7 +336,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     PPOConfig, PPOTrainer = _import_trl_ppo()
     bf16 = spec["bf16"]
     # TRL 1.12's PPOTrainer builds its own `Accelerator(gradient_accumulation_steps=...)`, and
-    # transformers 5 no longer exports `bf16=True` to accelerate's environment, so the flag alone
+    # transformers 5 does not export `bf16=True` to accelerate's environment, so the flag alone
     # trains in fp32 (checked: `accelerator.mixed_precision` is "no"). The environment variable
     # is what `accelerate launch --mixed_precision bf16` sets; the cell reports the mode used.
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if bf16 else "no"
@@ -740,7 +740,7 @@ def plan(args) -> list[tuple[tuple[str, int, str], list[tuple[int, str]]]]:
 
 
 def estimate_seconds(args, groups) -> float:
-    """Rough wall time of the whole run on a quiet machine (issue 12's TRL timings)."""
+    """Rough wall time of the whole run on a quiet machine (from the workloads' TRL timings)."""
     total = 20.0  # assets
     for (wname, epochs, precision), cells in groups:
         w = WORKLOADS[wname]

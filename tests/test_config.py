@@ -155,8 +155,8 @@ def test_each_command_names_the_keys_it_needs(command, overrides, key):
 
 
 def test_kl_loss_turns_the_in_reward_kl_off_unless_both_are_asked_for():
-    """Issue 7.5: verl's docs on actor.use_kl_loss, "When used, we are not applying KL in the
-    reward function". Unset, algorithm.use_kl_in_reward follows that; set, it is obeyed."""
+    """verl's docs on actor.use_kl_loss, "When used, we are not applying KL in the reward
+    function". Unset, algorithm.use_kl_in_reward follows that; set, it is obeyed."""
     plain = load_config(None, BASE)
     assert plain.algorithm.use_kl_in_reward is None and plain.kl_in_reward
     assert "KL" not in batch_plan(plain)  # no KL loss: nothing to choose, nothing printed
@@ -184,8 +184,8 @@ def test_target_kl_must_not_be_negative():
 
 
 def test_yaml_errors_name_the_file_and_the_line(tmp_path):
-    """Issue 8.3: invalid YAML, a YAML list at the top level and a bad YAML value in an
-    override stop with a ConfigError naming the file (or the override), not a traceback."""
+    """Invalid YAML, a YAML list at the top level and a bad YAML value in an override stop
+    with a ConfigError naming the file (or the override), not a traceback."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  seed: [1,\n")
     with pytest.raises(ConfigError, match=rf"Config file {bad} is not valid YAML \(.*line 3"):
@@ -222,8 +222,8 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
     ],
 )
 def test_values_checked_before_anything_loads(override, message):
-    """Issue 8.5: values that used to pass validation and fail later (an IndexError for one
-    beta, "No such file or directory: metrics.jsonl" for zero iterations)."""
+    """Values that would otherwise fail later, mid-run (an IndexError for one beta, "No such
+    file or directory: metrics.jsonl" for zero iterations), stop at load time."""
     with pytest.raises(ConfigError, match=message):
         load_config(None, BASE + [override])
 

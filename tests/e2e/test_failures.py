@@ -1,4 +1,4 @@
-"""Issue 8 end to end: nothing lost on Ctrl-C (a real `proxima train` subprocess gets SIGINT,
+"""Run guards end to end: nothing lost on Ctrl-C (a real `proxima train` subprocess gets SIGINT,
 writes a checkpoint and the summary, and the run resumes), divergence caught (a huge
 learning rate on a nano model stops with a diagnosis and keeps the last good checkpoint),
 and every bad input answered before the run folder is created or a model is loaded."""

@@ -1,7 +1,8 @@
-"""LoRA end to end (USERS.md #9): `model.lora_rank=4` trains adapters on nano models, the
-reference is the actor with its adapters disabled (the untouched base weights, no second
-copy), the run folder holds plain merged models plus the adapters, and resume equals an
-uninterrupted run exactly, as for full fine-tuning (tests/e2e/test_resume.py)."""
+"""LoRA end to end (LoRA breaks the fast path in OpenRLHF #1081 and #1349):
+`model.lora_rank=4` trains adapters on nano models, the reference is the actor with its
+adapters disabled (the untouched base weights, no second copy), the run folder holds plain
+merged models plus the adapters, and resume equals an uninterrupted run exactly, as for full
+fine-tuning (tests/e2e/test_resume.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every documented algorithm option runs end to end through the trainer: the critic-free
 estimators, KL as a loss, the adaptive controller, the ptx loss, a reward model (critic
-initialised from it, seed 003), and the other KL estimators. Each run must train (weights
-move), log finite metrics and report the option's own metrics."""
+initialised from it, as OpenRLHF's PPO-tricks write-up advises), and the other KL estimators.
+Each run must train (weights move), log finite metrics and report the option's own metrics."""
 
 from __future__ import annotations
 
@@ -119,9 +119,9 @@ def test_normalized_scores_keep_the_raw_score_logged(fast_overrides, make_model,
 
 
 def test_kl_loss_alone_leaves_the_reward_without_kl(fast_overrides, make_model, tmp_path):
-    # issue 7.5: actor.use_kl_loss with algorithm.use_kl_in_reward unset puts the KL in the
-    # loss only: the shaped reward is the raw score (in [0, 1], never clipped by 5) although
-    # the measured KL is no longer 0 in iteration 2
+    # actor.use_kl_loss with algorithm.use_kl_in_reward unset puts the KL in the loss only
+    # (as verl's docs say of use_kl_loss): the shaped reward is the raw score (in [0, 1],
+    # never clipped by 5) although the measured KL is no longer 0 in iteration 2
     rows = _run(fast_overrides, make_model, tmp_path, "actor.use_kl_loss=true")
     assert rows[1]["kl"] != 0.0 and rows[1]["actor/kl_loss"] > 0
     for row in rows:

@@ -1,8 +1,9 @@
-"""Resume equals an uninterrupted run (USERS.md #5): run A trains 4 iterations and saves
-at 2; run B resumes from A's iter_2 and must log the very same metrics for steps 3-4 and
-end with the very same actor and critic weights. Also at an epoch boundary of the prompt
-loader (verl PR #5725 trained 0 steps there), for a built-in task run (no second SFT; the
-reference stays the initial actor), and "nothing to do" stops with a message."""
+"""Resume equals an uninterrupted run (missing or broken in TRL #2657, OpenRLHF #928): run A
+trains 4 iterations and saves at 2; run B resumes from A's iter_2 and must log the very same
+metrics for steps 3-4 and end with the very same actor and critic weights. Also at an epoch
+boundary of the prompt loader (verl PR #5725 trained 0 steps there), for a built-in task run
+(no second SFT; the reference stays the initial actor), and "nothing to do" stops with a
+message."""
 
 from __future__ import annotations
 

@@ -263,9 +263,9 @@ def test_critic_from_reward_model_other_file_layouts(tmp_path, layout):
 
 
 def test_folder_problem_checks_files_before_loading(tmp_path):
-    """Issue 8.4: what keeps a folder from being a model, found from its files: an empty
-    folder, weights missing or truncated (from the safetensors header), a shard of an index
-    missing, no tokenizer; a complete folder (single, sharded or .bin) has no problem."""
+    """What keeps a folder from being a model, found from its files: an empty folder,
+    weights missing or truncated (from the safetensors header), a shard of an index missing,
+    no tokenizer; a complete folder (single, sharded or .bin) has no problem."""
     from proxima.models import folder_problem
 
     tok = build_char_tokenizer(ALPHABET)

@@ -59,10 +59,10 @@ def test_different_vocabulary_retokenizes_text():
     source = ModelReward(fake_reward_model(6), rm_tok, policy, sum_score, "cpu", batch_size=8)
     prompts, responses = ["a b", "a"], [" c", " b"]
     ids, mask = source.retokenize(prompts, responses)
-    # The layout `proxima rm` trains on (issue 7.6): prompt and response tokenized apart,
-    # without the tokenizer's own special tokens (its <s> post-processor is not applied), then
-    # EOS, which this tokenizer lacks. "a b" + " c" -> a b c = [4, 3, 2]; "a" + " b" -> [4, 3]
-    # right-padded with <pad>=0. (Before issue 7.6 the text was encoded whole with <s>.)
+    # The layout `proxima rm` trains on: prompt and response tokenized apart, without the
+    # tokenizer's own special tokens (its <s> post-processor is not applied), then EOS, which
+    # this tokenizer lacks. "a b" + " c" -> a b c = [4, 3, 2]; "a" + " b" -> [4, 3]
+    # right-padded with <pad>=0.
     assert torch.equal(ids, torch.tensor([[4, 3, 2], [4, 3, 0]]))
     assert torch.equal(mask, torch.tensor([[1, 1, 1], [1, 1, 0]]))
     policy_seq = torch.tensor([[4, 5, 6], [0, 4, 5]])  # would score 15 and 9 if used

@@ -1,5 +1,5 @@
-"""Issue 7.6: a reward model with its own tokenizer is fed, during PPO, the very token ids it
-was trained on by `proxima rm` (prompt ids, response ids, EOS), so a pair scores the same
+"""A reward model with its own tokenizer is fed, during PPO, the very token ids it was
+trained on by `proxima rm` (prompt ids, response ids, EOS), so a pair scores the same
 through either path. The policy has a character tokenizer, the reward model a byte-level BPE
 trained here so that a merge crosses the prompt/response boundary (" abcd" in "say ab" +
 "cd"): tokenizing prompt + response as one text would give other ids."""

@@ -1,6 +1,6 @@
-"""Run guards (issue 8): stop signals, the health checks that stop a diverged run, the
-weight guard of the optimizer step, the checkpoint schedule, the phase display, orphaned
-checkpoint folders."""
+"""Run guards: stop signals, the health checks that stop a diverged run, the weight guard
+of the optimizer step, the checkpoint schedule, the phase display, orphaned checkpoint
+folders."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Set-up checks that need model folders but no model: issue 7.7, a critic (or reference)
-from a folder with another vocabulary stops before any model loads, naming the key."""
+"""Set-up checks that need model folders but no model: a critic (or reference) from a
+folder with another vocabulary stops before any model loads, naming the key."""
 
 from __future__ import annotations
 
