@@ -16,7 +16,10 @@ summary.json.
 
 `compare` prints every value that differs (run, iteration, key, before, after) and exits 1
 when any does; `--allow KEY` names a metric whose change is expected (it is printed, not
-counted). A run takes a few minutes on a 2-core machine (the warm start dominates).
+counted). It also prints each run's seconds per phase (summary.json's phase_seconds and
+wall_seconds), before and after: `record --repeats N` runs each N times, checks that the N
+runs give the same metrics, and keeps the median seconds (a timing is only worth comparing
+from a quiet machine). A run takes about a minute on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +59,9 @@ def _observed(run_dir: Path) -> dict:
     metrics = [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
     summary = json.loads((run_dir / "summary.json").read_text())
     task = summary.get("task", {})
+    seconds = {**summary.get("phase_seconds", {}), "wall": summary.get("wall_seconds")}
     return {
+        "seconds": seconds,
         "metrics": metrics,
         "eval_before": summary.get("eval_before"),
         "eval_after": summary.get("eval_after"),
@@ -65,31 +70,50 @@ def _observed(run_dir: Path) -> dict:
     }
 
 
-def record(out: Path, iterations: int, only: list[str]) -> None:
-    """Run `only` and write their observations to `out` (other runs already there stay)."""
+def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
+    extra, nproc = RUNS[name]
+    run_dir = Path(tmp) / f"{name}-{index}"
+    overrides = [
+        f"trainer.iterations={iterations}",
+        f"trainer.output_dir={run_dir}",
+        "trainer.tensorboard=false",
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        _command(nproc, overrides), cwd=tmp, env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return _observed(run_dir)
+
+
+def record(out: Path, iterations: int, only: list[str], repeats: int = 1) -> None:
+    """Run `only` (each `repeats` times, which must agree) and write their observations to
+    `out`, with the median seconds (other runs already there stay)."""
     result = json.loads(out.read_text()) if out.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="proxima-identical-") as tmp:
         for name in only:
-            extra, nproc = RUNS[name]
-            run_dir = Path(tmp) / name
-            overrides = [
-                f"trainer.iterations={iterations}",
-                f"trainer.output_dir={run_dir}",
-                "trainer.tensorboard=false",
-                *extra,
-            ]
-            start = time.perf_counter()
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            proc = subprocess.run(
-                _command(nproc, overrides), cwd=tmp, env=env, capture_output=True, text=True
-            )
-            if proc.returncode != 0:
-                sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-            result[name] = _observed(run_dir)
+            runs = [_run(name, iterations, tmp, i) for i in range(repeats)]
+            first = {k: v for k, v in runs[0].items() if k != "seconds"}
+            for other in runs[1:]:
+                if {k: v for k, v in other.items() if k != "seconds"} != first:
+                    sys.exit(f"run {name}: {repeats} runs of the same config differ")
+            phases = runs[0]["seconds"].keys()
+            first["seconds"] = {p: statistics.median(r["seconds"][p] for r in runs) for p in phases}
+            result[name] = first
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=1, sort_keys=True))
-            seconds = time.perf_counter() - start
-            print(f"{name}: {len(result[name]['metrics'])} rows, {seconds:.0f} s -> {out}")
+            wall = first["seconds"]["wall"]
+            print(f"{name}: {len(first['metrics'])} rows, median {wall:.1f} s -> {out}")
+
+
+def _timings(before: dict, after: dict) -> None:
+    for name in sorted(before.keys() & after.keys()):
+        b, a = before[name].get("seconds", {}), after[name].get("seconds", {})
+        phases = [p for p in b if p in a]
+        cells = ", ".join(f"{p} {b[p]:.1f} -> {a[p]:.1f}" for p in phases)
+        print(f"  seconds, {name}: {cells}")
 
 
 def _diffs(before, after, where: str):
@@ -110,7 +134,9 @@ def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
     after = json.loads(after_path.read_text())
     counted = expected = 0
     for name in sorted(before.keys() | after.keys()):
-        for where, b, a in _diffs(before.get(name), after.get(name), name):
+        b_run, a_run = dict(before.get(name, {})), dict(after.get(name, {}))
+        b_run.pop("seconds", None), a_run.pop("seconds", None)
+        for where, b, a in _diffs(b_run, a_run, name):
             key = where.rsplit(".", 1)[-1]
             if key in allow:
                 expected += 1
@@ -118,6 +144,7 @@ def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
                 continue
             counted += 1
             print(f"  DIFFERS  {where}: {b!r} -> {a!r}")
+    _timings(before, after)
     values = sum(len(r) for run in before.values() for r in run["metrics"])
     verdict = "bit-identical" if counted == 0 else f"{counted} values differ"
     print(f"{verdict} ({values} metric values compared; {expected} allowed changes)")
@@ -131,13 +158,14 @@ def main() -> int:
     rec.add_argument("out", type=Path)
     rec.add_argument("--iterations", type=int, default=50)
     rec.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
+    rec.add_argument("--repeats", type=int, default=1, help="runs of each (median seconds)")
     cmp_ = sub.add_parser("compare", help="compare two recordings")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--allow", nargs="*", default=[], help="metric keys expected to change")
     args = p.parse_args()
     if args.cmd == "record":
-        record(args.out, args.iterations, args.runs)
+        record(args.out, args.iterations, args.runs, args.repeats)
         return 0
     return compare(args.before, args.after, args.allow)
 

@@ -13,6 +13,7 @@ import warnings
 from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -263,7 +264,7 @@ class PPOTrainer:
                 objective,
                 generator=self.generator,
                 dist=self.dist,
-                precision=self.precision,
+                precision=partial(autocast, self.cfg, self.device),
                 extra_loss=self._ptx_loss() if actor else None,
                 target_kl=self.cfg.actor.target_kl if actor else 0.0,
             )

@@ -251,12 +251,12 @@ class RunInputs:
     plan: ScoringPlan
 
 
-def check_models(cfg: Config, command: str = "train"):
-    """The model folders `command` loads (files, weights, tokenizers), the vocabularies the
+def check_models(cfg: Config):
+    """The model folders a PPO run loads (files, weights, tokenizers), the vocabularies the
     other models share with the policy and the critic's options, checked from the files
     before any model loads; returns the policy's tokenizer."""
     check_critic(cfg)
-    check_model_folders(cfg, command)
+    check_model_folders(cfg)
     tokenizer = load_tokenizer(cfg.model.actor_path)
     check_vocabularies(cfg, tokenizer)
     return tokenizer

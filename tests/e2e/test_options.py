@@ -1,6 +1,6 @@
 """Every documented algorithm option runs end to end through the trainer: the critic-free
 estimators, KL as a loss, the adaptive controller, the ptx loss, a reward model (critic
-initialised from it, as OpenRLHF's PPO-tricks write-up advises), and the other KL estimators.
+initialised from it, as OpenRLHF advises), and the other KL estimators.
 Each run must train (weights move), log finite metrics and report the option's own metrics."""
 
 from __future__ import annotations
