@@ -112,6 +112,8 @@ def _timings(before: dict, after: dict) -> None:
     for name in sorted(before.keys() & after.keys()):
         b, a = before[name].get("seconds", {}), after[name].get("seconds", {})
         phases = [p for p in b if p in a]
+        if not phases:
+            continue
         cells = ", ".join(f"{p} {b[p]:.1f} -> {a[p]:.1f}" for p in phases)
         print(f"  seconds, {name}: {cells}")
 
