@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import time
+import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -91,17 +92,30 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
     if main:
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an earlier crash of this pid
         tmp.mkdir(parents=True)
+    what = "the model folders"
     try:
         trainer.save_models(tmp)
         state = trainer.state_dict()
         if main:
+            what = f"{STATE_FILE} and {META_FILE}"
             _write_state(tmp, state, trainer.cfg.to_dict(), dict(extra or {}))
             tmp.rename(folder)
-    except BaseException:
+    except BaseException as err:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, (OSError, RuntimeError)):
+            where = getattr(err, "filename", None) or what
+            raise CheckpointWriteError(
+                f"writing the checkpoint {folder} failed at {where} ({type(err).__name__}: "
+                f"{err}); a full disk or a file-size limit (ulimit -f) is the usual cause. "
+                "The partial checkpoint was removed; the earlier checkpoints are intact."
+            ) from err
         raise
     return folder
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (the message names where and why)."""
 
 
 def list_checkpoints(folder: str | Path) -> list[Path]:
@@ -200,7 +214,26 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
     """checkpoint.json of a checkpoint folder (iteration, config, time, version)."""
-    return json.loads((find_checkpoint(folder) / META_FILE).read_text())
+    file = find_checkpoint(folder) / META_FILE
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"{file} cannot be read ({err}): the checkpoint is damaged. Resume from another "
+            f"checkpoint in {file.parent.parent}, or start a new run."
+        ) from err
+
+
+def state_problem(folder: str | Path) -> str | None:
+    """Why a checkpoint's state.pt cannot be read, or None: torch.save writes a zip whose
+    directory is at the end, so a truncated file has none (checked without loading it)."""
+    file = Path(folder) / STATE_FILE
+    try:
+        with zipfile.ZipFile(file) as z:
+            z.infolist()
+    except (OSError, zipfile.BadZipFile) as err:
+        return f"{file} is truncated or not a checkpoint's state ({err})"
+    return None
 
 
 # --------------------------------------------------------------------------- config checks

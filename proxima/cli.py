@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -127,10 +129,12 @@ def cmd_train(ns: argparse.Namespace) -> int:
     summary = train(_load(ns, default_example=True))
     if not env.is_main_process():
         return 0
-    before, after = summary.get("eval_before"), summary.get("eval_after")
+    start = "before" if "eval_before" in summary else "at resume"
+    before = summary.get("eval_before", summary.get("eval_at_resume"))
+    after = summary.get("eval_after")
     if before and after:
         key = "accuracy" if "accuracy" in before else "mean_reward"
-        print(f"held-out {key} (greedy): before {before[key]:.4f} -> after {after[key]:.4f}")
+        print(f"held-out {key} (greedy): {start} {before[key]:.4f} -> after {after[key]:.4f}")
     print(
         f"wall time {summary['wall_seconds']:.1f} s; phases: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_seconds"].items())
@@ -252,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
+    previous = _interrupt_on(signal.SIGTERM)
     try:
         return ns.fn(ns)
-    except KeyboardInterrupt as err:  # Ctrl-C outside the training loop, or a second one
-        print(f"\naborted: {err or 'interrupted'}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # a signal outside the training loop, or a second one
+        print(f"\naborted: {str(err) or 'interrupted'}", file=sys.stderr)
+        return 128 + getattr(err, "signum", signal.SIGINT)
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
@@ -265,9 +270,32 @@ def main(argv: list[str] | None = None) -> int:
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         from proxima.trainer.dist import shutdown
 
         shutdown()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGTERM outside the training loop (which handles its own): stop like Ctrl-C,
+    saying so, with exit status 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"{signal.Signals(signum).name} received")
+        self.signum = signum
+
+
+def _interrupt_on(signum: int):
+    """Turn `signum` into `Interrupted` for this command (main thread only); returns the
+    handler it replaced (None when it could not install one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handle(received: int, frame) -> None:
+        raise Interrupted(received)
+
+    return signal.signal(signum, handle)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from proxima.models.forward import position_ids_from_mask, reward_model_scores
 from proxima.models.loading import (
     CRITIC_INIT,
     DTYPES,
+    config_positions,
     config_vocab_size,
     describe_model,
     folder_problem,
@@ -33,6 +34,7 @@ __all__ = [
     "ARCHITECTURES",
     "CRITIC_INIT",
     "DTYPES",
+    "config_positions",
     "config_vocab_size",
     "folder_problem",
     "has_tokenizer",

@@ -185,6 +185,17 @@ def config_vocab_size(folder: str | Path) -> int | None:
     return size if isinstance(size, int) else None
 
 
+def config_positions(folder: str | Path) -> int | None:
+    """The positions a model in `folder` encodes (max_position_embeddings, GPT-2's
+    n_positions), read from its config without building it; None when it names none."""
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    size = getattr(config, "max_position_embeddings", None)
+    return size if isinstance(size, int) else None
+
+
 def vocabulary_difference(tokenizer: Any, other: Any) -> str | None:
     """None when two tokenizers number every token alike, else what differs (sizes and one
     token with another id, or missing): a model of one cannot read the other's token ids."""
@@ -208,7 +219,7 @@ WEIGHT_FILES = (
 )
 
 
-def _safetensors_problem(file: Path) -> str | None:
+def safetensors_problem(file: Path) -> str | None:
     """Why a .safetensors file cannot be read (truncated, not safetensors), or None. Reads
     only its header: 8 bytes of header length, the JSON header, whose data offsets say how
     long the file must be (https://github.com/huggingface/safetensors#format)."""
@@ -246,7 +257,7 @@ def _weights_problem(folder: Path) -> str | None:
     files += [folder / f for f in present if f.endswith(".safetensors")]
     for file in files:
         if file.suffix == ".safetensors":
-            problem = _safetensors_problem(file)
+            problem = safetensors_problem(file)
             if problem:
                 return problem
     return None

@@ -9,6 +9,9 @@ dispatches to these; a library user calls them the same way.
 
 from __future__ import annotations
 
+import shutil
+import sys
+
 from proxima.config import Config
 from proxima.recipes.ppo import PPORecipe, new_run_dir, start_dist
 from proxima.tasks import check_task, prepare_task, resumed_task_config
@@ -28,7 +31,12 @@ def train(cfg: Config) -> dict:
     if dist.is_main:
         run_dir = new_run_dir(cfg.trainer.output_dir)
         print(f"run folder: {run_dir}")
-        prepared = (run_dir, *prepare_task(cfg, run_dir))
+        try:
+            prepared = (run_dir, *prepare_task(cfg, run_dir))
+        except BaseException:  # an error or Ctrl-C in the warm start: no half-prepared folder
+            shutil.rmtree(run_dir, ignore_errors=True)
+            print(f"removed {run_dir}: the task's preparation did not finish", file=sys.stderr)
+            raise
     run_dir, cfg, info = dist.broadcast_object(prepared)
     return PPORecipe(cfg, dist, run_dir, summary={"task": info}).run()
 

@@ -8,13 +8,16 @@ the scoring plan, data, reward source, the checkpoint to resume) is checked befo
 loads, and the models are loaded before the run folder is created: a failed start leaves
 nothing behind. A run stopped by SIGINT / SIGTERM ends with a checkpoint and
 `summary["stopped"]`; a diverged one with `summary["diverged"]` and its last good
-checkpoint as the result.
+checkpoint as the result; one whose iteration raised (a reward function, a full disk) with
+a checkpoint of its last completed iteration, `summary["failed"]`, and `RunFailed` naming
+the error and the resume command.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ import torch
 
 from proxima import env
 from proxima.checkpoint import (
+    CheckpointWriteError,
     check_resume,
     checkpoint_iteration,
     copy_models,
@@ -43,6 +47,7 @@ from proxima.trainer.guard import (
     HealthMonitor,
     NonFiniteOutputsError,
     PhaseWatch,
+    RunFailed,
     SaveSchedule,
     StopSignals,
     non_finite_divergence,
@@ -50,7 +55,7 @@ from proxima.trainer.guard import (
 )
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_roles, prepare_inputs, resolve_device
+from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, resolve_device
 
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
@@ -141,6 +146,8 @@ class PPORecipe:
         self.cfg, self.dist, self.run_dir = cfg, dist, run_dir
         self.summary = dict(summary or {})
         self.start = time.perf_counter()
+        self.made_run_dir = False  # this recipe created the run folder (a task did not)
+        self.failure: tuple[Exception, int, str] | None = None  # error, iteration, phase
 
     def run(self) -> dict:
         """setup, train, finish; returns the summary (also written to summary.json)."""
@@ -159,6 +166,8 @@ class PPORecipe:
         check_sources(cfg)
         check_engine(cfg)  # rollout.name=vllm: installed, and able to run this model
         self.resume = check_resume(cfg)  # checked before anything is written
+        if self.resume is not None:
+            check_checkpoint(self.resume)
         if self.dist is None:
             self.dist, device = start_dist(cfg)
         else:
@@ -170,15 +179,17 @@ class PPORecipe:
         self.trainer = PPOTrainer(
             cfg, roles, inputs.prompts, device, inputs.sft, self.dist, plan=inputs.plan
         )
+        if self.resume is not None:
+            load_checkpoint(self.resume, self.trainer)
+            self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
         self._say(
             f"{batch_plan(cfg, self.dist.world_size)}\nroles:\n{roles.report()}\n"
             f"{self.trainer.plan.describe()}"
         )
         if self.resume is not None:
-            load_checkpoint(self.resume, self.trainer)
-            self.summary["resumed_from"] = str(self.resume)
             self._say(f"resumed from {self.resume} at iteration {self.trainer.iteration}")
+        self.first_iteration = self.trainer.iteration
         self.logger = RunLogger(
             self.run_dir, tensorboard=cfg.trainer.tensorboard, enabled=self.dist.is_main
         )
@@ -194,6 +205,7 @@ class PPORecipe:
         if self.run_dir is None:
             run_dir = new_run_dir(cfg.trainer.output_dir) if main else None
             self.run_dir = self.dist.broadcast_object(run_dir)
+            self.made_run_dir = True
             self._say(f"run folder: {self.run_dir}")
         self.summary = {
             "run_dir": str(self.run_dir),
@@ -212,9 +224,18 @@ class PPORecipe:
         cfg, trainer, dist = self.cfg, self.trainer, self.dist
         total = cfg.trainer.iterations
         if self.eval_items:
+            # a resumed run evaluates where it resumes: not the policy "before" training
+            key, tag = (
+                ("eval_before", "before")
+                if self.resume is None
+                else (
+                    "eval_at_resume",
+                    f"at resume, iteration {trainer.iteration}",
+                )
+            )
             with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
-                self.summary["eval_before"] = self.evaluate("before")
-            self.logger.log(trainer.iteration, _eval_metrics(self.summary["eval_before"]))
+                self.summary[key] = self.evaluate(tag)
+            self.logger.log(trainer.iteration, _eval_metrics(self.summary[key]))
         monitor, schedule = HealthMonitor(cfg), SaveSchedule(cfg.trainer)
         bar = progress(total=total, desc="ppo", disable=not dist.is_main or None)
         bar.update(trainer.iteration)
@@ -230,6 +251,9 @@ class PPORecipe:
                 except (NonFiniteWeightsError, NonFiniteOutputsError) as err:
                     self.divergence = non_finite_divergence(err, cfg, trainer.iteration + 1)
                     return "diverged"
+                except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
+                    self.failure = (err, trainer.iteration + 1, trainer.timer.current)
+                    return "failed"
                 it = trainer.iteration
                 if self.eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
                     metrics.update(_eval_metrics(self.evaluate(f"it {it}")))
@@ -237,7 +261,11 @@ class PPORecipe:
                 self.divergence = monitor.observe(it, metrics)  # the same on every rank
                 due = dist.any(it == total or (monitor.healthy and schedule.due(it)))
                 if self.divergence is None and due:
-                    self._checkpoint()
+                    try:
+                        self._checkpoint()
+                    except CheckpointWriteError as err:
+                        self.failure = (err, it, "checkpoint")
+                        return "failed"
                     schedule.saved()
             return "diverged" if self.divergence is not None else None
         finally:
@@ -280,11 +308,14 @@ class PPORecipe:
     # ------------------------------------------------------------------ finish
 
     def finish(self, reason: str | None, signals: StopSignals) -> dict:
-        """What the end of the run leaves: a checkpoint when stopped, the evaluation after,
-        the result models, summary.json, curves.png and the last lines on the console."""
+        """What the end of the run leaves: a checkpoint when stopped or failed, the
+        evaluation after, the result models, summary.json, curves.png and the last lines on
+        the console. A failed run then raises `RunFailed`."""
         trainer, summary = self.trainer, self.summary
         if reason == "diverged":
             summary["diverged"] = self.divergence.to_dict()
+        elif reason == "failed":
+            summary["failed"] = self._keep_after_failure()
         elif reason == "signal":
             if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
                 self._checkpoint()
@@ -303,13 +334,77 @@ class PPORecipe:
             phase_seconds=dict(trainer.timer.total),
         )
         if self.dist.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self._write_outputs()
+        self.dist.barrier()  # no rank leaves before the files are written
+        if reason == "failed":
+            trained = trainer.iteration > self.first_iteration
+            litter = self.made_run_dir and not trained and summary["failed"]["checkpoint"] is None
+            if litter and self.dist.is_main:  # a run that trained nothing leaves no folder
+                self.logger.close()
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise RunFailed(self._failure_message(removed=litter), summary) from self.failure[0]
+        return summary
+
+    def _write_outputs(self) -> None:
+        """summary.json, curves.png and the last lines; a write that fails (a full disk) is
+        said, not raised: the console still tells what happened."""
+        try:
+            (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
                 plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)
-            _report(summary, self.run_dir)
-        self.dist.barrier()  # no rank leaves before the files are written
-        return summary
+        except OSError as err:
+            print(f"warning: could not write summary.json / curves.png ({err})", file=sys.stderr)
+        if self.failure is None:
+            _report(self.summary, self.run_dir)
+
+    def _keep_after_failure(self) -> dict:
+        """After an iteration raised: the trainer back at its last completed iteration and
+        a checkpoint of it (unless one exists, or the weights had already changed: then the
+        newest checkpoint there is)."""
+        err, iteration, phase = self.failure
+        trainer = self.trainer
+        undone = phase == "checkpoint" or trainer.undo_iteration()
+        progressed = trainer.iteration > self.first_iteration
+        kept = self.resume
+        if undone and progressed and phase != "checkpoint":
+            try:
+                if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
+                    self._checkpoint()
+            except CheckpointWriteError as write_err:
+                self._say(f"warning: {write_err}")
+        found = list_checkpoints(self.run_dir / "checkpoints")
+        kept = found[-1] if found else kept
+        self.kept_models = undone and progressed
+        return {
+            "iteration": iteration,
+            "phase": phase,
+            "error": f"{type(err).__name__}: {err}",
+            "checkpoint": str(kept) if kept is not None else None,
+        }
+
+    def _failure_message(self, removed: bool) -> str:
+        failed = self.summary["failed"]
+        text = (
+            f"iteration {failed['iteration']} failed in phase `{failed['phase']}`: "
+            f"{failed['error']}"
+        )
+        if failed["checkpoint"] is not None:
+            return (
+                f"{text}\nkept: the checkpoint {failed['checkpoint']} and the run folder "
+                f"{self.run_dir} (summary.json marked failed); once the cause is fixed, "
+                f"resume with `proxima train trainer.resume_from={failed['checkpoint']}`"
+            )
+        if self.kept_models:
+            return (
+                f"{text}\nkept: the models of iteration {self.trainer.iteration} in "
+                f"{self.run_dir} (actor/, the critic's; summary.json marked failed); no "
+                f"checkpoint could be written, so a new run starts from them "
+                f"(model.actor_path={self.run_dir}/actor)"
+            )
+        if removed:
+            return f"{text}\nnothing was trained yet: the run folder {self.run_dir} is removed"
+        return f"{text}\nnothing was trained yet; the run folder is {self.run_dir}"
 
     def _evaluate_after(self, signals: StopSignals) -> None:
         if signals.agreed(self.dist).received:  # a signal during the last iteration
@@ -323,8 +418,17 @@ class PPORecipe:
 
     def _keep_result(self) -> None:
         """The run's result in the run folder (actor/, the critic's): the trained models, or
-        after a divergence the last good checkpoint's (the diverged weights are not kept)."""
-        diverged = self.summary.get("diverged")
+        after a divergence the last good checkpoint's (the diverged weights are not kept),
+        or after a failure the models of the last completed iteration (or none)."""
+        diverged, failed = self.summary.get("diverged"), self.summary.get("failed")
+        if failed is not None:
+            if self.kept_models:
+                try:
+                    self.trainer.save_models(self.run_dir)
+                except OSError as err:
+                    self.kept_models = False
+                    self._say(f"warning: the models could not be written ({err})")
+            return
         if diverged is None:
             self.trainer.save_models(self.run_dir)  # the value model too: kept, not thrown away
             return

@@ -40,17 +40,23 @@ def reward_model(cfg: Config) -> dict:
     model = init_reward_model(
         cfg.model.actor_path, device=device, seed=cfg.trainer.seed, pad_token_id=tok.pad_token_id
     )
-    res = rm_train(
-        model,
-        tok,
-        train,
-        steps=r.steps,
-        lr=r.lr,
-        batch_size=r.batch_size,
-        seed=cfg.trainer.seed,
-        eval_dataset=held,
-        device=device,
-    )
+    try:
+        res = rm_train(
+            model,
+            tok,
+            train,
+            steps=r.steps,
+            lr=r.lr,
+            batch_size=r.batch_size,
+            seed=cfg.trainer.seed,
+            eval_dataset=held,
+            device=device,
+        )
+    except KeyboardInterrupt as err:
+        raise KeyboardInterrupt(
+            f"reward-model training interrupted ({str(err) or 'Ctrl-C'}): nothing was "
+            f"written to {out}, the model is saved only at the end"
+        ) from None
     with quiet_transformers():
         model.save_pretrained(out)
         tok.save_pretrained(out)

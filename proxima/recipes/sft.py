@@ -20,16 +20,22 @@ def sft(cfg: Config) -> dict:
     check_enough(data, cfg.sft.batch_size, "sft.batch_size", "data.sft_path")
     model = load_causal_lm(cfg.model.actor_path, device=device)
     s = cfg.sft
-    losses = sft_train(
-        model,
-        tok,
-        data,
-        steps=s.steps,
-        lr=s.lr,
-        batch_size=s.batch_size,
-        seed=cfg.trainer.seed,
-        device=device,
-    )
+    try:
+        losses = sft_train(
+            model,
+            tok,
+            data,
+            steps=s.steps,
+            lr=s.lr,
+            batch_size=s.batch_size,
+            seed=cfg.trainer.seed,
+            device=device,
+        )
+    except KeyboardInterrupt as err:
+        raise KeyboardInterrupt(
+            f"SFT interrupted ({str(err) or 'Ctrl-C'}): nothing was written to {out}, the "
+            "model is saved only at the end"
+        ) from None
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(f"sft: {s.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")

@@ -130,7 +130,7 @@ class FunctionReward:
         kwargs = self._select(columns)
         try:
             raw = self.fn(prompts, responses, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a reward function must not end the run
             raise RewardError(self._failure_message(prompts, responses, kwargs, exc)) from exc
         scores = self._to_tensor(raw, len(responses))
         bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
@@ -148,8 +148,11 @@ class FunctionReward:
             return dict(columns)
         return {k: v for k, v in columns.items() if k in self._accepted}
 
-    def _failure_message(self, prompts, responses, kwargs, exc: Exception) -> str:
-        head = f"reward function {self.name} raised {type(exc).__name__}: {exc}"
+    def _failure_message(self, prompts, responses, kwargs, exc: BaseException) -> str:
+        if isinstance(exc, SystemExit):
+            head = f"reward function {self.name} called sys.exit({exc.code!r})"
+        else:
+            head = f"reward function {self.name} raised {type(exc).__name__}: {exc}"
         culprit = self._first_failing_sample(prompts, responses, kwargs)
         if culprit is not None:
             head += (
@@ -169,7 +172,7 @@ class FunctionReward:
             one = {k: v[i : i + 1] for k, v in kwargs.items()}
             try:
                 self.fn(prompts[i : i + 1], responses[i : i + 1], **one)
-            except Exception:
+            except (Exception, SystemExit):
                 return i
         return None
 

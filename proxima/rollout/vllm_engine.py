@@ -27,6 +27,7 @@ import torch
 
 from proxima import env
 from proxima.config import Config, ConfigError
+from proxima.models.loading import config_positions
 from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation
 
@@ -120,6 +121,15 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
         )
 
 
+def _context_length(cfg: Config) -> int:
+    """vLLM's max_model_len: a prompt of data.max_prompt_length and a whole response, within
+    the model's positions (the run's set-up checked that the actual prompts fit them, for
+    both engines alike: `trainer.setup.check_lengths`)."""
+    need = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    positions = config_positions(cfg.model.actor_path)
+    return min(need, positions) if positions is not None else need
+
+
 def _reload(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Runs inside vLLM's worker (this process): in-place reload from HF-named tensors.
     (The model's own `load_weights` alone fails on vLLM's CPU build; `reload_weights`
@@ -157,7 +167,7 @@ class VLLMEngine:
             enforce_eager=v.enforce_eager,
             dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
             seed=v.seed + rank,
-            max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+            max_model_len=_context_length(cfg),
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sampling is ours; not the model folder's defaults
         )

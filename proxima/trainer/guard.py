@@ -10,7 +10,10 @@
 - `SaveSchedule`: when a periodic checkpoint is due (every N iterations and/or minutes).
 - `PhaseWatch`: the phase running now, in the progress bar, and a line when one is slow.
 
-The loop (trainer/run.py) asks `should_stop`, which reads only the stop signal and the
+- `RunFailed`: an error that struck mid-run, raised once the run has kept what it could
+  (a checkpoint of the last completed iteration, the summary, the resume command).
+
+The loop (recipes/ppo.py) asks `should_stop`, which reads only the stop signal and the
 metrics; the metrics are the same on every rank, so a multi-process run can agree on it.
 """
 
@@ -26,6 +29,16 @@ from proxima.config import Config, TrainerConfig
 from proxima.trainer.optim import NonFiniteWeightsError
 
 EXIT_DIVERGED = 3  # `proxima train`'s exit status for a diverged run (2: a user error)
+
+
+class RunFailed(RuntimeError):
+    """A run stopped by an error in an iteration (or while writing a checkpoint), after it
+    kept what it could; `summary` is the run's summary, also in summary.json under
+    `failed`. The message says what failed, what is kept and how to resume."""
+
+    def __init__(self, message: str, summary: dict) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class NonFiniteOutputsError(RuntimeError):
@@ -201,6 +214,7 @@ class HealthMonitor:
                     "(or rollout.no_stop_penalty)",
                 )
             )
+        out += _skipped_steps(cfg, m)
         return out
 
     def observe(self, iteration: int, metrics: dict[str, float]) -> Divergence | None:
@@ -223,6 +237,25 @@ class HealthMonitor:
         )
         # iteration `first` measured the policy after iteration first - 1: that one was bad
         return Divergence(diagnosis, iteration, found[0].metric, first - 2)
+
+
+def _skipped_steps(cfg: Config, m: dict[str, float]) -> list[Finding]:
+    """A role whose every optimizer step of the iteration was skipped (its gradient was not
+    finite, e.g. an inf value loss from a huge unclipped score): it learns nothing."""
+    out = []
+    for role in ("actor", "critic"):
+        steps, skipped = m.get(f"{role}/optimizer_steps"), m.get(f"{role}/skipped_steps")
+        if steps and skipped == steps:
+            out.append(
+                Finding(
+                    f"{role}/skipped_steps",
+                    f"every optimizer step of the {role} was skipped ({int(steps)} of "
+                    f"{int(steps)}: its gradient was not finite)",
+                    "clip or normalise the scores (algorithm.clip_reward_value, "
+                    f"algorithm.normalize_scores), or {_lr_fix(cfg, role)}",
+                )
+            )
+    return out
 
 
 def should_stop(signals: StopSignals, divergence: Divergence | None) -> str | None:

@@ -55,10 +55,12 @@ class PhaseTimer:
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
+        self.current = ""  # the phase running now, or the one that raised
         self.listener = None  # .start(name), .end(name, seconds)
 
     @contextmanager
     def __call__(self, name: str):
+        self.current = name
         if self.listener is not None:
             self.listener.start(name)
         start = time.perf_counter()
@@ -156,6 +158,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ one iteration
 
     def step(self) -> tuple[dict[str, float], Rollout]:
+        self._started = self._iteration_start()  # what `undo_iteration` puts back
         t, agree = self.timer, self.dist.agree
         with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
             ro = agree(self.generate, "generation")
@@ -175,6 +178,37 @@ class PPOTrainer:
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, replace(ro, scores=scores)
+
+    def _iteration_start(self) -> dict:
+        """The state an iteration changes before its first optimizer step: the loaders'
+        positions, the random streams, the score statistics (and the steps taken so far)."""
+        return {
+            "loader": self.loader.state_dict(),
+            "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
+            "generator": self.generator.get_state(),
+            "score_moments": self.score_moments.state_dict(),
+            "rng": rng_state(),
+            "steps": [role.scheduler.last_epoch for role in self.trained.values()],
+        }
+
+    def undo_iteration(self) -> bool:
+        """After `step()` raised: put back the state the iteration started from, so that the
+        trainer is at the end of its last completed iteration (what a checkpoint must hold),
+        and drop the gradients it accumulated. False when it cannot: an optimizer step had
+        already changed the weights."""
+        start = getattr(self, "_started", None)
+        steps = [role.scheduler.last_epoch for role in self.trained.values()]
+        if start is None or steps != start["steps"]:
+            return False
+        self.loader.load_state_dict(start["loader"])
+        if self.sft_loader is not None:
+            self.sft_loader.load_state_dict(start["sft_loader"])
+        self.generator.set_state(start["generator"])
+        self.score_moments.load_state_dict(start["score_moments"])
+        set_rng_state(start["rng"])
+        for role in self.trained.values():
+            role.optimizer.zero_grad(set_to_none=True)
+        return True
 
     def generate(self) -> Rollout:
         """This rank's share of the next global batch of prompts (all samples of a prompt

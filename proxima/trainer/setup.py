@@ -8,10 +8,13 @@ from pathlib import Path
 
 import torch
 
+from proxima.checkpoint import checkpoint_iteration, list_checkpoints, state_problem
+from proxima.checkpoint import model_folders as checkpoint_model_folders
 from proxima.config import Config, ConfigError
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
     DTYPES,
+    config_positions,
     config_vocab_size,
     describe_model,
     folder_problem,
@@ -23,7 +26,7 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic, check_critic
-from proxima.models.loading import generation_config
+from proxima.models.loading import generation_config, safetensors_problem
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 from proxima.rollout.plan import ScoringPlan, plan_scoring
@@ -258,8 +261,65 @@ def check_models(cfg: Config):
     check_critic(cfg)
     check_model_folders(cfg)
     tokenizer = load_tokenizer(cfg.model.actor_path)
+    check_token_ids(tokenizer, cfg.model.actor_path, "model.actor_path")
     check_vocabularies(cfg, tokenizer)
     return tokenizer
+
+
+def check_token_ids(tokenizer, folder: str, key: str) -> None:
+    """Every id the tokenizer can produce must have a row in the model's embedding table
+    (else the forward pass indexes past it); read from config.json, before loading."""
+    rows, size = config_vocab_size(folder), len(tokenizer)
+    if rows is not None and size > rows:
+        raise ConfigError(
+            f"`{key}`: the tokenizer in {folder} has {size} tokens but the model's embedding "
+            f"table has {rows} rows (vocab_size): ids {rows} to {size - 1} would index past "
+            "it. Fix: use the tokenizer the model was trained with, or resize the model's "
+            "embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), "
+            "then save_pretrained) and fine-tune them."
+        )
+
+
+def check_checkpoint(folder: Path) -> None:
+    """A checkpoint to resume from is whole: every model folder's safetensors (from their
+    headers) and state.pt (its zip directory), checked before anything loads or is written.
+    A damaged one is named with the newest intact checkpoint before it."""
+    problems = [state_problem(folder)] + [
+        safetensors_problem(file)
+        for name in checkpoint_model_folders(folder)
+        for file in sorted((folder / name).glob("*.safetensors"))
+    ]
+    problems = [p for p in problems if p]
+    if not problems:
+        return
+    earlier = [c for c in list_checkpoints(folder.parent) if c.name != folder.name]
+    intact = [c for c in earlier if checkpoint_iteration(c) < checkpoint_iteration(folder)]
+    offer = (
+        f" The checkpoint {intact[-1]} is older: resume from it with "
+        f"trainer.resume_from={intact[-1]}."
+        if intact
+        else ""
+    )
+    raise ConfigError(
+        f"`trainer.resume_from`: the checkpoint {folder} is damaged: {problems[0]}.{offer}"
+    )
+
+
+def check_lengths(cfg: Config, *prompt_sets) -> None:
+    """The longest prompt plus rollout.max_response_length must fit the actor's positions
+    (max_position_embeddings: a GPT-2 indexes past its position table, vLLM refuses the
+    length): checked on the data, for every engine alike, before any model loads."""
+    positions = config_positions(cfg.model.actor_path)
+    longest = max((len(item.ids) for items in prompt_sets for item in items), default=0)
+    need = longest + cfg.rollout.max_response_length
+    if positions is not None and need > positions:
+        raise ConfigError(
+            f"the longest prompt ({longest} tokens) + `rollout.max_response_length`="
+            f"{cfg.rollout.max_response_length} = {need} positions exceed the "
+            f"{positions} of `model.actor_path` (its max_position_embeddings). Fix: lower "
+            "rollout.max_response_length, or shorten the prompts (`data.max_prompt_length` "
+            "with data.overlong_prompts=truncate or drop)."
+        )
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
@@ -268,6 +328,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     tok = check_models(cfg)
     plan = plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
+    check_lengths(cfg, prompts, eval_items)
     fn = None
     if cfg.reward.function:
         fn = with_key("reward.function", load_reward_function, cfg.reward.function)

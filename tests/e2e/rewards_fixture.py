@@ -41,3 +41,26 @@ def copies_first_char(prompts: list[str], responses: list[str], **_: list) -> li
     "3..."). It depends on the prompt, so a constant answer cannot earn it: about 1/10 for
     a random policy over the 12-character alphabet, 1 once the digit is copied."""
     return [float(bool(r) and r[0] == p[0]) for p, r in zip(prompts, responses, strict=True)]
+
+
+CALLS = {"n": 0}  # this file is imported anew for every run: each run counts from 0
+
+
+def fails_at_call_3(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """`fn`, but the third call (the third iteration's scoring) raises."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        raise ValueError("scoring service down (raised on purpose by the test)")
+    return fn(prompts, responses)
+
+
+def exits(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """A reward function that ends the process: sys.exit(5)."""
+    import sys
+
+    sys.exit(5)
+
+
+def huge(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """1e30 for every response: unclipped, the critic's value loss is not finite."""
+    return [1e30] * len(responses)

@@ -186,3 +186,194 @@ def test_sft_and_eval_errors_name_their_own_keys(tmp_path, make_model, sft_file,
     assert "`sft.batch_size`=500; lower `sft.batch_size`" in err
     assert main(["eval", "--model", str(model), "--data", "none.jsonl", "--reward", "x.py:f"])
     assert "`data.eval_path`: dataset not found: none.jsonl" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- errors mid-run
+
+
+def _metrics_without_time(run: Path) -> dict[int, dict]:
+    return {
+        r["step"]: {k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_s"))}
+        for r in read_metrics(run / "metrics.jsonl")
+    }
+
+
+def test_an_error_mid_run_keeps_a_checkpoint_the_summary_and_the_resume_command(
+    tmp_path, make_model, fast_overrides, reward_spec, capsys
+):
+    """The reward raises at iteration 3 (trainer.save_every=0: no periodic checkpoint):
+    iteration 2 is kept as a checkpoint, the summary says what failed, and resuming from
+    it replays iteration 3 exactly as an uninterrupted run does (the failed iteration's
+    loader position and random draws were put back)."""
+    model = make_model()
+    failing, whole, resumed = tmp_path / "failing", tmp_path / "whole", tmp_path / "resumed"
+    bad = [f"reward.function={reward_spec('fails_at_call_3')}", "trainer.save_every=0"]
+    assert main(["train", *fast_overrides(model, failing, 4, *bad)]) == 2
+    err = capsys.readouterr().err
+    assert "iteration 3 failed in phase `reward`: RewardError: reward function" in err
+    assert "raised ValueError: scoring service down" in err
+    kept = failing / "checkpoints" / "iter_2"
+    assert f"kept: the checkpoint {kept}" in err
+    assert f"resume with `proxima train trainer.resume_from={kept}`" in err
+    assert "Traceback" not in err
+    summary = json.loads((failing / "summary.json").read_text())
+    assert summary["failed"]["iteration"] == 3 and summary["failed"]["phase"] == "reward"
+    assert summary["failed"]["checkpoint"] == str(kept) and summary["iterations"] == 2
+    assert (kept / "state.pt").is_file() and (failing / "actor" / "model.safetensors").is_file()
+
+    assert main(["train", *fast_overrides(model, whole, 4)]) == 0
+    again = [f"trainer.resume_from={kept}"]
+    assert main(["train", *fast_overrides(model, resumed, 4, *again)]) == 0
+    want, got = _metrics_without_time(whole), _metrics_without_time(resumed)
+    assert sorted(got) == [3, 4] and got[3] == want[3] and got[4] == want[4]
+
+
+def test_a_reward_function_that_calls_sys_exit_is_named_and_leaves_nothing(
+    tmp_path, make_model, fast_overrides, reward_spec, capsys
+):
+    out = tmp_path / "runs" / "x"
+    exits = [f"reward.function={reward_spec('exits')}"]
+    assert main(["train", *fast_overrides(make_model(), out, 2, *exits)]) == 2
+    err = capsys.readouterr().err
+    assert "iteration 1 failed in phase `reward`" in err and "called sys.exit(5)" in err
+    assert f"nothing was trained yet: the run folder {out} is removed" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_checkpoint_write_failing_on_a_full_disk_is_named(tmp_path, make_model, fast_overrides):
+    """`ulimit -f 100` (kB): the models (about 70 kB each) fit, the checkpoint's state.pt
+    does not. The write is named with its cause, the models of the completed iterations and
+    the summary are kept."""
+    import resource
+
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "proxima.cli", "train", *fast_overrides(make_model(), out, 2)]
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=limit)
+    assert proc.returncode == 2, proc.stderr
+    assert "iteration 2 failed in phase `checkpoint`" in proc.stderr
+    assert f"writing the checkpoint {out / 'checkpoints' / 'iter_2'} failed" in proc.stderr
+    assert "a full disk or a file-size limit (ulimit -f) is the usual cause" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list((out / "checkpoints").glob("*iter_2*"))  # the partial write removed
+    assert json.loads((out / "summary.json").read_text())["failed"]["phase"] == "checkpoint"
+
+
+# --------------------------------------------------------------------------- start-up checks
+
+
+def test_a_tokenizer_larger_than_the_embedding_table_stops_before_loading(
+    tmp_path, make_model, fast_overrides, capsys
+):
+    from proxima.models import build_char_tokenizer
+
+    model, out = make_model(), tmp_path / "runs" / "x"
+    build_char_tokenizer("0123456789+=abcdefgh").save_pretrained(model)  # 24 tokens, 16 rows
+    assert main(["train", *fast_overrides(model, out, 2)]) == 2
+    err = capsys.readouterr().err
+    assert "has 24 tokens but the model's embedding table has 16 rows" in err
+    assert "resize_token_embeddings" in err and not (tmp_path / "runs").exists()
+
+
+def test_prompt_and_response_longer_than_the_positions_stop_before_loading(
+    tmp_path, fast_overrides, capsys
+):
+    model = tmp_path / "gpt2-8"
+    alphabet = "0123456789+="
+    args = ["--arch", "gpt2", "--size", "nano", "--alphabet", alphabet, "--max-positions", "8"]
+    assert main(["init-model", "--out", str(model), *args]) == 0
+    out = tmp_path / "runs" / "x"
+    long = ["rollout.max_response_length=16"]
+    assert main(["train", *fast_overrides(model, out, 2, *long)]) == 2
+    err = capsys.readouterr().err
+    assert "+ `rollout.max_response_length`=16 = " in err and "exceed the 8 of" in err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_a_damaged_checkpoint_is_named_with_the_one_before_it(
+    tmp_path, make_model, fast_overrides, capsys
+):
+    model, run = make_model(), tmp_path / "run"
+    assert main(["train", *fast_overrides(model, run, 2, "trainer.save_every=1")]) == 0
+    weights = run / "checkpoints" / "iter_2" / "actor" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    again = tmp_path / "again"
+    resume = [f"trainer.resume_from={run}", "trainer.iterations=3"]
+    assert main(["train", *fast_overrides(model, again, 3, *resume)]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint {run / 'checkpoints' / 'iter_2'} is damaged" in err
+    assert "model.safetensors" in err and "truncated" in err
+    assert f"trainer.resume_from={run / 'checkpoints' / 'iter_1'}" in err
+    assert "Traceback" not in err and not again.exists()
+    state = run / "checkpoints" / "iter_1" / "state.pt"
+    state.write_bytes(state.read_bytes()[:500])
+    resume = [f"trainer.resume_from={run / 'checkpoints' / 'iter_1'}", "trainer.iterations=3"]
+    assert main(["train", *fast_overrides(model, again, 3, *resume)]) == 2
+    assert "state.pt is truncated or not a checkpoint's state" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+def test_iterations_whose_steps_are_all_skipped_are_unhealthy(
+    tmp_path, make_model, fast_overrides, reward_spec, capsys
+):
+    """A score of 1e30, unclipped: the critic's value loss is not finite, every one of its
+    steps is skipped; the guard stops the run instead of reporting success."""
+    huge = [
+        f"reward.function={reward_spec('huge')}",
+        "algorithm.clip_reward_value=0",
+        "guard.patience=2",
+    ]
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 5, *huge)]) == 3
+    err = capsys.readouterr().err
+    assert "every optimizer step of the critic was skipped (1 of 1" in err
+    assert "algorithm.clip_reward_value" in err
+
+
+def test_interruptions_outside_the_loop_say_what_happened(
+    tmp_path, make_model, sft_file, monkeypatch, capsys
+):
+    import proxima.cli as cli
+    import proxima.recipes.sft as sft_recipe
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt()  # Python's own: no message
+
+    monkeypatch.setattr(cli, "cmd_config", ctrl_c)
+    assert main(["config"]) == 130
+    assert "aborted: interrupted" in capsys.readouterr().err
+
+    def term(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the command's handler turns it into an error
+
+    monkeypatch.setattr(cli, "cmd_config", term)
+    assert main(["config"]) == 143
+    assert "aborted: SIGTERM received" in capsys.readouterr().err
+
+    monkeypatch.setattr(sft_recipe, "sft_train", ctrl_c)
+    out = tmp_path / "sft"
+    args = ["--model", str(make_model()), "--data", str(sft_file), "--out", str(out)]
+    assert main(["sft", *args]) == 130
+    err = capsys.readouterr().err
+    assert f"SFT interrupted (Ctrl-C): nothing was written to {out}" in err
+
+
+def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    import proxima.recipes as recipes
+
+    def broken(cfg, run_dir):
+        (run_dir / "task").mkdir()
+        raise ValueError("the warm start broke (raised on purpose by the test)")
+
+    monkeypatch.setattr(recipes, "prepare_task", broken)
+    out = tmp_path / "runs" / "task"
+    assert main(["train", f"trainer.output_dir={out}", "trainer.threads=1"]) == 2
+    err = capsys.readouterr().err
+    assert "the warm start broke" in err and f"removed {out}" in err
+    assert not out.exists()

@@ -167,8 +167,14 @@ def test_cli_resume_continues_the_checkpoints_own_config(tmp_path, capsys):
     assert main(["train", f"trainer.output_dir={out}", "trainer.iterations=2", *small]) == 0
     capsys.readouterr()
     assert main(["train", f"trainer.resume_from={out}", "trainer.iterations=3"]) == 0
-    assert "config: the checkpoint's saved config" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "config: the checkpoint's saved config" in printed
+    # the evaluation where the run resumes is not the policy "before" training
+    assert "[eval at resume, iteration 2] greedy: mean reward" in printed
+    assert "held-out accuracy (greedy): at resume " in printed
     resumed = tmp_path / "run-2"
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert "eval_at_resume" in summary and "eval_before" not in summary
     # step 2: the evaluation before the resumed segment; step 3: the one iteration trained
     assert sorted(_metrics(resumed)) == [2, 3]
     assert "score" in _metrics(resumed)[3] and "score" not in _metrics(resumed)[2]
