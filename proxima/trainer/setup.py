@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,10 +267,25 @@ def check_models(cfg: Config):
     return tokenizer
 
 
+class VocabularyGapWarning(UserWarning):
+    """The model's embedding table has many more rows than its tokenizer has tokens."""
+
+
 def check_token_ids(tokenizer, folder: str, key: str) -> None:
     """Every id the tokenizer can produce must have a row in the model's embedding table
-    (else the forward pass indexes past it); read from config.json, before loading."""
+    (else the forward pass indexes past it); read from config.json, before loading. A
+    table far larger than the tokenizer (a few hundred rows of padding are common) is
+    warned about: the policy can sample ids that no token stands for."""
     rows, size = config_vocab_size(folder), len(tokenizer)
+    if rows is not None and size < 0.9 * rows:
+        warnings.warn(
+            VocabularyGapWarning(
+                f"`{key}`: the tokenizer in {folder} has {size} tokens for {rows} embedding "
+                f"rows: the policy can sample {rows - size} ids that decode to no text. Is it "
+                "the tokenizer the model was trained with?"
+            ),
+            stacklevel=2,
+        )
     if rows is not None and size > rows:
         raise ConfigError(
             f"`{key}`: the tokenizer in {folder} has {size} tokens but the model's embedding "

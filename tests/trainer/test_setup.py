@@ -4,6 +4,7 @@ folder with another vocabulary stops before any model loads, naming the key."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,21 @@ def test_the_roles_report_names_where_each_role_comes_from(folders):
         "a value head (33 params) on the actor's backbone"
         in setup.load_roles(head, torch.device("cpu")).report()
     )
+
+
+def test_a_tokenizer_far_smaller_than_the_embedding_table_is_warned_about(tmp_path):
+    """16 tokens for 100 rows: the policy can sample 84 ids that no token stands for; a
+    few rows of padding (16 tokens for 17 rows) are common and pass quietly."""
+    tok = build_char_tokenizer(ALPHABET)
+    for rows, warns in ((100, True), (17, False)):
+        folder = tmp_path / f"rows{rows}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"vocab_size": rows}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            setup.check_token_ids(tok, str(folder), "model.actor_path")
+        gaps = [w for w in caught if issubclass(w.category, setup.VocabularyGapWarning)]
+        assert bool(gaps) == warns, rows
+        if warns:
+            assert "has 16 tokens for 100 embedding rows" in str(gaps[0].message)
+            assert "sample 84 ids that decode to no text" in str(gaps[0].message)
