@@ -13,7 +13,8 @@ import shutil
 import sys
 
 from proxima.config import Config
-from proxima.recipes.ppo import PPORecipe, new_run_dir, start_dist
+from proxima.recipes.common import new_run_dir, start_dist
+from proxima.recipes.ppo import PPORecipe
 from proxima.tasks import check_task, prepare_task, resumed_task_config
 
 

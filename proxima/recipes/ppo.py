@@ -16,15 +16,11 @@ the error and the resume command.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
-import torch
-
-from proxima import env
 from proxima.checkpoint import (
     CheckpointWriteError,
     check_resume,
@@ -36,12 +32,12 @@ from proxima.checkpoint import (
     remove_orphans,
     save_periodic,
 )
-from proxima.config import Config, ConfigError, batch_plan, check_sources
+from proxima.config import Config, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, progress
+from proxima.recipes.common import new_run_dir, remove_orphans_near, start_dist
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trainer.dist import Dist
-from proxima.trainer.dist import init as init_dist
 from proxima.trainer.evaluate import describe, evaluate_modes
 from proxima.trainer.guard import (
     HealthMonitor,
@@ -86,47 +82,6 @@ PLOT_KEYS = [
     "rollout/logprob_diff_mean",
     "rollout/logprob_diff_max",
 ]
-
-
-def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
-    """The process group (under torchrun) and this process's device; threads."""
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
-    _, _, local = env.world()
-    device = resolve_device(cfg.model.device, local)
-    t = cfg.trainer
-    return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device
-
-
-def new_run_dir(path: str | Path) -> Path:
-    """`path`, or `path-2`, `path-3`, ... if it already holds a run: nothing is overwritten.
-    A folder that cannot be created is a ConfigError naming trainer.output_dir."""
-    base = Path(path)
-    candidate, k = base, 1
-    try:
-        while candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
-            k += 1
-            candidate = base.with_name(f"{base.name}-{k}")
-        candidate.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"`trainer.output_dir`={path}: cannot create the run folder {candidate} "
-            f"({err.strerror or err}). Point trainer.output_dir at a folder you can write to."
-        ) from None
-    return candidate
-
-
-def remove_orphans_near(output_dir: str | Path) -> None:
-    """Temporary checkpoint folders left by killed writes in the runs at `output_dir`
-    (`output_dir`, `output_dir-2`, ...), removed when the next run starts."""
-    base = Path(output_dir)
-    if not base.parent.is_dir():
-        return
-    pattern = re.compile(re.escape(base.name) + r"(-\d+)?")
-    for run in base.parent.iterdir():
-        if pattern.fullmatch(run.name) and run.is_dir():
-            for orphan in remove_orphans(run / "checkpoints"):
-                print(f"removed {orphan}: an unfinished checkpoint of a killed run")
 
 
 class PPORecipe:

@@ -14,7 +14,7 @@ import torch
 
 from proxima.checkpoint import remove_orphans
 from proxima.config import Config
-from proxima.recipes.ppo import remove_orphans_near
+from proxima.recipes.common import remove_orphans_near
 from proxima.trainer.guard import (
     HealthMonitor,
     NonFiniteOutputsError,
