@@ -240,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _where() -> str:
+    """`[rank N] ` in front of an error of a multi-process job; nothing for one process, or
+    when the environment itself is what is wrong."""
+    try:
+        rank, world, _ = env.world()
+    except env.LaunchEnvironmentError:
+        return ""
+    return f"[rank {rank}] " if world > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns, extra = parser.parse_known_args(argv)
@@ -260,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
-        where = f"[rank {env.rank()}] " if env.world_size() > 1 else ""
-        print(f"error: {where}{err}", file=sys.stderr)
+        print(f"error: {_where()}{err}", file=sys.stderr)
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2
     finally:

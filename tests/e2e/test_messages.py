@@ -1,0 +1,78 @@
+"""Mistakes a user makes on the command line, each answered by `proxima` with what is wrong
+(naming the key, flag, file or variable) and how to fix it, exit status 2 and no traceback,
+before any work starts; and the warnings of `proxima config` about paths. Nothing here
+trains: a nano model at most is built, or evaluated on a few prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxima import env
+from proxima.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _failed(capsys) -> str:
+    """stderr of a command that stopped with a message, not a traceback."""
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    return err
+
+
+# --------------------------------------------------------------------------- torchrun's env
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK and LOCAL_RANK are not: this"),
+        ({"WORLD_SIZE": "2", "RANK": "1"}, "WORLD_SIZE=2 is set but LOCAL_RANK is not"),
+        ({"RANK": "x"}, "RANK='x' in the environment is not an integer."),
+        ({"WORLD_SIZE": "2 "}, None),  # int() reads surrounding spaces: a valid world of 2
+        ({"RANK": "1"}, "RANK=1 does not fit a job of WORLD_SIZE=1 process(es)"),
+        ({"WORLD_SIZE": "0", "RANK": "0", "LOCAL_RANK": "0"}, "WORLD_SIZE=0 must be >= 1."),
+    ],
+)
+def test_torchrun_environment_partly_set_is_named(no_torchrun, variables, message):
+    for name, value in variables.items():
+        no_torchrun.setenv(name, value)
+    if message is None:
+        no_torchrun.setenv("RANK", "0"), no_torchrun.setenv("LOCAL_RANK", "0")
+        assert env.world() == (0, 2, 0)
+        return
+    with pytest.raises(env.LaunchEnvironmentError) as err:
+        env.world()
+    assert str(err.value).startswith(message)
+    assert str(err.value).endswith(
+        "torchrun sets RANK, WORLD_SIZE and LOCAL_RANK together: to run one process, unset "
+        "them (`unset RANK WORLD_SIZE LOCAL_RANK`); to run N processes, launch with "
+        "`torchrun --nproc_per_node N -m proxima train ...`."
+    )
+    assert isinstance(err.value, ValueError)  # what `cli.main` reports as `error: ...`
+
+
+def test_torchrun_environment_absent_is_one_process(no_torchrun):
+    assert env.world() == (0, 1, 0) and env.is_main_process()
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+def test_stray_world_size_stops_config_and_train(
+    no_torchrun, tmp_path, fast_overrides, capsys, command
+):
+    """A WORLD_SIZE left in the shell: `error: ...` naming it and how to launch, exit 2,
+    for `proxima config` and `proxima train` alike; no run folder."""
+    no_torchrun.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "runs" / "x"
+    assert main([command, *fast_overrides(tmp_path / "model", out)]) == 2
+    err = _failed(capsys)
+    assert "error: WORLD_SIZE=2 is set but RANK and LOCAL_RANK are not" in err
+    assert "`torchrun --nproc_per_node N -m proxima train ...`" in err
+    assert not (tmp_path / "runs").exists()
