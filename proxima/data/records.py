@@ -16,7 +16,22 @@ from typing import Any
 SUPPORTED = "supported: .jsonl .json .parquet .csv or a folder from datasets.save_to_disk"
 
 
-def load_records(path: str | Path) -> list[dict[str, Any]]:
+class Records(list):
+    """The rows of a dataset file (a plain list of dicts) and the file they came from
+    (``source``), so that what is found in them later (a warning about the prompts) can
+    name the file."""
+
+    def __init__(self, rows: list[dict[str, Any]], source: str | Path = "") -> None:
+        super().__init__(rows)
+        self.source = str(source)
+
+
+def source_of(records: Any) -> str:
+    """The file ``records`` were read from, or "" for rows built in memory."""
+    return getattr(records, "source", "")
+
+
+def load_records(path: str | Path) -> Records:
     """Read every row of ``path`` as a dict; raise with the cause and the fix on failure."""
     path = Path(path)
     if not path.exists():
@@ -32,7 +47,7 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
         if suffix not in readers:
             raise ValueError(f"unsupported dataset file {path} (suffix {suffix!r}); {SUPPORTED}.")
         records = readers[suffix](path)
-    return _check_rows(records, path)
+    return Records(_check_rows(records, path), source=path)
 
 
 def _check_rows(records: list[Any], path: Path) -> list[dict[str, Any]]:

@@ -113,3 +113,9 @@ def test_file_that_is_not_utf8_is_named_with_the_fix(tmp_path, suffix):
         load_records(path)
     path.write_bytes(text.encode("utf-8"))
     assert load_records(path)[-1] == {"prompt": "café"}
+
+
+def test_records_remember_their_file(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n")
+    assert load_records(path).source == str(path)
