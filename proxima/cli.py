@@ -72,7 +72,34 @@ FLAGS: dict[str, dict[str, str]] = {
 SWITCHES = {"--sampled"}  # flags that take no value: they set their key to true
 
 
-def _split_config_args(args: list[str], default_example: bool) -> tuple[str | None, list[str]]:
+def _check_order(args: list[str], command: str) -> None:
+    """Only the first argument may be a YAML file: a later one would be read as an override
+    without `=`, so say where it belongs."""
+    from proxima.config import ConfigError
+
+    for arg in args[1:]:
+        if "=" in arg:
+            continue
+        if Path(arg).suffix.lower() not in (".yaml", ".yml") and not Path(arg).is_file():
+            raise ConfigError(
+                f"`{arg}` is not of the form section.key=value (only the first argument may "
+                f"be a YAML config file: `proxima {command} [CONFIG.yaml] [key=value ...]`)."
+            )
+        if "=" not in args[0]:
+            raise ConfigError(
+                f"`{arg}`: a command reads one YAML file, and `{args[0]}` is it; merge the "
+                "two files, or give the second one's keys as key=value overrides."
+            )
+        overrides = " ".join(a for a in args if "=" in a)
+        raise ConfigError(
+            f"`{arg}` comes after the key=value overrides: the YAML file must come first, "
+            f"e.g. `proxima {command} {arg} {overrides}`."
+        )
+
+
+def _split_config_args(
+    args: list[str], default_example: bool, command: str = "train"
+) -> tuple[str | None, list[str]]:
     """`[CONFIG.yaml] [key=value ...]`.
 
     Without a YAML file `proxima train` starts from the built-in default example, unless the
@@ -80,6 +107,7 @@ def _split_config_args(args: list[str], default_example: bool) -> tuple[str | No
     its saved config is the base, see `_resume_base`): then, as for every other command,
     from the plain defaults.
     """
+    _check_order(args, command)
     if args and "=" not in args[0]:
         return args[0], args[1:]
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
@@ -110,7 +138,7 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
         value = getattr(ns, flag[2:].replace("-", "_"))
         if value is not None and value is not False:
             overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
-    path, overrides = _split_config_args(overrides, default_example)
+    path, overrides = _split_config_args(overrides, default_example, ns.command)
     base = _resume_base(path, overrides) if ns.command == "train" else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
     if ns.command == "train" and env.is_main_process():

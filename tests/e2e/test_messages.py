@@ -76,3 +76,18 @@ def test_stray_world_size_stops_config_and_train(
     assert "error: WORLD_SIZE=2 is set but RANK and LOCAL_RANK are not" in err
     assert "`torchrun --nproc_per_node N -m proxima train ...`" in err
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_yaml_after_the_overrides_is_asked_to_come_first(tmp_path, capsys):
+    yaml_file = tmp_path / "my.yaml"
+    yaml_file.write_text("trainer:\n  iterations: 3\n")
+    assert main(["train", "trainer.seed=1", str(yaml_file)]) == 2
+    assert (
+        f"error: `{yaml_file}` comes after the key=value overrides: the YAML file must come "
+        f"first, e.g. `proxima train {yaml_file} trainer.seed=1`." in _failed(capsys)
+    )
+    assert main(["config", str(yaml_file), str(yaml_file)]) == 2
+    assert "a command reads one YAML file" in _failed(capsys)
