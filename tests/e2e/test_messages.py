@@ -5,6 +5,9 @@ trains: a nano model at most is built, or evaluated on a few prompts."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from proxima import env
@@ -76,6 +79,55 @@ def test_stray_world_size_stops_config_and_train(
     assert "error: WORLD_SIZE=2 is set but RANK and LOCAL_RANK are not" in err
     assert "`torchrun --nproc_per_node N -m proxima train ...`" in err
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- eval --out
+
+
+def _eval_args(model: Path, prompt_file: Path, reward_spec, out: Path) -> list[str]:
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--data",
+        str(prompt_file),
+        "--reward",
+        reward_spec("fn"),
+        "--max-prompts",
+        "4",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+
+
+def test_eval_out_in_a_missing_folder_is_created(tmp_path, make_model, prompt_file, reward_spec):
+    out = tmp_path / "results" / "today" / "eval.json"
+    assert main(_eval_args(make_model(), prompt_file, reward_spec, out)) == 0
+    assert json.loads(out.read_text())["greedy"]["n"] == 4
+
+
+def test_eval_out_that_cannot_be_written_stops_before_any_model_loads(
+    tmp_path, make_model, prompt_file, reward_spec, capsys, monkeypatch
+):
+    def load_causal_lm(*args, **kwargs):
+        raise AssertionError("eval.out is checked before the policy loads")
+
+    model = make_model()
+    monkeypatch.setattr("proxima.recipes.evaluation.load_causal_lm", load_causal_lm)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    out = blocker / "eval.json"
+    assert main(_eval_args(model, prompt_file, reward_spec, out)) == 2
+    assert (
+        f"error: `eval.out`={out}: {blocker} is a file, not a folder; point `eval.out` at a "
+        "file in a writable folder." in _failed(capsys)
+    )
+    assert main(_eval_args(model, prompt_file, reward_spec, tmp_path)) == 2
+    assert f"`eval.out`={tmp_path}: {tmp_path} is a folder; name a file in it" in _failed(capsys)
 
 
 # --------------------------------------------------------------------------- config
