@@ -143,7 +143,25 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     label = path or ("the checkpoint's saved config" if base else "defaults")
     if ns.command == "train" and env.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    return load_config(path, overrides, base=base, command=ns.command)
+    cfg = load_config(path, overrides, base=base, command=ns.command)
+    if ns.command in ("train", "eval", "sft"):
+        problem = _policy_problem(cfg)
+        if problem:
+            from proxima.config import ConfigError
+
+            flag = " (--model)" if ns.command in FLAGS else ""
+            raise ConfigError(f"`model.actor_path`{flag}: {problem}.")
+    return cfg
+
+
+def _policy_problem(cfg) -> str | None:
+    """`model.actor_path` names a folder that is not a policy (a run folder, a reward
+    model): caught before any data or model is read, naming the key."""
+    from proxima.models.loading import policy_folder_problem
+
+    path = cfg.model.actor_path
+    problem = policy_folder_problem(path) if path else None
+    return f"{path} {problem}" if problem else None
 
 
 def cmd_train(ns: argparse.Namespace) -> int:

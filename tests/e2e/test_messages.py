@@ -12,6 +12,8 @@ import pytest
 
 from proxima import env
 from proxima.cli import main
+from proxima.models import build_char_tokenizer, build_tiny_reward_model
+from tests.e2e.conftest import ALPHABET
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -143,3 +145,41 @@ def test_yaml_after_the_overrides_is_asked_to_come_first(tmp_path, capsys):
     )
     assert main(["config", str(yaml_file), str(yaml_file)]) == 2
     assert "a command reads one YAML file" in _failed(capsys)
+
+
+# --------------------------------------------------------------------------- --model
+
+
+def test_run_folder_as_the_model_names_its_actor(tmp_path, make_model, fast_overrides, capsys):
+    """`proxima train model.actor_path=RUN` (a run folder) and `proxima eval --model RUN`:
+    the message says to pass RUN/actor; nothing is written."""
+    run = tmp_path / "old_run"
+    actor = run / "actor"
+    actor.mkdir(parents=True)
+    for file in make_model().iterdir():
+        (actor / file.name).write_bytes(file.read_bytes())
+    (run / "summary.json").write_text("{}")
+    assert main(["train", *fast_overrides(run, tmp_path / "runs" / "x")]) == 2
+    assert (
+        f"error: `model.actor_path`: {run} is a proxima run folder (summary.json, actor/), not "
+        f"a model folder: pass its trained policy, {actor}, instead." in _failed(capsys)
+    )
+    assert not (tmp_path / "runs").exists()
+    assert main(["sft", "--model", str(run), "--data", "x.jsonl", "--out", str(tmp_path / "o")])
+    assert f"`model.actor_path` (--model): {run} is a proxima run folder" in _failed(capsys)
+
+
+def test_reward_model_as_the_model_says_what_it_is(tmp_path, prompt_file, reward_spec, capsys):
+    tok = build_char_tokenizer(ALPHABET)
+    rm = tmp_path / "rm"
+    build_tiny_reward_model("llama", tok, "nano", max_positions=32).save_pretrained(rm)
+    tok.save_pretrained(rm)
+    assert main(_eval_args(rm, prompt_file, reward_spec, tmp_path / "e.json")) == 2
+    err = _failed(capsys)
+    assert (
+        f"error: `model.actor_path` (--model): {rm} holds a LlamaForSequenceClassification: "
+        "a reward model (a score head, no language-model head), which cannot generate text; "
+        "as a reward source it belongs in `reward.model_path` (--reward-model). Pass a causal "
+        "language model instead" in err
+    )
+    assert not (tmp_path / "e.json").exists()
