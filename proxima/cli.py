@@ -205,14 +205,33 @@ def cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_init_flags(ns: argparse.Namespace) -> None:
+    """init-model's flags, each mistake named by its flag before anything is built."""
+    from proxima.config import ConfigError
+    from proxima.recipes.common import writable_folder
+
+    sources = "--alphabet CHARS (a character tokenizer) or --text-file FILE (a byte-level BPE)"
+    if not ns.alphabet and not ns.text_file:
+        raise ConfigError(f"init-model needs a tokenizer source: {sources}.")
+    if ns.alphabet and ns.text_file:
+        raise ConfigError(f"init-model got both --alphabet and --text-file: pass one, {sources}.")
+    if ns.max_positions <= 0:
+        raise ConfigError(
+            f"--max-positions must be positive (the most tokens of prompt + response the model "
+            f"reads, e.g. 256), got {ns.max_positions}."
+        )
+    if Path(ns.out, "config.json").exists():
+        raise ConfigError(
+            f"--out {ns.out} already holds a model (config.json); choose another --out folder, "
+            "or delete that one first."
+        )
+    writable_folder(ns.out, "--out")
+
+
 def cmd_init_model(ns: argparse.Namespace) -> int:
     from proxima.models import init_model
 
-    if not ns.alphabet and not ns.text_file:
-        raise ValueError(
-            "init-model needs --alphabet STR (character tokenizer) or "
-            "--text-file FILE (BPE tokenizer trained on it)."
-        )
+    _check_init_flags(ns)
     out = init_model(
         ns.out,
         arch=ns.arch,

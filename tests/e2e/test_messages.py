@@ -183,3 +183,35 @@ def test_reward_model_as_the_model_says_what_it_is(tmp_path, prompt_file, reward
         "language model instead" in err
     )
     assert not (tmp_path / "e.json").exists()
+
+
+# --------------------------------------------------------------------------- init-model
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("exists", "error: --out {model} already holds a model (config.json); choose another "),
+        ("zero", "error: --max-positions must be positive (the most tokens of prompt + "),
+        ("negative", "error: --max-positions must be positive"),
+        ("both", "error: init-model got both --alphabet and --text-file: pass one, --alphabet"),
+        ("file", "error: --out {file}/m: cannot create the folder {file}/m: {file} is a file; "),
+    ],
+)
+def test_init_model_flags_are_named(tmp_path, make_model, capsys, case, message):
+    model, file = make_model(), tmp_path / "a_file"
+    file.write_text("text\n")
+    before = (model / "model.safetensors").read_bytes()
+    out = {"exists": model, "file": file / "m"}.get(case, tmp_path / "new")
+    argv = ["init-model", "--out", str(out), "--size", "nano", "--alphabet", "ab"]
+    argv += {
+        "zero": ["--max-positions", "0"],
+        "negative": ["--max-positions", "-4"],
+        "both": ["--text-file", str(file)],
+    }.get(case, [])
+    assert main(argv) == 2
+    err = _failed(capsys)
+    assert message.format(model=model, file=file) in err
+    assert "overwrite=True" not in err  # no such flag
+    assert (model / "model.safetensors").read_bytes() == before
+    assert not (tmp_path / "new").exists()
