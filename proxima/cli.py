@@ -117,7 +117,8 @@ def _split_config_args(
 
 
 def _resume_base(path: str | None, overrides: list[str]) -> dict | None:
-    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config."""
+    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config (and
+    `proxima config` shows it)."""
     if path is not None:
         return None
     resume = [a.split("=", 1)[1] for a in overrides if a.startswith("trainer.resume_from=")]
@@ -139,9 +140,9 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
         if value is not None and value is not False:
             overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
     path, overrides = _split_config_args(overrides, default_example, ns.command)
-    base = _resume_base(path, overrides) if ns.command == "train" else None
+    base = _resume_base(path, overrides) if ns.command in ("train", "config") else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if ns.command == "train" and env.is_main_process():
+    if (ns.command == "train" or base) and env.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     cfg = load_config(path, overrides, base=base, command=ns.command)
     if ns.command in ("train", "eval", "sft"):
@@ -189,13 +190,20 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
-    """The resolved config, the batch plan and, when the actor's folder is there to read
-    its generation config, the scoring plan."""
+    """The resolved config (with trainer.resume_from, the checkpoint's own, and what changed
+    since it), the batch plan and, when the actor's folder is there to read its generation
+    config, the scoring plan."""
+    from proxima.checkpoint import check_resume
     from proxima.config import batch_plan
     from proxima.models.loading import generation_config
     from proxima.rollout.plan import plan_scoring
 
     cfg = _load(ns, default_example=True)
+    if cfg.task.name and cfg.trainer.resume_from:  # as `train` resumes a task run
+        from proxima.tasks import resumed_task_config
+
+        cfg = resumed_task_config(cfg)
+    check_resume(cfg)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():

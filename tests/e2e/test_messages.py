@@ -12,6 +12,7 @@ import pytest
 
 from proxima import env
 from proxima.cli import main
+from proxima.config import load_config
 from proxima.models import build_char_tokenizer, build_tiny_reward_model
 from tests.e2e.conftest import ALPHABET
 
@@ -133,6 +134,40 @@ def test_eval_out_that_cannot_be_written_stops_before_any_model_loads(
 
 
 # --------------------------------------------------------------------------- config
+
+
+def _checkpoint(tmp_path: Path, overrides: list[str]) -> Path:
+    """A run folder whose checkpoint iter_2 holds the config of `overrides` (only its
+    checkpoint.json is read by `proxima config`)."""
+    cfg = load_config(None, overrides, command="config")
+    folder = tmp_path / "run" / "checkpoints" / "iter_2"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.json").write_text(json.dumps({"iteration": 2, "config": cfg.to_dict()}))
+    (folder / "state.pt").write_bytes(b"")
+    return tmp_path / "run"
+
+
+def test_config_with_resume_from_shows_the_checkpoints_config(
+    tmp_path, make_model, fast_overrides, capsys
+):
+    """`proxima config trainer.resume_from=RUN` prints the config `train` would resume with
+    (the checkpoint's, not the defaults) and what changed since the checkpoint."""
+    model = make_model()
+    run = _checkpoint(tmp_path, fast_overrides(model, tmp_path / "out", 2))
+    capsys.readouterr()
+    argv = ["config", f"trainer.resume_from={run}", "trainer.iterations=4"]
+    assert main([*argv, "actor.optim.lr=1e-4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"config: the checkpoint's saved config with {' '.join(argv[1:])}")
+    assert "resume: changed since the checkpoint: actor.optim.lr 0.001 -> 0.0001, " in out
+    assert "trainer.iterations 2 -> 4" in out
+    assert f"actor_path: {model}\n" in out and "train_batch_size: 4\n" in out  # not defaults
+    assert "batch plan: 4 prompts x 2 samples = 8 sequences per iteration" in out
+    # what `train` refuses, `config` refuses too
+    assert main(["config", f"trainer.resume_from={run}"]) == 2
+    assert "nothing to do: checkpoint" in _failed(capsys)
+    assert main(argv + ["data.train_batch_size=8"]) == 2
+    assert "cannot resume from" in _failed(capsys)
 
 
 def test_yaml_after_the_overrides_is_asked_to_come_first(tmp_path, capsys):
