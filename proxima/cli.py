@@ -165,6 +165,38 @@ def _policy_problem(cfg) -> str | None:
     return f"{path} {problem}" if problem else None
 
 
+# The paths `proxima config` checks: a run reads each one that is set.
+_PATH_KEYS = (
+    "model.actor_path",
+    "model.reference_path",
+    "model.critic_path",
+    "data.train_path",
+    "data.eval_path",
+    "data.sft_path",
+    "reward.model_path",
+)
+
+
+def _path_warnings(cfg) -> list[str]:
+    """A line per set path that does not exist (and for an actor folder that is not a
+    policy): `proxima config` still prints the config, since a path may be created later."""
+    lines = []
+    for key in _PATH_KEYS:
+        section, name = key.split(".")
+        path = getattr(getattr(cfg, section), name)
+        if path and not Path(path).exists():
+            lines.append(f"`{key}`: {path} does not exist")
+    spec = cfg.reward.function
+    file = spec.rpartition(":")[0]
+    is_file = file.endswith(".py") or "/" in file  # as rewards.load_reward_function reads it
+    if is_file and not Path(file).is_file():
+        lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
+    problem = _policy_problem(cfg)
+    if problem:
+        lines.append(f"`model.actor_path`: {problem}")
+    return lines
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
@@ -204,6 +236,8 @@ def cmd_config(ns: argparse.Namespace) -> int:
 
         cfg = resumed_task_config(cfg)
     check_resume(cfg)
+    for line in _path_warnings(cfg):
+        print(f"warning: {line}", file=sys.stderr)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():

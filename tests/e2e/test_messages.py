@@ -170,6 +170,23 @@ def test_config_with_resume_from_shows_the_checkpoints_config(
     assert "cannot resume from" in _failed(capsys)
 
 
+def test_config_warns_about_paths_that_do_not_exist(tmp_path, capsys):
+    missing = {
+        "model.actor_path": tmp_path / "model",
+        "data.train_path": tmp_path / "prompts.jsonl",
+        "data.eval_path": tmp_path / "held_out.jsonl",
+        "reward.model_path": tmp_path / "rm",
+    }
+    argv = ["config", *(f"{k}={v}" for k, v in missing.items())]
+    assert main([*argv, f"reward.function={tmp_path}/rewards.py:fn"]) == 0
+    out, err = capsys.readouterr()
+    assert f"actor_path: {tmp_path / 'model'}\n" in out  # the config is printed all the same
+    for key, path in missing.items():
+        assert f"warning: `{key}`: {path} does not exist\n" in err
+    assert f"warning: `reward.function`: {tmp_path}/rewards.py does not exist (the file" in err
+    assert "warning: `data.sft_path`" not in err  # an empty path is not a missing one
+
+
 def test_yaml_after_the_overrides_is_asked_to_come_first(tmp_path, capsys):
     yaml_file = tmp_path / "my.yaml"
     yaml_file.write_text("trainer:\n  iterations: 3\n")
