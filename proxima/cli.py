@@ -74,7 +74,34 @@ FLAGS: dict[str, dict[str, str]] = {
 SWITCHES = {"--sampled"}  # flags that take no value: they set their key to true
 
 
-def _split_config_args(args: list[str], default_example: bool) -> tuple[str | None, list[str]]:
+def _check_order(args: list[str], command: str) -> None:
+    """Only the first argument may be a YAML file: a later one would be read as an override
+    without `=`, so say where it belongs."""
+    from proxima.config import ConfigError
+
+    for arg in args[1:]:
+        if "=" in arg:
+            continue
+        if Path(arg).suffix.lower() not in (".yaml", ".yml") and not Path(arg).is_file():
+            raise ConfigError(
+                f"`{arg}` is not of the form section.key=value (only the first argument may "
+                f"be a YAML config file: `proxima {command} [CONFIG.yaml] [key=value ...]`)."
+            )
+        if "=" not in args[0]:
+            raise ConfigError(
+                f"`{arg}`: a command reads one YAML file, and `{args[0]}` is it; merge the "
+                "two files, or give the second one's keys as key=value overrides."
+            )
+        overrides = " ".join(a for a in args if "=" in a)
+        raise ConfigError(
+            f"`{arg}` comes after the key=value overrides: the YAML file must come first, "
+            f"e.g. `proxima {command} {arg} {overrides}`."
+        )
+
+
+def _split_config_args(
+    args: list[str], default_example: bool, command: str = "train"
+) -> tuple[str | None, list[str]]:
     """`[CONFIG.yaml] [key=value ...]`.
 
     Without a YAML file `proxima train` starts from the built-in default example, unless the
@@ -82,6 +109,7 @@ def _split_config_args(args: list[str], default_example: bool) -> tuple[str | No
     its saved config is the base, see `_resume_base`): then, as for every other command,
     from the plain defaults.
     """
+    _check_order(args, command)
     if args and "=" not in args[0]:
         return args[0], args[1:]
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
@@ -91,7 +119,8 @@ def _split_config_args(args: list[str], default_example: bool) -> tuple[str | No
 
 
 def _resume_base(path: str | None, overrides: list[str]) -> dict | None:
-    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config."""
+    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config (and
+    `proxima config` shows it)."""
     if path is not None:
         return None
     resume = [a.split("=", 1)[1] for a in overrides if a.startswith("trainer.resume_from=")]
@@ -112,12 +141,47 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
         value = getattr(ns, flag[2:].replace("-", "_"))
         if value is not None and value is not False:
             overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
-    path, overrides = _split_config_args(overrides, default_example)
-    base = _resume_base(path, overrides) if ns.command == "train" else None
+    path, overrides = _split_config_args(overrides, default_example, ns.command)
+    base = _resume_base(path, overrides) if ns.command in ("train", "config") else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if ns.command == "train" and env.is_main_process():
+    if (ns.command == "train" or base) and env.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     return load_config(path, overrides, base=base, command=ns.command)
+
+
+# The paths `proxima config` checks: a run reads each one that is set.
+_PATH_KEYS = (
+    "model.actor_path",
+    "model.reference_path",
+    "model.critic_path",
+    "data.train_path",
+    "data.eval_path",
+    "data.sft_path",
+    "reward.model_path",
+)
+
+
+def _path_warnings(cfg) -> list[str]:
+    """A line per set path that does not exist (and for an actor folder that is not a
+    policy): `proxima config` still prints the config, since a path may be created later."""
+    lines = []
+    for key in _PATH_KEYS:
+        section, name = key.split(".")
+        path = getattr(getattr(cfg, section), name)
+        if path and not Path(path).exists():
+            lines.append(f"`{key}`: {path} does not exist")
+    spec = cfg.reward.function
+    file = spec.rpartition(":")[0]
+    is_file = file.endswith(".py") or "/" in file  # as rewards.load_reward_function reads it
+    if is_file and not Path(file).is_file():
+        lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
+    from proxima.models.loading import policy_folder_problem
+
+    actor = cfg.model.actor_path
+    problem = policy_folder_problem(actor) if actor else None
+    if problem:
+        lines.append(f"`model.actor_path`: {actor} {problem}")
+    return lines
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -147,13 +211,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_config(ns: argparse.Namespace) -> int:
-    """The resolved config, the batch plan and, when the actor's folder is there to read
-    its generation config, the scoring plan."""
+    """The resolved config (with trainer.resume_from, the checkpoint's own, and what changed
+    since it), the batch plan and, when the actor's folder is there to read its generation
+    config, the scoring plan."""
+    from proxima.checkpoint import check_resume
     from proxima.config import batch_plan
     from proxima.models.loading import generation_config
     from proxima.rollout.plan import plan_scoring
 
     cfg = _load(ns, default_example=True)
+    if cfg.task.name and cfg.trainer.resume_from:  # as `train` resumes a task run
+        from proxima.tasks import resumed_task_config
+
+        cfg = resumed_task_config(cfg)
+    check_resume(cfg)
+    for line in _path_warnings(cfg):
+        print(f"warning: {line}", file=sys.stderr)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():
@@ -163,14 +236,33 @@ def cmd_config(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _check_init_flags(ns: argparse.Namespace) -> None:
+    """init-model's flags, each mistake named by its flag before anything is built."""
+    from proxima.config import ConfigError
+    from proxima.recipes.common import writable_folder
+
+    sources = "--alphabet CHARS (a character tokenizer) or --text-file FILE (a byte-level BPE)"
+    if not ns.alphabet and not ns.text_file:
+        raise ConfigError(f"init-model needs a tokenizer source: {sources}.")
+    if ns.alphabet and ns.text_file:
+        raise ConfigError(f"init-model got both --alphabet and --text-file: pass one, {sources}.")
+    if ns.max_positions <= 0:
+        raise ConfigError(
+            f"--max-positions must be positive (the most tokens of prompt + response the model "
+            f"reads, e.g. 256), got {ns.max_positions}."
+        )
+    if Path(ns.out, "config.json").exists():
+        raise ConfigError(
+            f"--out {ns.out} already holds a model (config.json); choose another --out folder, "
+            "or delete that one first."
+        )
+    writable_folder(ns.out, "--out")
+
+
 def cmd_init_model(ns: argparse.Namespace) -> int:
     from proxima.models import init_model
 
-    if not ns.alphabet and not ns.text_file:
-        raise ValueError(
-            "init-model needs --alphabet STR (character tokenizer) or "
-            "--text-file FILE (BPE tokenizer trained on it)."
-        )
+    _check_init_flags(ns)
     out = init_model(
         ns.out,
         arch=ns.arch,
@@ -244,6 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _where() -> str:
+    """`[rank N] ` in front of an error of a multi-process job; nothing for one process, or
+    when the environment itself is what is wrong."""
+    try:
+        rank, world, _ = env.world()
+    except env.LaunchEnvironmentError:
+        return ""
+    return f"[rank {rank}] " if world > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns, extra = parser.parse_known_args(argv)
@@ -265,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
-        where = f"[rank {env.rank()}] " if env.world_size() > 1 else ""
-        print(f"error: {where}{err}", file=sys.stderr)
+        print(f"error: {_where()}{err}", file=sys.stderr)
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2
     finally:

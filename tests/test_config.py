@@ -219,6 +219,7 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
         ("actor.optim.eps=0", r"`actor.optim.eps` must be > 0"),
         ("critic.optim.lr=-1", r"`critic.optim.lr` must be >= 0"),
         ("actor.optim.grad_clip=-1", r"`actor.optim.grad_clip` must be >= 0"),
+        ("trainer.threads=-1", r"`trainer.threads` must be >= 0 \(0 = torch's default, N = N"),
     ],
 )
 def test_values_checked_before_anything_loads(override, message):
@@ -249,3 +250,26 @@ def test_rollout_engine_keys():
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, BASE + [override])
+
+
+def test_dotted_keys_in_a_yaml_file_are_shown_nested(tmp_path):
+    """`actor.optim.lr: 1e-5` at the top of a YAML file is the command line's spelling: the
+    message shows the nested form to write instead (also for a key dotted further down)."""
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("actor.optim.lr: 1e-5\n")
+    nested = "Write it as:\n  actor:\n    optim:\n      lr: 1e-5"
+    with pytest.raises(ConfigError, match="in a YAML file the sections nest") as err:
+        load_config(flat, BASE)
+    assert str(err.value).startswith("Config key `actor.optim.lr` is written with dots;")
+    assert str(err.value).endswith(nested)
+    half = tmp_path / "half.yaml"
+    half.write_text("actor:\n  optim.lr: 1e-5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(half, BASE)
+    assert str(err.value).endswith(nested)
+    (tmp_path / "fixed.yaml").write_text("actor:\n  optim:\n    lr: 1e-5\n")  # as shown
+    assert load_config(tmp_path / "fixed.yaml", BASE).actor.optim.lr == 1e-5
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("actr.optim.lr: 1e-5\n")  # no such section: the unknown key, as before
+    with pytest.raises(ConfigError, match=r"Unknown config key `actr.optim.lr`. Did you mean"):
+        load_config(typo, BASE)

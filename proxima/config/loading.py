@@ -28,6 +28,24 @@ def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
     return f"{hint} Valid keys: {', '.join(valid)}."
 
 
+def _unknown_key(key: str, value: Any, ftypes: dict[str, Any], prefix: str) -> str:
+    """The message for a key `_build` does not know. A dotted key in a YAML file
+    (`actor.optim.lr: 1e-5`) is the command line's spelling: YAML nests the sections."""
+    where = prefix + key
+    head = str(key).split(".", 1)[0]
+    if "." in str(key) and dataclasses.is_dataclass(ftypes.get(head)):
+        nested: Any = value
+        for part in reversed(where.split(".")):
+            nested = {part: nested}
+        shown = yaml.safe_dump(nested, default_flow_style=False, sort_keys=False)
+        return (
+            f"Config key `{where}` is written with dots; in a YAML file the sections nest "
+            f"(dotted keys are for command-line overrides, {where}=...). Write it as:\n"
+            + "".join(f"  {line}\n" for line in shown.splitlines()).rstrip("\n")
+        )
+    return f"Unknown config key `{where}`." + _suggest(str(key), list(ftypes), prefix)
+
+
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check a YAML value against a field type; ints are accepted for floats."""
     if isinstance(typ, types.UnionType) or typing.get_origin(typ) is typing.Union:
@@ -65,9 +83,7 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     for key, value in data.items():
         where = prefix + key
         if key not in ftypes:
-            raise ConfigError(
-                f"Unknown config key `{where}`." + _suggest(key, list(ftypes), prefix)
-            )
+            raise ConfigError(_unknown_key(key, value, ftypes, prefix))
         typ = ftypes[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, where + ".")

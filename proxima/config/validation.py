@@ -137,6 +137,11 @@ def _check_counts(cfg: Config) -> None:
     for key in _NON_NEGATIVE:
         if _get(cfg, key) < 0:
             raise ConfigError(f"`{key}` must be >= 0, got {_get(cfg, key)}.")
+    if cfg.trainer.threads < 0:
+        raise ConfigError(
+            f"`trainer.threads` must be >= 0 (0 = torch's default, N = N CPU threads per "
+            f"process), got {cfg.trainer.threads}."
+        )
 
 
 def _check_lora(m: ModelConfig) -> None:

@@ -9,6 +9,7 @@ token (DeepSpeed-Chat step 2 scores chosen and rejected in one batch).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,12 @@ import torch
 
 from proxima.config.choices import PREFERENCE_OVERLONG
 from proxima.data.prompts import missing_column_error, render_prompt, tokenize_text
+from proxima.data.records import source_of
+
+
+class IdenticalPairWarning(UserWarning):
+    """Pairs whose chosen and rejected responses are the same: the two scores are equal
+    whatever the weights, so such a pair gives the loss no gradient and teaches nothing."""
 
 
 @dataclass
@@ -70,8 +77,11 @@ class PreferenceDataset:
             keys["--margin-key"] = margin_key
         self.items: list[PreferenceItem] = []
         self.num_dropped = 0
+        identical: list[int] = []  # record indices of pairs with chosen == rejected
         for i, record in enumerate(records):
             item = _make_item(i, record, tokenizer, keys, add_bos)
+            if item.chosen_ids == item.rejected_ids:
+                identical.append(i)
             if _longest(item) <= max_length:
                 self.items.append(item)
             elif overlong == "drop":
@@ -83,12 +93,27 @@ class PreferenceDataset:
                 f"all {len(records)} pairs are longer than max_length={max_length} tokens and "
                 "were dropped; raise --max-length."
             )
+        if identical:
+            _warn_identical(identical, len(records), source_of(records), keys)
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int) -> PreferenceItem:
         return self.items[index]
+
+
+def _warn_identical(indices: list[int], total: int, source: str, keys: dict[str, str]) -> None:
+    where = f"{source}: " if source else ""
+    chosen, rejected = keys["--chosen-key"], keys["--rejected-key"]
+    warnings.warn(
+        IdenticalPairWarning(
+            f"{where}{len(indices)} of {total} pairs have the same {chosen!r} and {rejected!r} "
+            f"response (the first: record {indices[0]}); they teach the reward model nothing "
+            "(equal scores, no gradient). Fix or remove them."
+        ),
+        stacklevel=3,
+    )
 
 
 def _longest(item: PreferenceItem) -> int:

@@ -8,6 +8,7 @@ reward functions can read e.g. the reference answer.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,12 @@ from typing import Any
 import torch
 
 from proxima.config.choices import OVERLONG_MODES
+from proxima.data.records import source_of
+
+
+class UnknownCharactersWarning(UserWarning):
+    """Prompts hold characters the tokenizer has no token for: they are encoded as its
+    unknown token, and the policy never sees what they were."""
 
 
 @dataclass
@@ -106,11 +113,17 @@ class PromptDataset:
             )
         self.items: list[PromptItem] = []
         self.num_dropped = 0
+        unknown: list[PromptItem] = []  # prompts with the unknown token, as tokenized
+        unk = getattr(tokenizer, "unk_token_id", None)
         for i, record in enumerate(records):
             item = self._make_item(i, record, tokenizer, prompt_key, add_bos)
+            if unk is not None and unk in item.ids:
+                unknown.append(item)
             item = self._apply_limit(i, item, tokenizer, max_prompt_length, overlong, add_bos)
             if item is not None:
                 self.items.append(item)
+        if unknown:
+            _warn_unknown(unknown, len(records), tokenizer, source_of(records))
         if not self.items:
             raise ValueError(
                 f"all {len(records)} prompts are longer than max_prompt_length="
@@ -154,6 +167,38 @@ class PromptDataset:
 
     def __getitem__(self, index: int) -> PromptItem:
         return self.items[index]
+
+
+def _unknown_pieces(text: str, tokenizer: Any) -> list[str]:
+    """The parts of `text` the tokenizer encodes as its unknown token: from the offsets of a
+    fast tokenizer, else the characters that alone encode as it."""
+    unk = tokenizer.unk_token_id
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):  # slow tokenizers have no offsets
+        return [c for c in dict.fromkeys(text) if tokenize_text(c, tokenizer) == [unk]]
+    spans = zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+    return [text[a:b] for i, (a, b) in spans if i == unk]
+
+
+def _warn_unknown(items: list[PromptItem], total: int, tokenizer: Any, source: str) -> None:
+    """One warning per data set: how many prompts hold unknown characters, and some of them."""
+    pieces: dict[str, None] = {}
+    for item in items[:20]:
+        pieces.update(dict.fromkeys(p for p in _unknown_pieces(item.text, tokenizer) if p))
+    shown = ", ".join(repr(p) for p in list(pieces)[:8]) or "not located"
+    more = ", ..." if len(pieces) > 8 else ""
+    where = f"{source}: " if source else ""
+    warnings.warn(
+        UnknownCharactersWarning(
+            f"{where}{len(items)} of {total} prompts hold characters the tokenizer has no "
+            f"token for ({shown}{more}); they are encoded as {tokenizer.unk_token!r} (id "
+            f"{tokenizer.unk_token_id}) and the policy never sees them. Use a tokenizer that "
+            "covers them (for a tiny model: `proxima init-model --alphabet` with these "
+            "characters), or remove them from the prompts."
+        ),
+        stacklevel=3,
+    )
 
 
 def collate_prompts(

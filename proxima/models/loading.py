@@ -263,6 +263,84 @@ def _weights_problem(folder: Path) -> str | None:
     return None
 
 
+def _run_folder_problem(folder: Path) -> str | None:
+    """A proxima run folder (`proxima train`'s output: summary.json, metrics.jsonl, actor/,
+    checkpoints/) or checkpoint folder (checkpoint.json, actor/) given where a model folder
+    belongs: the model is one level down, in actor/."""
+    if (folder / "checkpoint.json").is_file():
+        kind, marks = "checkpoint", ("checkpoint.json", "state.pt", "actor")
+    elif any((folder / f).exists() for f in ("summary.json", "metrics.jsonl", "checkpoints")):
+        kind, marks = "run", ("summary.json", "metrics.jsonl", "actor", "checkpoints")
+    else:
+        return None
+    held = ", ".join(m + "/" * (folder / m).is_dir() for m in marks if (folder / m).exists())
+    what = f"is a proxima {kind} folder ({held}), not a model folder"
+    if (folder / "actor" / "config.json").is_file():
+        return f"{what}: pass its trained policy, {folder / 'actor'}, instead"
+    found = sorted(folder.glob("checkpoints/iter_*/actor/config.json"), key=_iteration)
+    if found:
+        return (
+            f"{what}, and it has no final actor/ yet: pass the policy of its latest "
+            f"checkpoint, {found[-1].parent}, instead"
+        )
+    return f"{what}, and it holds no trained policy (actor/) to pass instead"
+
+
+def _iteration(config_file: Path) -> int:
+    """N of checkpoints/iter_N/actor/config.json (the newest checkpoint is the largest N)."""
+    name = config_file.parent.parent.name
+    return int(name.removeprefix("iter_")) if name.removeprefix("iter_").isdigit() else -1
+
+
+_HEADS = {  # architecture suffix: (what such a folder is, where it belongs)
+    "ForSequenceClassification": (
+        "a reward model (a score head, no language-model head)",
+        "as a reward source it belongs in `reward.model_path` (--reward-model)",
+    ),
+    "ForTokenClassification": (
+        "a value model (a critic: a value head, no language-model head)",
+        "as a critic it belongs in `model.critic_path`",
+    ),
+}
+
+
+def policy_folder_problem(path: str | Path) -> str | None:
+    """Why `path`, maybe a sound folder, is not a policy (a causal LM to generate with and
+    train): a proxima run or checkpoint folder (the policy is in its actor/), or a model with
+    a score or value head (`proxima rm` output, a saved critic); None otherwise, and for a
+    folder with other problems (`folder_problem` reports those)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    if not (folder / "config.json").is_file():
+        return _run_folder_problem(folder)
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    head = next((h for h in _HEADS if archs and all(a.endswith(h) for a in archs)), None)
+    if head is None:
+        return None
+    what, belongs = _HEADS[head]
+    origin = _trained_from(folder)
+    origin = f" ({origin})" if origin else ""
+    return (
+        f"holds a {archs[0]}: {what}, which cannot generate text; {belongs}. Pass a causal "
+        f"language model instead, e.g. the one it was trained from{origin}, a `proxima sft` "
+        "output, or the policy of a `proxima train` run (RUN/actor)"
+    )
+
+
+def _trained_from(folder: Path) -> str | None:
+    """The model a `proxima rm` output started from, read from its rm_summary.json."""
+    try:
+        summary = json.loads((folder / "rm_summary.json").read_text())
+        origin = summary["config"]["model"]["actor_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return origin if isinstance(origin, str) and origin else None
+
+
 def folder_problem(path: str | Path, tokenizer: bool = True) -> str | None:
     """What keeps `path` from being a loadable Hugging Face model folder (config.json, weights
     and, when `tokenizer`, tokenizer files), or None; checked from the files, before loading."""
@@ -272,6 +350,9 @@ def folder_problem(path: str | Path, tokenizer: bool = True) -> str | None:
     if not folder.is_dir():
         return "is a file, not a model folder"
     if not (folder / "config.json").is_file():
+        run = _run_folder_problem(folder)
+        if run:
+            return run
         empty = not any(folder.iterdir())
         return "is empty" if empty else "has no config.json, so it is not a model folder"
     try:
@@ -317,6 +398,9 @@ def load_causal_lm(
     trainable: bool = True,
 ) -> PreTrainedModel:
     """Actor (trainable=True, train mode) or reference (trainable=False: frozen, eval)."""
+    problem = policy_folder_problem(path)
+    if problem:
+        raise ValueError(f"model folder {path} {problem}.")
     folder = _check_folder(path, "model")
     config = _config_without_dropout(folder)
     model, info = _load(AutoModelForCausalLM, folder, config, dtype)

@@ -165,8 +165,18 @@ def init_model(
     out = Path(out_dir)
     if (out / "config.json").exists() and not overwrite:
         raise FileExistsError(
-            f"{out} already holds a model (config.json); choose another output folder "
-            "or pass overwrite=True to replace it"
+            f"{out} already holds a model (config.json); choose another output folder, or "
+            "delete that one first (from Python, init_model(..., overwrite=True) replaces it)"
+        )
+    if alphabet is not None and text_file is not None:
+        raise ValueError(
+            "init_model got both alphabet and text_file; pass one: alphabet='...' for a "
+            "character tokenizer or text_file=PATH to train a byte-level BPE"
+        )
+    if max_positions < 1:
+        raise ValueError(
+            f"max_positions={max_positions} must be positive: the most tokens of prompt + "
+            "response the model reads (e.g. 256)"
         )
     if alphabet is not None:
         tokenizer = build_char_tokenizer(alphabet)

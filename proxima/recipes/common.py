@@ -1,9 +1,10 @@
 """What the recipes start with: threads, seed and device (one process, or this rank's place
 in a torchrun job), a run folder that overwrites nothing, an output folder that holds no
-model yet."""
+model yet, and a place results can be written to."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -73,3 +74,52 @@ def remove_orphans_near(output_dir: str | Path) -> None:
         if pattern.fullmatch(run.name) and run.is_dir():
             for orphan in remove_orphans(run / "checkpoints"):
                 print(f"removed {orphan}: an unfinished checkpoint of a killed run")
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be written into (after creating it, with its parents, when it is
+    missing), or None."""
+    if folder.exists() and not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        blocker = next((p for p in folder.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            return f"cannot create the folder {folder}: {blocker} is a file"
+        return f"cannot create the folder {folder} ({err.strerror or err})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
+
+
+def writable_folder(path: str | Path, name: str) -> Path:
+    """`path` as a folder that exists (created with its parents when missing) and can be
+    written into; a ConfigError naming `name` (the key or flag that set it) otherwise.
+    Checked before any work, so that nothing is computed only to find no place to write it."""
+    folder = Path(path)
+    problem = _folder_problem(folder)
+    if problem:
+        raise ConfigError(f"{_named(name, path)}: {problem}; point {name} at a writable folder.")
+    return folder
+
+
+def writable_file(path: str | Path, name: str) -> Path:
+    """`path` as a file that can be written (its folder created when missing); a ConfigError
+    naming `name` otherwise, as `writable_folder`."""
+    file = Path(path)
+    if file.is_dir():
+        problem = f"{file} is a folder; name a file in it, e.g. {name}={file / 'results.json'}"
+    elif file.exists() and not os.access(file, os.W_OK):
+        problem = f"{file} exists and is not writable; point {name} at another file"
+    else:
+        problem = _folder_problem(file.parent)
+        problem = problem and f"{problem}; point {name} at a file in a writable folder"
+    if problem:
+        raise ConfigError(f"{_named(name, path)}: {problem}.")
+    return file
+
+
+def _named(name: str, path: str | Path) -> str:
+    """`key`=value for a config key, --flag value for a flag."""
+    return f"{name} {path}" if name.startswith("-") else f"{name}={path}"

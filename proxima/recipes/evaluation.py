@@ -5,28 +5,37 @@ the prompts of `data.eval_path`, greedy and, with `eval.sampled`, sampled; writt
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from proxima.config import Config
 from proxima.models import load_causal_lm, load_tokenizer
-from proxima.recipes.common import process_setup
+from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.engines import build_engine, sync_weights
 from proxima.trainer.evaluate import describe, evaluate_modes
-from proxima.trainer.setup import build_reward, check_model_folders, load_prompts, with_key
+from proxima.trainer.setup import (
+    build_reward,
+    check_lengths,
+    check_model_folders,
+    check_token_ids,
+    load_prompts,
+    with_key,
+)
 
 
 def evaluate_policy(cfg: Config) -> dict[str, dict]:
     """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`)."""
     check_model_folders(cfg, "eval")
+    out = writable_file(cfg.eval.out, "`eval.out`") if cfg.eval.out else None
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
+    check_token_ids(tok, cfg.model.actor_path, "model.actor_path")
     items = list(with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tok))
     items = items[: cfg.eval.max_prompts or None]
+    check_lengths(cfg, items)
     actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
     reward = build_reward(cfg, tok, device)
     engine = sync_weights(build_engine(cfg, actor, tok, device), actor, version=0)
     results = evaluate_modes(engine, tok, items, reward, cfg, device)
     print("\n".join(describe(results)))
-    if cfg.eval.out:
-        Path(cfg.eval.out).write_text(json.dumps(results, indent=2))
+    if out is not None:
+        out.write_text(json.dumps(results, indent=2))
     return results

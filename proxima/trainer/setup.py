@@ -23,6 +23,7 @@ from proxima.models import (
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
+    policy_folder_problem,
     reward_model_scores,
     vocabulary_difference,
 )
@@ -190,6 +191,10 @@ def check_model_folders(cfg: Config, command: str = "train") -> None:
     safetensors file is caught from its header) and, where needed, tokenizer files; checked
     from the files, before anything is loaded or written."""
     for key, folder, tokenizer in model_folders(cfg, command):
+        if key == "model.actor_path":  # a run folder or a reward model is no policy
+            problem = policy_folder_problem(folder)
+            if problem:
+                raise ConfigError(f"`{key}`: {folder} {problem}.")
         problem = folder_problem(folder, tokenizer=tokenizer)
         if problem:
             raise ConfigError(

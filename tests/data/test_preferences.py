@@ -114,3 +114,25 @@ def test_bad_values_are_named(record, match):
 def test_empty_dataset_rejected():
     with pytest.raises(ValueError, match="preference dataset is empty"):
         PreferenceDataset([], make_tokenizer())
+
+
+def test_pairs_with_chosen_equal_to_rejected_warn_with_count_and_first_index():
+    from proxima.data.preferences import IdenticalPairWarning
+    from proxima.data.records import Records
+
+    records = Records(
+        [
+            {"prompt": "a", "chosen": "b", "rejected": "c"},
+            {"prompt": "a", "chosen": "d", "rejected": "d"},
+            {"prompt": "b", "chosen": "c", "rejected": "d"},
+            {"prompt": "b", "chosen": "c", "rejected": "c"},
+        ],
+        "pairs.jsonl",
+    )
+    with pytest.warns(IdenticalPairWarning) as caught:
+        ds = PreferenceDataset(records, make_tokenizer(), max_length=16)
+    assert len(caught) == 1 and len(ds) == 4
+    assert str(caught[0].message).startswith(
+        "pairs.jsonl: 2 of 4 pairs have the same 'chosen' and 'rejected' response (the first: "
+        "record 1); they teach the reward model nothing"
+    )

@@ -168,3 +168,27 @@ def test_loader_errors():
 def test_prompt_of_wrong_type_names_the_record():
     with pytest.raises(ValueError, match=r"record 1, column 'prompt': a prompt must be a string"):
         PromptDataset([{"prompt": "a"}, {"prompt": None}], make_tokenizer())
+
+
+def test_characters_the_tokenizer_lacks_warn_once_with_examples_and_count():
+    from proxima.data.prompts import UnknownCharactersWarning
+    from proxima.data.records import Records
+
+    records = Records(
+        [{"prompt": "a b"}, {"prompt": "a é"}, {"prompt": "c"}, {"prompt": "€ d é"}], "p.jsonl"
+    )
+    with pytest.warns(UnknownCharactersWarning) as caught:
+        ds = PromptDataset(records, make_tokenizer(), max_prompt_length=8)
+    assert len(caught) == 1  # one warning for the file, not one per prompt
+    message = str(caught[0].message)
+    assert message.startswith("p.jsonl: 2 of 4 prompts hold characters the tokenizer has no")
+    assert "('é', '€')" in message and "encoded as '<unk>' (id 3)" in message
+    assert ds[1].ids == [8, 3]  # still loaded: the warning says what the policy will see
+
+
+def test_prompts_the_tokenizer_covers_do_not_warn():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PromptDataset([{"prompt": "a b"}, {"prompt": CHAT}], make_tokenizer(), max_prompt_length=8)

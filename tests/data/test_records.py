@@ -95,3 +95,27 @@ def test_folder_not_from_save_to_disk(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="not one written by datasets.save_to_disk"):
         load_records(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv"])
+def test_file_that_is_not_utf8_is_named_with_the_fix(tmp_path, suffix):
+    text = {
+        ".jsonl": '{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n',
+        ".json": '[{"prompt": "caf\xe9"}]',
+        ".csv": "prompt\ncaf\xe9\n",
+    }[suffix]
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(text.encode("latin-1"))  # é is the one byte 0xe9, not UTF-8
+    where = {".jsonl": "on line 2", ".json": "at offset", ".csv": "on line 2"}[suffix]
+    with pytest.raises(ValueError, match=rf"latin1\{suffix} is not UTF-8 text \(byte 0xe9 {where}"):
+        load_records(path)
+    with pytest.raises(ValueError, match="dataset files must be UTF-8: convert it, e.g. `iconv"):
+        load_records(path)
+    path.write_bytes(text.encode("utf-8"))
+    assert load_records(path)[-1] == {"prompt": "café"}
+
+
+def test_records_remember_their_file(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n")
+    assert load_records(path).source == str(path)

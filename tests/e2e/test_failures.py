@@ -377,3 +377,12 @@ def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "the warm start broke" in err and f"removed {out}" in err
     assert not out.exists()
+
+
+def test_eval_checks_the_positions_too(tmp_path, prompt_file, reward_spec, capsys):
+    model = tmp_path / "gpt2-8"
+    args = ["--arch", "gpt2", "--size", "nano", "--alphabet", "0123456789+=", "--max-positions"]
+    assert main(["init-model", "--out", str(model), *args, "8"]) == 0
+    evaluate = ["eval", "--model", str(model), "--data", str(prompt_file)]
+    assert main([*evaluate, "--reward", reward_spec(), "--max-new-tokens", "16"]) == 2
+    assert "exceed the 8 of `model.actor_path`" in capsys.readouterr().err

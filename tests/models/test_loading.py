@@ -209,7 +209,7 @@ def test_wrong_folder_kinds_raise_with_the_fix(folders, tmp_path):
         load_critic(actor_dir, init_from="reward_model")
     with pytest.raises(ValueError, match="ForTokenClassification.*init_from='actor'"):
         load_critic(actor_dir, init_from="critic")
-    with pytest.raises(ValueError, match="lacks weights.*lm_head|lacks weights.*embed_out"):
+    with pytest.raises(ValueError, match="ForSequenceClassification: a reward model"):
         load_causal_lm(rm_dir)  # a reward model has no LM head: it would be random
 
 
@@ -306,3 +306,57 @@ def test_folder_problem_checks_files_before_loading(tmp_path):
     assert folder_problem(good).startswith("holds no weights (model.safetensors, ")
     torch.save(model.state_dict(), good / "pytorch_model.bin")
     assert folder_problem(good) is None
+
+
+def test_a_run_folder_or_a_reward_model_is_not_a_policy(tmp_path):
+    """A `proxima train` run folder (its policy is in actor/), a checkpoint folder and a
+    *ForSequenceClassification folder are named for what they are, with what to pass
+    instead: before any weights load, and by the loader itself."""
+    import json
+
+    from proxima.models import folder_problem, policy_folder_problem
+
+    tok = build_char_tokenizer(ALPHABET)
+    actor = tmp_path / "run" / "actor"
+    build_tiny_model("llama", tok, "nano", max_positions=32).save_pretrained(actor)
+    tok.save_pretrained(actor)
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    run = tmp_path / "run"
+    expected = (
+        "is a proxima run folder (summary.json, actor/), not a model folder: pass its trained "
+        f"policy, {actor}, instead"
+    )
+    assert policy_folder_problem(run) == expected
+    assert folder_problem(run) == expected  # what the start-up checks of every command say
+    with pytest.raises(ValueError, match="not a model folder: pass its trained policy"):
+        load_causal_lm(run)
+    assert policy_folder_problem(actor) is None and folder_problem(actor) is None
+
+    ckpt = tmp_path / "run2" / "checkpoints" / "iter_10"
+    (tmp_path / "run2").mkdir()
+    (tmp_path / "run2" / "metrics.jsonl").write_text("")
+    for n in (2, 10):  # iter_10 is the newest, though "iter_2" sorts after it as text
+        target = tmp_path / "run2" / "checkpoints" / f"iter_{n}" / "actor"
+        target.mkdir(parents=True)
+        (target / "config.json").write_text((actor / "config.json").read_text())
+    assert policy_folder_problem(tmp_path / "run2").endswith(
+        f"has no final actor/ yet: pass the policy of its latest checkpoint, {ckpt / 'actor'}, "
+        "instead"
+    )
+    (ckpt / "checkpoint.json").write_text("{}")
+    assert policy_folder_problem(ckpt).startswith("is a proxima checkpoint folder (")
+
+    rm = tmp_path / "rm"
+    build_tiny_reward_model("llama", tok, "nano", max_positions=32).save_pretrained(rm)
+    tok.save_pretrained(rm)
+    (rm / "rm_summary.json").write_text(json.dumps({"config": {"model": {"actor_path": "SFT"}}}))
+    problem = policy_folder_problem(rm)
+    assert problem.startswith(
+        "holds a LlamaForSequenceClassification: a reward model (a score head, no "
+        "language-model head), which cannot generate text; as a reward source it belongs in "
+        "`reward.model_path` (--reward-model). Pass a causal language model instead, e.g. the "
+        "one it was trained from (SFT),"
+    )
+    assert folder_problem(rm) is None  # a sound folder: as reward.model_path it is right
+    with pytest.raises(ValueError, match=f"model folder {rm} holds a LlamaForSequenceClass"):
+        load_causal_lm(rm)

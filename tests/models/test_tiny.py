@@ -95,9 +95,20 @@ def test_init_model_bpe_and_errors(tmp_path):
     text.write_text("hello world\n" * 10)
     out = init_model(tmp_path / "b", "gpt2", "nano", text_file=text, vocab_size=270)
     assert load_causal_lm(out).config.vocab_size == len(load_tokenizer(out)) <= 270
-    with pytest.raises(FileExistsError, match="already holds a model"):
+    with pytest.raises(FileExistsError, match="already holds a model") as err:
         init_model(out, "gpt2", "nano", text_file=text, vocab_size=270)
+    assert "delete that one first (from Python, init_model(..., overwrite=True)" in str(err.value)
     init_model(out, "llama", "nano", alphabet="ab", overwrite=True)
     assert load_causal_lm(out).config.model_type == "llama"
     with pytest.raises(ValueError, match="alphabet=.*text_file="):
         init_model(tmp_path / "none")
+
+
+def test_init_model_refuses_two_tokenizer_sources_and_no_positions(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("ab\n")
+    with pytest.raises(ValueError, match="got both alphabet and text_file; pass one"):
+        init_model(tmp_path / "m", alphabet="ab", text_file=text)
+    with pytest.raises(ValueError, match="max_positions=0 must be positive"):
+        init_model(tmp_path / "m", alphabet="ab", max_positions=0)
+    assert not (tmp_path / "m").exists()
