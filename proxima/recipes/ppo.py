@@ -53,6 +53,8 @@ from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, resolve_device
 
+# phases of a failure that leave the iteration complete (nothing to undo)
+AFTER_THE_STEP = ("evaluation before training", "evaluation", "logging", "checkpoint")
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
     "kl": "kl",
@@ -173,60 +175,77 @@ class PPORecipe:
     # ------------------------------------------------------------------ train
 
     def train(self, signals: StopSignals) -> str | None:
-        """Evaluation before, then the iterations until trainer.iterations, a stop signal or
-        a divergence (`guard.should_stop`); returns why it stopped early, or None.
-        Periodic checkpoints are written only after healthy iterations."""
-        cfg, trainer, dist = self.cfg, self.trainer, self.dist
-        total = cfg.trainer.iterations
-        if self.eval_items:
-            # a resumed run evaluates where it resumes: not the policy "before" training
-            key, tag = (
-                ("eval_before", "before")
-                if self.resume is None
-                else (
-                    "eval_at_resume",
-                    f"at resume, iteration {trainer.iteration}",
-                )
-            )
-            with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
-                self.summary[key] = self.evaluate(tag)
-            self.logger.log(trainer.iteration, _eval_metrics(self.summary[key]))
-        monitor, schedule = HealthMonitor(cfg), SaveSchedule(cfg.trainer)
+        """Evaluation before, then the iterations until trainer.iterations, a stop signal, a
+        divergence (`guard.should_stop`) or an error; returns why it stopped early, or None."""
+        trainer, dist = self.trainer, self.dist
+        total = self.cfg.trainer.iterations
+        self.divergence = None
+        if self.eval_items and not self._evaluate_first():
+            return "failed"
+        monitor, schedule = HealthMonitor(self.cfg), SaveSchedule(self.cfg.trainer)
         bar = progress(total=total, desc="ppo", disable=not dist.is_main or None)
         bar.update(trainer.iteration)
         trainer.timer.listener = watch = PhaseWatch(bar, lambda: trainer.iteration + 1)
-        self.divergence = None
         try:
             while trainer.iteration < total:
                 reason = should_stop(signals.agreed(dist), self.divergence)
+                reason = reason or self._iterate(monitor, schedule, bar)
                 if reason is not None:
                     return reason
-                try:
-                    metrics, ro = trainer.step()
-                except (NonFiniteWeightsError, NonFiniteOutputsError) as err:
-                    self.divergence = non_finite_divergence(err, cfg, trainer.iteration + 1)
-                    return "diverged"
-                except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
-                    self.failure = (err, trainer.iteration + 1, trainer.timer.current)
-                    return "failed"
-                it = trainer.iteration
-                if self.eval_items and cfg.eval.every and it % cfg.eval.every == 0 and it < total:
-                    metrics.update(_eval_metrics(self.evaluate(f"it {it}")))
-                self._log(it, metrics, ro, bar)
-                self.divergence = monitor.observe(it, metrics)  # the same on every rank
-                due = dist.any(it == total or (monitor.healthy and schedule.due(it)))
-                if self.divergence is None and due:
-                    try:
-                        self._checkpoint()
-                    except CheckpointWriteError as err:
-                        self.failure = (err, it, "checkpoint")
-                        return "failed"
-                    schedule.saved()
             return "diverged" if self.divergence is not None else None
         finally:
             watch.close()
             trainer.timer.listener = None
             bar.close()
+
+    def _evaluate_first(self) -> bool:
+        """The evaluation before the iterations (where a resumed run resumes: not "before"
+        training); False when it failed."""
+        trainer = self.trainer
+        key, tag = ("eval_before", "before")
+        if self.resume is not None:
+            key, tag = ("eval_at_resume", f"at resume, iteration {trainer.iteration}")
+        try:
+            with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
+                self.summary[key] = self.evaluate(tag)
+        except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
+            self.failure = (err, trainer.iteration, "evaluation before training")
+            return False
+        self.logger.log(trainer.iteration, _eval_metrics(self.summary[key]))
+        return True
+
+    def _iterate(self, monitor: HealthMonitor, schedule: SaveSchedule, bar) -> str | None:
+        """One iteration and what follows it (a periodic evaluation, the logs, the health
+        check, a checkpoint when due; periodic checkpoints only after healthy iterations);
+        returns why the run must stop now, or None."""
+        cfg, trainer = self.cfg, self.trainer
+        try:
+            metrics, ro = trainer.step()
+        except (NonFiniteWeightsError, NonFiniteOutputsError) as err:
+            self.divergence = non_finite_divergence(err, cfg, trainer.iteration + 1)
+            return "diverged"
+        except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
+            self.failure = (err, trainer.iteration + 1, trainer.timer.current)
+            return "failed"
+        it, phase = trainer.iteration, "evaluation"
+        try:
+            if self.eval_items and cfg.eval.every and it % cfg.eval.every == 0:
+                if it < cfg.trainer.iterations:
+                    metrics.update(_eval_metrics(self.evaluate(f"it {it}")))
+            phase = "logging"
+            self._log(it, metrics, ro, bar)
+            self.divergence = monitor.observe(it, metrics)  # the same on every rank
+            due = self.dist.any(
+                it == cfg.trainer.iterations or (monitor.healthy and schedule.due(it))
+            )
+            if self.divergence is None and due:
+                phase = "checkpoint"
+                self._checkpoint()
+                schedule.saved()
+        except Exception as err:  # noqa: BLE001 - iteration `it` is complete: kept
+            self.failure = (err, it, phase)
+            return "failed"
+        return None
 
     def _log(self, it: int, metrics: dict, ro, bar) -> None:
         self.logger.log(it, metrics)
@@ -319,7 +338,9 @@ class PPORecipe:
         newest checkpoint there is)."""
         err, iteration, phase = self.failure
         trainer = self.trainer
-        undone = phase == "checkpoint" or trainer.undo_iteration()
+        # after the step (evaluation, logs, checkpoint) the iteration is complete as it is
+        complete = phase in AFTER_THE_STEP
+        undone = complete or trainer.undo_iteration()
         progressed = trainer.iteration > self.first_iteration
         kept = self.resume
         if undone and progressed and phase != "checkpoint":
@@ -340,10 +361,10 @@ class PPORecipe:
 
     def _failure_message(self, removed: bool) -> str:
         failed = self.summary["failed"]
-        text = (
-            f"iteration {failed['iteration']} failed in phase `{failed['phase']}`: "
-            f"{failed['error']}"
-        )
+        text = f"iteration {failed['iteration']} failed in phase `{failed['phase']}`"
+        if failed["phase"] == "evaluation before training":
+            text = "the evaluation before training failed"
+        text = f"{text}: {failed['error']}"
         if failed["checkpoint"] is not None:
             return (
                 f"{text}\nkept: the checkpoint {failed['checkpoint']} and the run folder "

@@ -386,3 +386,35 @@ def test_eval_checks_the_positions_too(tmp_path, prompt_file, reward_spec, capsy
     evaluate = ["eval", "--model", str(model), "--data", str(prompt_file)]
     assert main([*evaluate, "--reward", reward_spec(), "--max-new-tokens", "16"]) == 2
     assert "exceed the 8 of `model.actor_path`" in capsys.readouterr().err
+
+
+def test_an_evaluation_that_fails_keeps_the_iteration_it_followed(
+    tmp_path, make_model, fast_overrides, reward_spec, prompt_file, capsys
+):
+    """Calls 1, 2, 3 of the reward: the evaluation before, iteration 1's scoring, the
+    evaluation after iteration 1 (eval.every=1), which raises: iteration 1 is complete and
+    kept as a checkpoint."""
+    out = tmp_path / "run"
+    extra = [
+        f"reward.function={reward_spec('fails_at_call_3')}",
+        f"data.eval_path={prompt_file}",
+        "eval.every=1",
+        "eval.max_prompts=4",
+    ]
+    assert main(["train", *fast_overrides(make_model(), out, 3, *extra)]) == 2
+    err = capsys.readouterr().err
+    assert "iteration 1 failed in phase `evaluation`: RewardError" in err
+    assert f"kept: the checkpoint {out / 'checkpoints' / 'iter_1'}" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 1 and "eval_before" in summary
+
+
+def test_an_evaluation_before_training_that_fails_leaves_nothing(
+    tmp_path, make_model, fast_overrides, reward_spec, prompt_file, capsys
+):
+    out = tmp_path / "runs" / "x"
+    extra = [f"reward.function={reward_spec('exits')}", f"data.eval_path={prompt_file}"]
+    assert main(["train", *fast_overrides(make_model(), out, 3, *extra)]) == 2
+    err = capsys.readouterr().err
+    assert "the evaluation before training failed: RewardError" in err
+    assert "called sys.exit(5)" in err and not out.exists()
