@@ -18,6 +18,12 @@ PPO epochs (--epochs, default 1 4) x precision (fp32 and each system's best), th
   generation's last hidden states, no critic forward, one forward + backward + step per
   mini-batch for policy loss + 0.5 x value loss.
 
+On a GPU (`--device cuda`, default workloads G1 G2: Llama models of about 0.27B and 0.78B
+parameters with a 32,000-token vocabulary, 64 prompts x 128 sampled tokens) the same three
+systems run there: TRL through accelerate (`use_cpu=False`), proxima with `model.device=cuda`,
+the floor with its tensors on the GPU; every clock is read after `torch.cuda.synchronize()`,
+and the peak column is `torch.cuda.max_memory_allocated()`.
+
 Workloads (identical for every system: one locally built byte-level BPE tokenizer, the same
 prompt file and the same model folders): four separate Llama models (actor, reference = actor
 weights, critic initialised from the reward model, reward model), prompts of exactly 16 tokens,
@@ -55,7 +61,8 @@ REPO = Path(__file__).resolve().parents[1]
 MARK = "@@cell "  # prefix of the one result line a child prints on stdout
 
 PROMPT_LEN = 16  # tokens per prompt, exactly
-VOCAB = 1024  # byte-level BPE vocabulary
+VOCAB = 1024  # byte-level BPE vocabulary (W1, W2)
+GPU_VOCAB = 32000  # the GPU workloads' (a Llama-2-sized vocabulary)
 N_PROMPTS_FILE = 256  # prompts in the file every system samples its batches from
 MINI_BATCHES = 4
 TEMPERATURE = 0.7
@@ -79,6 +86,11 @@ class Workload:
     # the time estimate printed before the run: rollout (generate + score), train per epoch
     est_rollout: float
     est_train: float
+    vocab: int = VOCAB  # tokens of the byte-level BPE all four models share
+
+    @property
+    def head_dim(self) -> int:  # the workload's own, whatever the size preset says
+        return self.hidden // self.heads
 
     @property
     def mini_batch(self) -> int:
@@ -89,10 +101,15 @@ WORKLOADS = {
     "W1": Workload("W1", 256, 4, 4, 1024, 64, 48, est_rollout=1.2, est_train=1.2),
     "W2": Workload("W2", 512, 8, 8, 2048, 64, 48, est_rollout=6.0, est_train=7.1),
     "smoke": Workload("smoke", 64, 2, 2, 256, 8, 8, est_rollout=0.05, est_train=0.05),
+    # --device cuda: about 0.27B and 0.78B parameters per model, a 32,000-token vocabulary
+    # (timing estimates for one H100)
+    "G1": Workload("G1", 1024, 16, 16, 2816, 64, 128, 4.0, 1.0, vocab=GPU_VOCAB),
+    "G2": Workload("G2", 1536, 24, 24, 4096, 64, 128, 7.0, 2.0, vocab=GPU_VOCAB),
+    "gsmoke": Workload("gsmoke", 64, 2, 2, 256, 8, 8, 0.05, 0.05, vocab=GPU_VOCAB),
 }
 
 
-def llama_params(w: Workload, vocab: int = VOCAB, lm_head: bool = True) -> int:
+def llama_params(w: Workload, vocab: int, lm_head: bool = True) -> int:
     """Parameters of a Llama with untied embeddings (lm_head=False: a 1-label score head)."""
     attn = 4 * w.hidden * w.hidden  # q, k, v, o without bias (as many KV heads as heads)
     mlp = 3 * w.hidden * w.intermediate
@@ -131,18 +148,34 @@ def versions() -> dict[str, str]:
     return out
 
 
+def sync(spec: dict) -> None:
+    """Wait for the GPU's queued work before a clock is read (a no-op on the CPU)."""
+    if spec["device"].startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
 # ---------------------------------------------------------------------------- assets
 
 
-def _corpus(path: Path, rng: random.Random) -> list[str]:
-    """Pseudo-words (a Zipf-like frequency) written as lines of text; returns the words."""
-    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"] + ["th", "ch", "sh", "qu"]
-    words = sorted({"".join(rng.choices(syllables, k=rng.randint(1, 3))) for _ in range(3000)})
+def _corpus(path: Path, rng: random.Random, vocab: int) -> list[str]:
+    """Pseudo-words (a Zipf-like frequency) written as lines of text; returns the words.
+    The 32,000-token vocabulary needs many more distinct words for BPE to merge into."""
+    consonants, syl_max, n_words, lines, power = "bdfgklmnprstvz", 3, 3000, 6000, 1.0
+    if vocab > VOCAB:
+        consonants, syl_max, n_words, lines, power = "bdfghjklmnprstvwyz", 4, 60000, 40000, 0.8
+    syllables = [c + v for c in consonants for v in "aeiou"] + ["th", "ch", "sh", "qu"]
+    picks = range(n_words)
+    words = sorted({"".join(rng.choices(syllables, k=rng.randint(1, syl_max))) for _ in picks})
     rng.shuffle(words)
-    weights = [1.0 / (i + 1) for i in range(len(words))]
+    cum, total = [], 0.0
+    for i in range(len(words)):
+        total += 1.0 / (i + 1) ** power
+        cum.append(total)
     with path.open("w") as f:
-        for _ in range(6000):
-            f.write(" ".join(rng.choices(words, weights, k=rng.randint(6, 18))) + ".\n")
+        for _ in range(lines):
+            f.write(" ".join(rng.choices(words, cum_weights=cum, k=rng.randint(6, 18))) + ".\n")
     return words
 
 
@@ -168,22 +201,30 @@ def build_assets(root: Path, names: list[str]) -> dict:
     from proxima.models.tokenizers import build_bpe_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    words = _corpus(root / "corpus.txt", rng)
-    tok = build_bpe_tokenizer(root / "corpus.txt", VOCAB)
-    tok.model_max_length = 256
-    prompts = root / "prompts.jsonl"
-    with prompts.open("w") as f:
-        for rec in _prompts(tok, words, rng, N_PROMPTS_FILE):
-            f.write(json.dumps(rec) + "\n")
-    info: dict = {"vocab": len(tok), "prompt_file": str(prompts), "workloads": {}}
+    toks, prompt_files = {}, {}
+    for vocab in sorted({WORKLOADS[n].vocab for n in names}):  # one tokenizer per vocabulary
+        sub = root if vocab == VOCAB else root / f"vocab{vocab}"
+        sub.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(0)
+        words = _corpus(sub / "corpus.txt", rng, vocab)
+        tok = build_bpe_tokenizer(sub / "corpus.txt", vocab)
+        assert len(tok) == vocab, (len(tok), vocab)
+        tok.model_max_length = 256
+        prompt_files[vocab] = sub / "prompts.jsonl"
+        with prompt_files[vocab].open("w") as f:
+            for rec in _prompts(tok, words, rng, N_PROMPTS_FILE):
+                f.write(json.dumps(rec) + "\n")
+        toks[vocab] = tok
+    info: dict = {"workloads": {}}
     for name in names:
         w = WORKLOADS[name]
+        tok = toks[w.vocab]
         dims = {
             "hidden_size": w.hidden,
             "num_hidden_layers": w.layers,
             "num_attention_heads": w.heads,
             "num_key_value_heads": w.heads,
+            "head_dim": w.head_dim,
             "intermediate_size": w.intermediate,
         }
         actor = build_tiny_model("llama", tok, "tiny", max_positions=256, seed=0, **dims)
@@ -200,7 +241,12 @@ def build_assets(root: Path, names: list[str]) -> dict:
             k: sum(p.numel() for p in m.parameters()) for k, m in (("actor", actor), ("reward", rm))
         }
         assert counts["actor"] == llama_params(w, len(tok)), (counts, llama_params(w, len(tok)))
-        info["workloads"][name] = {**{k: str(v) for k, v in folders.items()}, "params": counts}
+        info["workloads"][name] = {
+            **{k: str(v) for k, v in folders.items()},
+            "params": counts,
+            "vocab": len(tok),
+            "prompt_file": str(prompt_files[w.vocab]),
+        }
         del actor, rm
     return info
 
@@ -225,7 +271,7 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
         f"reward.model_path={a['reward']}",
         "model.critic_init=reward_model",
         "model.dtype=float32",
-        "model.device=cpu",
+        f"model.device={spec['device']}",
         f"data.train_path={spec['prompt_file']}",
         f"data.train_batch_size={w.prompts}",
         f"data.max_prompt_length={PROMPT_LEN}",
@@ -254,15 +300,16 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
             f"{role}.optim.grad_clip=0",  # TRL's PPO loop does not clip gradients
         ]
     cfg = load_config(None, base + spec["overrides"])
-    cpu = torch.device("cpu")
-    roles = load_roles(cfg, cpu)
+    device = torch.device(spec["device"])
+    roles = load_roles(cfg, device)
     prompts = load_prompts(cfg, spec["prompt_file"], roles.tokenizer)
     assert all(len(prompts[i].ids) == PROMPT_LEN for i in range(len(prompts)))
-    trainer = PPOTrainer(cfg, roles, prompts, cpu)
+    trainer = PPOTrainer(cfg, roles, prompts, device)
     records = []
     for _ in range(iterations):
         start = time.perf_counter()
         metrics, ro = trainer.step()
+        sync(spec)
         sec = time.perf_counter() - start
         last = dict(trainer.timer.last)
         gen = last.get("generate", 0.0)
@@ -361,7 +408,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
         eval_strategy="no",
         logging_strategy="no",
         disable_tqdm=True,
-        use_cpu=True,
+        use_cpu=not spec["device"].startswith("cuda"),
         bf16=bf16,
         fp16=False,
         seed=SEED,
@@ -383,6 +430,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     def generate(*args_, **kwargs):
         start = now()
         out = original_generate(*args_, **kwargs)
+        sync(spec)
         rec = recs[-1]
         rec["gen"] += now() - start
         rec["gen_end"] = now()
@@ -399,6 +447,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
                 recs[-1].setdefault("train_start", start)
             out = fn(*args_, **kwargs)
             if not grad:
+                sync(spec)
                 recs[-1]["score_fwd"] += now() - start
             return out
 
@@ -406,9 +455,11 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
 
     class Clock(TrainerCallback):
         def on_train_begin(self, *a_, **k_):
+            sync(spec)
             stamps.append(now())
 
         def on_step_end(self, *a_, **k_):
+            sync(spec)
             stamps.append(now())
             recs.append(new_rec())
 
@@ -429,6 +480,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
 
     def step(*args_, **kwargs):
         out = original_step(*args_, **kwargs)
+        sync(spec)
         recs[-1]["train_end"] = now()
         recs[-1]["steps"] += 1
         return out
@@ -490,24 +542,24 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.manual_seed(SEED)
-    bf16, shared = spec["bf16"], spec["shared"]
-    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else (lambda: nullcontext())
-    actor = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32).eval()
+    bf16, shared, dev = spec["bf16"], spec["shared"], torch.device(spec["device"])
+    amp = (lambda: torch.autocast(dev.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+    actor = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32).to(dev)
+    ref = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32).to(dev).eval()
     rm = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
-    rm.eval()
+    rm.to(dev).eval()
     for m in (ref, rm):
         m.requires_grad_(False)
     if shared:  # one network: a value head on the actor's final hidden state
-        head = torch.nn.Linear(actor.config.hidden_size, 1)
+        head = torch.nn.Linear(actor.config.hidden_size, 1, device=dev)
         opt_a = torch.optim.AdamW([*actor.parameters(), *head.parameters()], lr=LR)
     else:
         critic = AutoModelForSequenceClassification.from_pretrained(
             a["reward"], dtype=torch.float32
-        )
+        ).to(dev)
         opt_a = torch.optim.AdamW(actor.parameters(), lr=LR)
         opt_c = torch.optim.AdamW(critic.parameters(), lr=LR)
-    prompts = torch.tensor(load_prompt_ids(spec["prompt_file"]))
+    prompts = torch.tensor(load_prompt_ids(spec["prompt_file"]), device=dev)
     p_len, r_len, mb = PROMPT_LEN, w.response, w.mini_batch
     eos = actor.generation_config.eos_token_id
 
@@ -524,13 +576,14 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
 
     records = []
     for _ in range(iterations):
-        rows = torch.randperm(len(prompts))[: w.prompts]
+        rows = torch.randperm(len(prompts))[: w.prompts].to(dev)
+        sync(spec)
         t0 = time.perf_counter()
         actor.eval()
         with torch.no_grad(), amp():
             out = actor.generate(
                 input_ids=prompts[rows],
-                attention_mask=torch.ones(w.prompts, p_len, dtype=torch.long),
+                attention_mask=torch.ones(w.prompts, p_len, dtype=torch.long, device=dev),
                 max_new_tokens=r_len,
                 do_sample=True,
                 temperature=TEMPERATURE,
@@ -550,6 +603,7 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
             with torch.no_grad():
                 last = torch.cat([step[-1][:, -1:] for step in out.hidden_states], 1)
                 old_v = head(last.float())[..., 0]
+        sync(spec)
         t1 = time.perf_counter()
         with torch.no_grad(), amp():
             ref_lp = logprobs(ref, seq)
@@ -558,16 +612,17 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
             score = rm(input_ids=seq).logits[:, 0].float()
         rewards = -KL_COEF * (old_lp - ref_lp)
         rewards[:, -1] += score
-        adv, last = torch.zeros_like(rewards), torch.zeros(w.prompts)
+        adv, last = torch.zeros_like(rewards), torch.zeros(w.prompts, device=dev)
         for t in reversed(range(r_len)):  # GAE, gamma 1, lambda 0.95
-            nxt = old_v[:, t + 1] if t + 1 < r_len else torch.zeros(w.prompts)
+            nxt = old_v[:, t + 1] if t + 1 < r_len else torch.zeros(w.prompts, device=dev)
             last = rewards[:, t] + nxt - old_v[:, t] + 0.95 * last
             adv[:, t] = last
         returns, adv = adv + old_v, whiten(adv)
+        sync(spec)
         t2 = time.perf_counter()
         actor.train()
         for _ in range(spec["epochs"]):
-            order = torch.randperm(w.prompts)
+            order = torch.randperm(w.prompts).to(dev)
             for s in range(0, w.prompts, mb):
                 i = order[s : s + mb]
                 if shared:  # one forward / backward / step for both losses
@@ -599,6 +654,7 @@ def floor_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path)
                 vf.backward()
                 opt_c.step()
                 opt_c.zero_grad(set_to_none=True)
+        sync(spec)
         t3 = time.perf_counter()
         steps = spec["epochs"] * MINI_BATCHES
         records.append(
@@ -636,6 +692,9 @@ def run_cell(spec: dict) -> dict:
     transformers.utils.logging.set_verbosity_error()
     w = WORKLOADS[spec["workload"]]
     rss_before = maxrss_gb()
+    cuda = spec["device"].startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         records = RUNNERS[spec["system"]](spec, w, spec["assets"], 1 + spec["repeats"], Path(tmp))
@@ -656,6 +715,7 @@ def run_cell(spec: dict) -> dict:
         "expected_tokens": w.prompts * w.response,
         "optimizer_steps_per_iter": timed[0]["steps"],
         "peak_rss_gb": round(maxrss_gb(), 3),
+        "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else None,
         "vmhwm_gb": round(vmhwm_gb() or float("nan"), 3),
         "rss_before_build_gb": round(rss_before, 3),
         "threads": torch.get_num_threads(),
@@ -748,6 +808,8 @@ def estimate_seconds(args, groups) -> float:
         for _, system in cells:
             start = 12.0 if w.hidden >= 512 else 8.0
             total += start + (1 + args.repeats) * per_it * (0.7 if system == "floor" else 1.0)
+    if args.device.startswith("cuda"):  # the estimates of G1 / G2 are for one H100
+        return total
     return total * (2.0 / max(1, args.threads)) ** 0.7
 
 
@@ -761,7 +823,8 @@ def merged(cells: list[dict]) -> dict | None:
     return {
         "s": _median([i["s"] for i in iters]),
         "phases": {k: _median([i.get(k, 0.0) for i in iters]) for k in keys},
-        "rss": max(c["peak_rss_gb"] for c in ok),
+        # the GPU's peak allocation with --device cuda, the process's peak RSS on the CPU
+        "rss": max(c.get("peak_gpu_gb") or c["peak_rss_gb"] for c in ok),
     }
 
 
@@ -773,7 +836,7 @@ def summary(groups, results: dict) -> str:
     head = (
         "| workload | epochs | precision | TRL s/it | proxima s/it | TRL / proxima | floor s/it "
         "| proxima / floor | TRL gen / score / train / gc / other | proxima gen / score / train "
-        "/ other | peak RSS GB TRL / proxima / floor |"
+        "/ other | peak GB TRL / proxima / floor (RSS; GPU allocated on cuda) |"
     )
     lines = [head, "|" + "---|" * 11]
     for key, _ in groups:
@@ -798,7 +861,11 @@ def summary(groups, results: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--workloads", "--workload", nargs="+", default=["W1", "W2"], choices=list(WORKLOADS)
+        "--workloads",
+        "--workload",
+        nargs="+",
+        choices=list(WORKLOADS),
+        help="default: W1 W2 on the CPU, G1 G2 with --device cuda",
     )
     p.add_argument("--epochs", nargs="+", type=int, default=[1, 4], help="PPO epochs per cell")
     p.add_argument("--precisions", nargs="+", default=["fp32", "best"], choices=["fp32", "best"])
@@ -806,6 +873,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed iterations per cell")
     p.add_argument("--rounds", type=int, default=1, help="cells per system and group (ABBA)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads in every cell")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda for the GPU workloads G1 / G2 (TRL on the GPU through accelerate)",
+    )
     p.add_argument(
         "--proxima-fp32",
         nargs="*",
@@ -851,6 +923,7 @@ def main() -> None:
         print(MARK + json.dumps(run_cell(json.loads(args.spec))), flush=True)
         return
 
+    args.workloads = args.workloads or (["G1", "G2"] if args.device != "cpu" else ["W1", "W2"])
     if args.repeats < 1 or args.rounds < 1 or args.threads < 1 or min(args.epochs) < 1:
         raise SystemExit(
             "--repeats, --rounds, --threads and --epochs must be >= 1, got "
@@ -890,9 +963,10 @@ def main() -> None:
                 f"{sys.executable} has no trl: run with the TRL venv (benchmarks/README.md)"
             )
         for name in args.workloads:
-            w, prm = WORKLOADS[name], built["workloads"][name]["params"]
+            w, wb = WORKLOADS[name], built["workloads"][name]
+            prm = wb["params"]
             print(
-                f"{name}: {asdict(w)}; vocab {built['vocab']}; parameters per model: actor "
+                f"{name}: {asdict(w)}; vocab {wb['vocab']}; parameters per model: actor "
                 f"{prm['actor'] / 1e6:.2f} M, reward model {prm['reward'] / 1e6:.2f} M",
                 flush=True,
             )
@@ -915,7 +989,8 @@ def main() -> None:
                         "repeats": args.repeats,
                         "threads": args.threads,
                         "assets": built["workloads"][wname],
-                        "prompt_file": built["prompt_file"],
+                        "prompt_file": built["workloads"][wname]["prompt_file"],
+                        "device": args.device,
                     }
                     res = run_child(
                         ["--child", "cell", "--spec", json.dumps(spec)], args.threads, timeout

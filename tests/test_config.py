@@ -29,6 +29,18 @@ def test_yaml_and_overrides(tmp_path):
     assert c.rollout_batch_size == 64 * 4
 
 
+def test_yes_no_on_off_are_strings_as_in_yaml_1_2(tmp_path):
+    """`model.mixed_precision=no` (its default, written out) was YAML 1.1's False."""
+    c = load_config(None, BASE + ["model.mixed_precision=no", "trainer.output_dir=off"])
+    assert c.model.mixed_precision == "no" and c.trainer.output_dir == "off"
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  mixed_precision: no\nactor:\n  shuffle: False\n")
+    c = load_config(f, BASE)
+    assert c.model.mixed_precision == "no" and c.actor.shuffle is False
+    with pytest.raises(ConfigError, match="`actor.shuffle` must be true or false, got 'yes'"):
+        load_config(None, BASE + ["actor.shuffle=yes"])
+
+
 def test_unknown_key_names_key_and_suggests():
     with pytest.raises(
         ConfigError, match=r"`actor.ppo_mini_batc_size`.*`actor.ppo_mini_batch_size`"

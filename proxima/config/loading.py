@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -116,6 +117,26 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return "; ".join(parts) or str(err)
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with the booleans of YAML 1.2, true and false only: YAML 1.1 (PyYAML's default)
+    also reads yes/no/on/off as booleans, which made `model.mixed_precision=no` False."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)
+
+
 def parse_overrides(items: list[str]) -> dict:
     """`["a.b=1", "c.d=x"]` -> nested dict; values parsed as YAML scalars."""
     tree: dict = {}
@@ -126,7 +147,7 @@ def parse_overrides(items: list[str]) -> dict:
         if not key.strip() or "" in key.strip().split("."):
             raise ConfigError(f"Override `{item}` has no key: write section.key=value.")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
             raise ConfigError(
                 f"Override `{item}`: the value {raw!r} is not valid YAML ({_yaml_problem(err)}). "
@@ -139,7 +160,7 @@ def parse_overrides(items: list[str]) -> dict:
 def read_yaml(path: Path) -> dict:
     """The mapping a YAML config file holds; ConfigError naming the file otherwise."""
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        tree = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(
             f"Config file {path} is not valid YAML ({_yaml_problem(err)}). Fix that line "

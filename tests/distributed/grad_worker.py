@@ -1,7 +1,9 @@
 """Run by torchrun (2 ranks): the gradients of every loss aggregation mode for the actor, the
 critic and the actor with a value head on its backbone, under DDP and FSDP2, each rank
 holding its half of the global batch. Rank 0 saves them to the path given as the first
-argument; a second argument `cuda` runs on the GPUs with NCCL (gloo on the CPU otherwise)."""
+argument; a second argument `cuda` runs on the GPUs (rank % GPU count, so ranks may share one)
+with NCCL or the backend named third (gloo on the CPU otherwise); a fourth names the strategies
+(default ddp,fsdp2)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from tests.distributed.common import MODES, global_batch, mini_batch_grads, mode
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
 torch.set_num_threads(1)
 out: dict = {}
-cuda = sys.argv[2:] == ["cuda"]
-for strategy in ("ddp", "fsdp2"):
+cuda = sys.argv[2:3] == ["cuda"]
+backend = sys.argv[3] if len(sys.argv) > 3 else "auto"
+strategies = sys.argv[4].split(",") if len(sys.argv) > 4 else ["ddp", "fsdp2"]
+for strategy in strategies:
     rank = int(os.environ["LOCAL_RANK"])
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    dist = init(strategy, "auto", 120, device)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    dist = init(strategy, backend, 120, device)
     actor, _ = models()
     exp = global_batch(actor)
     half = exp.batch_size // dist.world_size

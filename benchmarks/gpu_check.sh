@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# proxima on a GPU machine, offline, in one command (about 10 minutes on one H100):
+#
+#     bash benchmarks/gpu_check.sh [OUT_DIR]          # default runs/gpu_check
+#
+# Installs nothing from the internet: it uses the machine's python3 (PYTHON=...) with its own
+# torch and transformers and puts this checkout on PYTHONPATH. Then, each step logged to
+# OUT_DIR/<step>.log and summed up in OUT_DIR/report.md:
+#   1. versions and the GPU;
+#   2. the suite's CUDA tier (`pytest -m gpu`): CPU-equal gradients on the GPU, a run that
+#      trains and resumes bit for bit (fp32 and bf16), ranks sharing the GPU under DDP/FSDP2;
+#   3. the default example (`proxima train`) on CUDA, end to end;
+#   4. the GPU workloads of bench_vs_trl.py (--device cuda), when TRL is importable.
+# A failing step is reported and the next one still runs; the exit status is the number of
+# failed steps.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-runs/gpu_check}
+PY=${PYTHON:-python3}
+BENCH_ARGS=${BENCH_ARGS:-}  # e.g. "--precisions best --repeats 3"
+EXAMPLE_DIR=${EXAMPLE_DIR:-$OUT_DIR/default_example_run}
+mkdir -p "$OUT_DIR"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+REPORT="$OUT_DIR/report.md"
+failed=0
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log, one line in the report
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    echo "== $name: $*"
+    timeout "$limit" "$@" >"$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    local line="exit $rc, $((SECONDS - t0)) s"
+    [ "$rc" = 124 ] && line="$line (stopped at the ${limit} s limit)"
+    [ "$rc" != 0 ] && failed=$((failed + 1))
+    echo "   $line"
+    {
+        echo "## $name ($line)"
+        echo '`'"$*"'`'
+        echo '```'
+        tail -n 25 "$OUT_DIR/$name.log"
+        echo '```'
+    } >>"$REPORT"
+}
+
+{
+    echo "# proxima GPU check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo '```'
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    "$PY" -c 'import sys, torch, transformers; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "| transformers", transformers.__version__, "| GPUs", torch.cuda.device_count())'
+    echo '```'
+} >"$REPORT"
+
+step cuda_tier 420 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs tests/e2e/test_cuda.py tests/rollout
+step default_example 300 "$PY" -m proxima.cli train trainer.output_dir="$EXAMPLE_DIR"
+if "$PY" -c 'import trl' 2>/dev/null; then
+    # shellcheck disable=SC2086
+    step gpu_workloads 540 "$PY" benchmarks/bench_vs_trl.py --device cuda --out "$OUT_DIR/bench.jsonl" $BENCH_ARGS
+else
+    echo "## gpu_workloads (not run: TRL is not importable here)" >>"$REPORT"
+fi
+echo "report: $REPORT ($failed failed steps)"
+exit "$failed"
