@@ -60,6 +60,12 @@ class ModelConfig:
         "be float32); the frozen reference and reward model are held in bfloat16.",
     )
     device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
+    gradient_checkpointing: bool = _f(
+        False,
+        "Recompute each decoder layer's activations in the backward pass instead of keeping "
+        "them (the trained actor and critic): less memory per micro-batch, about one more "
+        "forward of compute; the gradients are the same.",
+    )
     lora_rank: int = _f(
         0,
         "LoRA rank r (0 = full fine-tuning). With r > 0 only low-rank adapters are trained and "

@@ -408,6 +408,26 @@ def load_causal_lm(
     return _finish(model, device, trainable)
 
 
+def checkpoint_activations(model: nn.Module) -> None:
+    """`model.gradient_checkpointing`: transformers' activation checkpointing on the
+    outermost transformers model inside `model` (a LoRA wrapper or the actor with a value
+    head included), non-reentrant, so frozen inputs (LoRA) and unused outputs need nothing
+    special. Only in training mode: generation and scoring run as before."""
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            if not module.supports_gradient_checkpointing:
+                raise ValueError(
+                    f"`model.gradient_checkpointing=true`, but {type(module).__name__} does not "
+                    "support it in transformers; set model.gradient_checkpointing=false."
+                )
+            # transformers >= 5.2x names it activation_checkpointing_enable (the old name warns)
+            enable = getattr(module, "activation_checkpointing_enable", None)
+            enable = enable or module.gradient_checkpointing_enable
+            enable({"use_reentrant": False})
+            return
+    raise ValueError(f"no transformers model inside {type(model).__name__} to checkpoint")
+
+
 def load_reward_model(
     path: str | Path,
     dtype: torch.dtype = torch.float32,

@@ -28,7 +28,11 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic, check_critic
-from proxima.models.loading import generation_config, safetensors_problem
+from proxima.models.loading import (
+    checkpoint_activations,
+    generation_config,
+    safetensors_problem,
+)
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 from proxima.rollout.plan import ScoringPlan, plan_scoring
@@ -383,6 +387,10 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
             trainable=False,
         )
     actor, critic = build_critic(cfg, actor, device)
+    if cfg.model.gradient_checkpointing:
+        for trained in (actor, critic.model if critic is not None else None):
+            if trained is not None:
+                checkpoint_activations(trained)
     reward = build_reward(cfg, tokenizer, device, reward_fn)
     return Roles(tokenizer, actor, reference, critic, reward)
 

@@ -135,3 +135,11 @@ def test_target_kl_early_stops_the_actor_epochs(fast_overrides, make_model, tmp_
     for row in rows:
         assert row["actor/early_stopped"] == 1.0 and row["actor/optimizer_steps"] == 2.0
         assert row["critic/optimizer_steps"] == 1.0  # the critic never stops early
+
+
+def test_a_run_with_checkpointing_trains(tmp_path, make_model, fast_overrides):
+    init = make_model("llama")
+    argv = fast_overrides(init, tmp_path / "run", 2, "model.gradient_checkpointing=true")
+    assert main(["train", *argv]) == 0
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
