@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -103,14 +104,30 @@ def _detached_stats(**values: torch.Tensor) -> dict[str, torch.Tensor]:
     return {name: value.detach().float() for name, value in values.items()}
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
+@dataclass(frozen=True)
+class PolicyLoss:
+    """An entry of ``POLICY_LOSSES``: calling it calls ``fn``. ``options``: its own keyword
+    options beyond the shared ones (``agg``, the clip ratios, ``is_weights``), named as the
+    ``actor.policy_loss.*`` config fields that set them (verl's field names), so a trainer
+    passes them by name and never asks which loss it runs."""
+
+    name: str
+    fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    options: tuple[str, ...] = ()
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.fn(*args, **kwargs)
 
 
-def register_policy_loss(name: str):
-    """Decorator: add a policy loss to ``POLICY_LOSSES`` under ``name``."""
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str, *, options: tuple[str, ...] = ()):
+    """Decorator: add a policy loss to ``POLICY_LOSSES`` under ``name`` (verl's
+    ``actor.policy_loss.loss_mode`` names) with its own ``options``."""
 
     def register(fn):
-        POLICY_LOSSES[name] = fn
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, options)
         return fn
 
     return register

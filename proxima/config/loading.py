@@ -87,6 +87,9 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
             raise ConfigError(_unknown_key(key, value, ftypes, prefix))
         typ = ftypes[key]
         if dataclasses.is_dataclass(typ):
+            shorthand = getattr(typ, "SHORTHAND", None)
+            if shorthand and isinstance(value, str):
+                value = {shorthand: value}  # `actor.policy_loss=gspo`
             kwargs[key] = _build(typ, value or {}, where + ".")
         else:
             kwargs[key] = _coerce(value, typ, where)

@@ -273,6 +273,31 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
+class PolicyLossConfig:
+    """`actor.policy_loss`: verl's section of the same name. `actor.policy_loss=NAME` is
+    short for `actor.policy_loss.loss_mode=NAME`. Each option belongs to the losses that
+    read it (`proxima.algos.POLICY_LOSSES[name].options`); setting it under another
+    loss_mode is an error."""
+
+    SHORTHAND = "loss_mode"
+
+    loss_mode: str = _f(
+        "vanilla",
+        "Policy loss, by verl's actor.policy_loss.loss_mode name (README: Policy losses): "
+        "vanilla (PPO's clipped surrogate with the dual clip), gspo, sapo, cispo, gpg, "
+        "clip_cov, kl_cov, geo_mean, dppo_tv, dppo_kl, dro.",
+    )
+    clip_cov_ratio: float = _f(0.0002, "clip_cov: share of tokens whose gradient is cut.")
+    clip_cov_lb: float = _f(1.0, "clip_cov: lower bound of the covariance for cutting.")
+    clip_cov_ub: float = _f(5.0, "clip_cov: upper bound of the covariance for cutting.")
+    kl_cov_ratio: float = _f(0.0002, "kl_cov: share of tokens given the KL penalty.")
+    ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of that KL penalty.")
+    tau_pos: float = _f(1.0, "sapo: temperature of the soft gate for positive advantages.")
+    tau_neg: float = _f(1.05, "sapo: temperature of the soft gate for negative advantages.")
+    dro_beta: float = _f(0.0, "dro: coefficient of the quadratic log-ratio penalty (> 0).")
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.", fixed=True)
@@ -281,11 +306,7 @@ class ActorConfig:
         16, "Sequences per forward/backward (gradient accumulation); never changes the result."
     )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
-    policy_loss: str = _f(
-        "vanilla",
-        "Policy loss, by verl's actor.policy_loss.loss_mode name: vanilla (PPO's clipped "
-        "surrogate with the dual clip).",
-    )
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
     clip_ratio_low: float = _f(0.0, "Lower clip range (0 = clip_ratio).")
     clip_ratio_high: float = _f(

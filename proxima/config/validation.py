@@ -107,7 +107,7 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
 
     return {
         "algorithm.adv_estimator": tuple(ADVANTAGE_ESTIMATORS),
-        "actor.policy_loss": tuple(POLICY_LOSSES),
+        "actor.policy_loss.loss_mode": tuple(POLICY_LOSSES),
         "algorithm.kl_penalty": (*KL_ESTIMATORS, "full"),
         "actor.kl_loss_type": (*KL_ESTIMATORS, "full"),
         "actor.loss_agg_mode": AGG_MODES,
@@ -253,7 +253,30 @@ def _check_rollout_correction(cfg: Config) -> None:
         raise ConfigError("`rollout.logprob_diff_warn` must be >= 0 (0 disables the warning).")
 
 
+def _check_policy_loss_options(cfg: Config) -> None:
+    """An `actor.policy_loss.*` option changed from its default under a loss_mode that does
+    not read it is an error (it would be silently ignored)."""
+    import dataclasses
+
+    from proxima.algos import POLICY_LOSSES
+
+    section = cfg.actor.policy_loss
+    mode = section.loss_mode
+    used = set(POLICY_LOSSES[mode].options)
+    for f in dataclasses.fields(section):
+        if f.name == "loss_mode" or f.name in used:
+            continue
+        if getattr(section, f.name) != f.default:
+            readers = [n for n, e in POLICY_LOSSES.items() if f.name in e.options]
+            raise ConfigError(
+                f"`actor.policy_loss.{f.name}` is set but `actor.policy_loss.loss_mode={mode}` "
+                f"does not read it (it is an option of: {', '.join(readers) or 'no loss'}); "
+                "remove it or choose one of those losses."
+            )
+
+
 def _check_actor(cfg: Config) -> None:
+    _check_policy_loss_options(cfg)
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError("`actor.clip_ratio_c` must be > 1 (dual clip) or 0 to disable it.")
     if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:

@@ -100,8 +100,8 @@ class StatsAccumulator:
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """The actor's loss on a micro-batch: the policy loss `actor.policy_loss` (clipped
-    surrogate, dual clip) - entropy_coef x entropy (+ kl_loss_coef x KL to the reference);
+    """The actor's loss on a micro-batch: the policy loss `actor.policy_loss.loss_mode` with
+    its options (vanilla: the clipped surrogate, dual clip) - entropy_coef x entropy (+ kl_loss_coef x KL to the reference);
     with a `critic` on the actor, + vf_coef x its value loss from the same pass (its stats
     named `critic/...`). `values_only` (the critic's warm-up): vf_coef x the value loss
     alone, the policy without gradient."""
@@ -136,7 +136,9 @@ class PolicyObjective:
     def policy_terms(self, logits: torch.Tensor, mb: Experience):
         cfg = self.cfg
         logprobs = logprobs_from_logits(logits, mb.response_ids)
-        loss, stats = POLICY_LOSSES[cfg.policy_loss](
+        chosen = POLICY_LOSSES[cfg.policy_loss.loss_mode]
+        options = {k: getattr(cfg.policy_loss, k) for k in chosen.options}
+        loss, stats = chosen(
             logprobs,
             mb.old_logprobs,
             mb.advantages,
@@ -146,6 +148,7 @@ class PolicyObjective:
             clip_ratio_high=cfg.clip_ratio_high or cfg.clip_ratio,
             clip_ratio_c=cfg.clip_ratio_c or None,
             is_weights=mb.is_weights,
+            **options,
         )
         stats = {k: float(v) for k, v in stats.items()}
         stats["pg_loss"] = float(loss.detach())

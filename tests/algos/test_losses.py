@@ -379,14 +379,16 @@ def test_explained_variance_stays_finite_for_a_tiny_return_variance():
 
 
 def test_policy_losses_are_a_registry_under_verls_names():
-    assert POLICY_LOSSES["vanilla"] is policy_loss
+    assert POLICY_LOSSES["vanilla"].fn is policy_loss
+    assert POLICY_LOSSES["vanilla"].options == ()
 
-    @register_policy_loss("test_zero")
+    @register_policy_loss("test_zero", options=("tau",))
     def zero(log_prob, old_log_prob, advantages, response_mask, **_):
         return (log_prob * 0).sum(), {}
 
     try:
-        assert POLICY_LOSSES["test_zero"] is zero
+        assert POLICY_LOSSES["test_zero"].fn is zero
+        assert POLICY_LOSSES["test_zero"].options == ("tau",)
     finally:
         del POLICY_LOSSES["test_zero"]
 
