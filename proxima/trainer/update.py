@@ -101,7 +101,8 @@ class StatsAccumulator:
 @dataclass(frozen=True)
 class PolicyObjective:
     """The actor's loss on a micro-batch: the policy loss `actor.policy_loss.loss_mode` with
-    its options (vanilla: the clipped surrogate, dual clip) - entropy_coef x entropy (+ kl_loss_coef x KL to the reference);
+    its options (vanilla: the clipped surrogate, dual clip) - entropy_coef x entropy
+    (+ kl_loss_coef x KL to the reference);
     with a `critic` on the actor, + vf_coef x its value loss from the same pass (its stats
     named `critic/...`). `values_only` (the critic's warm-up): vf_coef x the value loss
     alone, the policy without gradient."""
