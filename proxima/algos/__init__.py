@@ -39,7 +39,8 @@ from .masked import (
     masked_var,
     masked_whiten,
 )
-from .rewards import last_token_index, shape_rewards, token_rewards
+from .metrics import mean_at_k, pass_at_k, pass_at_k_table
+from .rewards import last_token_index, overlong_penalty, shape_rewards, token_rewards
 from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
 __all__ = [
@@ -74,6 +75,10 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mean_at_k",
+    "overlong_penalty",
+    "pass_at_k",
+    "pass_at_k_table",
     "policy_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",

@@ -117,3 +117,25 @@ def shape_rewards(
         "no_stop_fraction": no_stop.mean(),
     }
     return rewards, stats
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, max_length: int, buffer_length: int, penalty_factor: float = 1.0
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13).
+
+    A response of L tokens (its stop token included) out of at most ``max_length`` gets
+    ``min(0, -(L - (max_length - buffer_length)) / buffer_length * penalty_factor)``: 0 up to
+    ``max_length - buffer_length`` tokens, then falling linearly to ``-penalty_factor`` at
+    ``max_length`` (verl's DAPO reward manager, ``overlong_buffer``: len, penalty_factor).
+
+    lengths [B] (any number type) -> [B] float32 penalties, added to the raw scores.
+    """
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(
+            f"overlong_penalty: buffer_length must be in [1, max_length={max_length}], got "
+            f"{buffer_length}; e.g. a quarter of the response length"
+        )
+    expected = max_length - buffer_length
+    exceed = lengths.float() - expected
+    return (-exceed / buffer_length * penalty_factor).clamp(max=0.0)

@@ -76,3 +76,16 @@ def test_token_rewards_errors():
 def test_token_rewards_zero_width():
     out = token_rewards(SCORES, torch.zeros(4, 0), torch.zeros(4, 0), 0.1, 5.0)
     assert out.shape == (4, 0)
+
+
+def test_overlong_penalty_is_dapos_linear_ramp():
+    from proxima.algos import overlong_penalty
+
+    # max 16, buffer 4: free up to 12 tokens, then -1/4 per token down to -1 at 16
+    lengths = torch.tensor([3, 12, 13, 14, 16])
+    got = overlong_penalty(lengths, max_length=16, buffer_length=4, penalty_factor=1.0)
+    assert got.tolist() == [0.0, 0.0, -0.25, -0.5, -1.0]
+    half = overlong_penalty(lengths, max_length=16, buffer_length=4, penalty_factor=0.5)
+    assert half.tolist() == [0.0, 0.0, -0.125, -0.25, -0.5]
+    with pytest.raises(ValueError, match="buffer_length"):
+        overlong_penalty(lengths, max_length=16, buffer_length=0)
