@@ -64,6 +64,12 @@ class EvalConfig:
     every: int = _f(0, "Evaluate on data.eval_path every N iterations (0 = only before and after).")
     max_prompts: int = _f(0, "Evaluate on at most this many prompts (0 = all).")
     sampled: bool = _f(False, "Also evaluate with sampling at rollout.temperature.")
+    n: int = _f(
+        1,
+        "Samples per held-out prompt: n > 1 also samples n responses per prompt (rollout's "
+        "temperature) and reports unbiased pass@k for k = 1..n and mean@n (0/1 scores: a "
+        "score of 1 counts as correct), per data_source when the prompts have that column.",
+    )
     batch_size: int = _f(128, "Prompts per evaluation generate call.")
     out: str = _f("", "`proxima eval`: also write the results as JSON to this file.")
 

@@ -180,6 +180,11 @@ class RolloutConfig:
         "Added to the score of responses that hit max_response_length "
         "without a stop token (e.g. -1.0); 0 disables.",
     )
+    mask_truncated: bool = _f(
+        False,
+        "Leave responses that hit max_response_length without a stop token out of every "
+        "loss (DAPO's overlong filtering); they still count in the metrics.",
+    )
     micro_batch_size: int = _f(
         64, "Sequences per generation call (hf engine) and per scoring forward pass."
     )
@@ -257,6 +262,16 @@ class AlgorithmConfig:
     )
     rollout_correction_cap: float = _f(
         2.0, "Cap of the rollout correction weights (verl's rollout_is_threshold); >= 1."
+    )
+    filter_groups: bool = _f(
+        False,
+        "DAPO's dynamic sampling: drop the prompt groups whose scores are all equal (a group "
+        "estimator gives them no gradient) and generate more prompts until the batch is full "
+        "again, at most max_gen_batches rounds; a batch still short is filled with dropped "
+        "groups (counted in dapo/groups_filled). Needs rollout.n > 1.",
+    )
+    max_gen_batches: int = _f(
+        10, "Most generation rounds per iteration with filter_groups (>= 1; verl's name)."
     )
 
 
@@ -379,6 +394,15 @@ class RewardConfig:
     )
     model_path: str = _f("", "Reward model folder (sequence classification, one label).")
     batch_size: int = _f(64, "Sequences per reward model forward.")
+    overlong_buffer_len: int = _f(
+        0,
+        "DAPO's soft overlong punishment (verl's overlong_buffer.len): a response longer than "
+        "rollout.max_response_length - this loses up to overlong_penalty_factor, linearly "
+        "(README: DAPO); 0 = off.",
+    )
+    overlong_penalty_factor: float = _f(
+        1.0, "Penalty of a response at rollout.max_response_length (overlong_buffer_len > 0)."
+    )
 
 
 @dataclass(frozen=True)

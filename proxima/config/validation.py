@@ -59,6 +59,8 @@ _POSITIVE = (  # sizes and counts that must be > 0, checked in this order
     "data.max_prompt_length",
     "reward.batch_size",
     "eval.batch_size",
+    "eval.n",
+    "algorithm.max_gen_batches",
     "sft.steps",
     "sft.batch_size",
     "sft.max_length",
@@ -71,6 +73,7 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "trainer.save_every",
     "trainer.save_every_minutes",
     "trainer.keep_checkpoints",
+    "reward.overlong_buffer_len",
     "guard.patience",
     "guard.min_entropy",
     "guard.max_kl_per_token",
@@ -225,7 +228,24 @@ def _check_mixed_precision(m: ModelConfig) -> None:
         )
 
 
+def _check_dapo(cfg: Config) -> None:
+    """DAPO's dynamic sampling and overlong punishment."""
+    if cfg.algorithm.filter_groups and cfg.rollout.n < 2:
+        raise ConfigError(
+            "`algorithm.filter_groups` drops groups whose scores are all equal, and with "
+            "`rollout.n=1` every group is one response: set rollout.n > 1 (e.g. 8)."
+        )
+    buffer = cfg.reward.overlong_buffer_len
+    if buffer > cfg.rollout.max_response_length:
+        raise ConfigError(
+            f"`reward.overlong_buffer_len={buffer}` exceeds `rollout.max_response_length="
+            f"{cfg.rollout.max_response_length}`: the buffer is the last part of the allowed "
+            "length; e.g. a quarter of it."
+        )
+
+
 def _check_rollout(cfg: Config) -> None:
+    _check_dapo(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:

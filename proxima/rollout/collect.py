@@ -15,7 +15,7 @@ from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
 from proxima.rollout.engine import RolloutEngine, Sampling
 from proxima.rollout.engines import as_engine
-from proxima.rollout.generate import Generation
+from proxima.rollout.generate import Generation, cat_generations
 
 
 @dataclass
@@ -26,6 +26,42 @@ class Rollout:
     columns: dict[str, list]  # extra dataset columns, one entry per sequence
     group_ids: torch.Tensor  # [B] index of the prompt within the batch
     scores: torch.Tensor | None = None  # [B] raw reward score (`collect`)
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One rollout of several (DAPO's dynamic sampling: rounds of generation), the group ids
+    of each part shifted past the previous parts' groups."""
+    offsets, groups = [], 0
+    for ro in parts:
+        offsets.append(groups)
+        groups += int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0
+    scores = [ro.scores for ro in parts]
+    return Rollout(
+        cat_generations([ro.gen for ro in parts], pad_id),
+        [p for ro in parts for p in ro.prompts],
+        [r for ro in parts for r in ro.responses],
+        {k: [v for ro in parts for v in ro.columns[k]] for k in parts[0].columns},
+        torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
+        None if any(s is None for s in scores) else torch.cat(scores),
+    )
+
+
+def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
+    """The rows of the groups `groups` (group ids of `ro`), in that order, renumbered 0..K-1."""
+    rows, new_ids = [], []
+    for new, g in enumerate(groups):
+        members = (ro.group_ids == g).nonzero().flatten().tolist()
+        rows += members
+        new_ids += [new] * len(members)
+    index = torch.tensor(rows, dtype=torch.long)
+    return Rollout(
+        ro.gen.rows(index),
+        [ro.prompts[i] for i in rows],
+        [ro.responses[i] for i in rows],
+        {k: [v[i] for i in rows] for k, v in ro.columns.items()},
+        torch.tensor(new_ids, dtype=ro.group_ids.dtype),
+        None if ro.scores is None else ro.scores[index.to(ro.scores.device)],
+    )
 
 
 def stop_token_ids(tokenizer, cfg: RolloutConfig) -> list[int]:

@@ -38,6 +38,16 @@ class Generation:
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, -self.response_mask.shape[1] :]
 
+    def rows(self, index: torch.Tensor) -> Generation:
+        """The rows `index` ([K] long), in that order."""
+        return Generation(
+            **{
+                f.name: getattr(self, f.name)[index.to(self.input_ids.device)]
+                for f in fields(self)
+                if getattr(self, f.name) is not None
+            }
+        )
+
     def to(self, device: torch.device | str) -> Generation:
         moved = {
             f.name: getattr(self, f.name).to(device)
@@ -45,6 +55,38 @@ class Generation:
             if getattr(self, f.name) is not None
         }
         return Generation(**moved)
+
+
+def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
+    """Concatenate generations whose prompt widths P and response widths R differ: prompts
+    are padded on the left (positions are counted from each row's first real token, so a
+    row's log-probs do not change), responses on the right."""
+    p = max(g.input_ids.shape[1] - g.response_mask.shape[1] for g in parts)
+    r = max(g.response_mask.shape[1] for g in parts)
+
+    def pad(t: torch.Tensor, left: int, right: int, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (left, right), value=value)
+
+    def per_token(name: str) -> torch.Tensor | None:
+        got = [getattr(g, name) for g in parts]
+        if any(t is None for t in got):
+            return None
+        return torch.cat([pad(t, 0, r - t.shape[1], 0.0) for t in got])
+
+    ids, attn = [], []
+    for g in parts:
+        left = p - (g.input_ids.shape[1] - g.response_mask.shape[1])
+        right = r - g.response_mask.shape[1]
+        ids.append(pad(g.input_ids, left, right, pad_id))
+        attn.append(pad(g.attention_mask, left, right, 0))
+    return Generation(
+        torch.cat(ids),
+        torch.cat(attn),
+        torch.cat([pad(g.response_mask, 0, r - g.response_mask.shape[1], 0) for g in parts]),
+        torch.cat([g.stopped for g in parts]),
+        logprobs=per_token("logprobs"),
+        values=per_token("values"),
+    )
 
 
 def response_mask_after_stop(

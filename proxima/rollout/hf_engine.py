@@ -7,33 +7,7 @@ from collections.abc import Iterable
 import torch
 
 from proxima.rollout.engine import Sampling
-from proxima.rollout.generate import Generation, generate_responses
-
-
-def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
-    """Concatenate generation chunks whose response widths differ (pad on the right)."""
-    r = max(p.response_mask.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
-        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
-
-    def per_token(name: str) -> torch.Tensor | None:
-        got = [getattr(p, name) for p in parts]
-        return None if any(t is None for t in got) else torch.cat([pad(t, r, 0.0) for t in got])
-
-    ids, attn = [], []
-    for p in parts:
-        extra = r - p.response_mask.shape[1]
-        ids.append(pad(p.input_ids, p.input_ids.shape[1] + extra, pad_id))
-        attn.append(pad(p.attention_mask, p.attention_mask.shape[1] + extra, 0))
-    return Generation(
-        torch.cat(ids),
-        torch.cat(attn),
-        torch.cat([pad(p.response_mask, r, 0) for p in parts]),
-        torch.cat([p.stopped for p in parts]),
-        logprobs=per_token("logprobs"),
-        values=per_token("values"),
-    )
+from proxima.rollout.generate import Generation, cat_generations, generate_responses
 
 
 class HFEngine:

@@ -25,13 +25,20 @@ from proxima.algos import (
     logprob_diff,
     masked_mean,
     masked_var,
+    overlong_penalty,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
-from proxima.rollout.collect import Rollout, generate_rollout, score_rollout
+from proxima.rollout.collect import (
+    Rollout,
+    cat_rollouts,
+    generate_rollout,
+    score_rollout,
+    select_groups,
+)
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, sync_weights
 from proxima.rollout.plan import ScoringPlan, plan_scoring
@@ -49,14 +56,19 @@ EV_MIN_VAR = 1e-8
 
 
 class PhaseTimer:
-    """Wall seconds per phase, for this iteration and summed over the run. A `listener`
-    (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show it while it runs."""
+    """Wall seconds per phase, for this iteration (`last`, summed over the phase's runs
+    since `new_iteration`: dynamic sampling generates several times) and summed over the
+    run. A `listener` (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show
+    it while it runs."""
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
         self.current = ""  # the phase running now, or the one that raised
         self.listener = None  # .start(name), .end(name, seconds)
+
+    def new_iteration(self) -> None:
+        self.last = {}
 
     @contextmanager
     def __call__(self, name: str):
@@ -67,10 +79,11 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.last[name] = time.perf_counter() - start
-            self.total[name] += self.last[name]
+            seconds = time.perf_counter() - start
+            self.last[name] = self.last.get(name, 0.0) + seconds
+            self.total[name] += seconds
             if self.listener is not None:
-                self.listener.end(name, self.last[name])
+                self.listener.end(name, seconds)
 
 
 def build_kl_controller(cfg: Config):
@@ -159,25 +172,97 @@ class PPOTrainer:
 
     def step(self) -> tuple[dict[str, float], Rollout]:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
-        t, agree = self.timer, self.dist.agree
-        with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
-            ro = agree(self.generate, "generation")
-        with t("reward"), self.precision():  # 2. the reward model / function scores them
-            scores = agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
+        self.timer.new_iteration()
+        t = self.timer
+        ro, sampling_stats = self.sample()  # 1. the actor writes responses, 2. they are scored
+        scores = ro.scores
         with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
-            exp = agree(lambda: self.score(ro, scores), "scoring")
+            exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
         with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             batch = BatchView.gather(exp, self.dist, len(ro.prompts) // self.cfg.rollout.n)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
+            if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
+                exp = replace(exp, response_mask=exp.response_mask * exp.stopped.unsqueeze(1))
         with t("update"):  # 6. PPO epochs over shuffled mini-batches
             train_stats = self.update(exp)
         with t("sync"):  # 6b. the rollout engine gets the actor's new weights
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
+        metrics.update(sampling_stats)
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.iteration += 1
-        return metrics, replace(ro, scores=scores)
+        return metrics, ro
+
+    def sample(self) -> tuple[Rollout, dict[str, float]]:
+        """Phases 1-2: a scored rollout of this rank's share of the batch. With
+        `algorithm.filter_groups` (DAPO's dynamic sampling) the groups whose scores are all
+        equal are dropped and more prompts generated until every rank has its share of
+        informative groups, at most `algorithm.max_gen_batches` rounds; a share still short
+        is filled with dropped groups, so the batch keeps its shape."""
+        alg = self.cfg.algorithm
+        ro, stats = self.sample_once()
+        if not alg.filter_groups:
+            return ro, stats
+        need = len(ro.prompts) // self.cfg.rollout.n  # groups per rank
+        parts, kept, dropped, rounds = [ro], [], [], 1
+        while True:
+            offset = sum(int(p.group_ids.max()) + 1 for p in parts[:-1])
+            for g in range(int(parts[-1].group_ids.max()) + 1):
+                s = parts[-1].scores[parts[-1].group_ids == g]
+                (dropped if bool((s == s[0]).all()) else kept).append(offset + g)
+            if not self.dist.any(len(kept) < need) or rounds >= alg.max_gen_batches:
+                break
+            more, more_stats = self.sample_once()
+            parts.append(more)
+            stats = {k: stats[k] + more_stats[k] for k in stats}
+            rounds += 1
+        groups = kept[:need] + dropped[: max(0, need - len(kept))]
+        ro = select_groups(cat_rollouts(parts, self.roles.tokenizer.pad_token_id), groups)
+        count = self.dist.all_reduce_sum(
+            torch.tensor(
+                [rounds * need, min(len(kept), need), max(0, need - len(kept))], dtype=torch.float64
+            )
+        )
+        stats = {k: v / rounds for k, v in stats.items()}
+        stats.update(
+            {
+                "dapo/gen_batches": float(rounds),
+                "dapo/groups_generated": float(count[0]),
+                "dapo/groups_kept": float(count[1]),
+                "dapo/groups_filled": float(count[2]),
+            }
+        )
+        return ro, stats
+
+    def sample_once(self) -> tuple[Rollout, dict[str, float]]:
+        """One round of phases 1-2: generate this rank's share of the next batch of prompts
+        and score it (the raw score, plus DAPO's overlong penalty when configured)."""
+        t, agree = self.timer, self.dist.agree
+        with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
+            ro = agree(self.generate, "generation")
+        with t("reward"), self.precision():  # 2. the reward model / function scores them
+            scores = agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
+        stats = {}
+        r = self.cfg.reward
+        if r.overlong_buffer_len:
+            lengths = ro.gen.response_mask.sum(1)
+            penalty = overlong_penalty(
+                lengths.to(scores.device),
+                self.cfg.rollout.max_response_length,
+                r.overlong_buffer_len,
+                r.overlong_penalty_factor,
+            )
+            scores = scores + penalty
+            total = self.dist.all_reduce_sum(
+                torch.tensor(
+                    [float(penalty.sum()), float((penalty < 0).sum()), penalty.numel()],
+                    dtype=torch.float64,
+                )
+            )
+            stats["overlong_penalty_mean"] = float(total[0] / total[2])
+            stats["overlong_fraction"] = float(total[1] / total[2])
+        return replace(ro, scores=scores), stats
 
     def _iteration_start(self) -> dict:
         """The state an iteration changes before its first optimizer step: the loaders'

@@ -64,3 +64,20 @@ def exits(prompts: list[str], responses: list[str], **_: list) -> list[float]:
 def huge(prompts: list[str], responses: list[str], **_: list) -> list[float]:
     """1e30 for every response: unclipped, the critic's value loss is not finite."""
     return [1e30] * len(responses)
+
+
+def even_first_digit_varies(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """DAPO's dynamic sampling: a prompt whose first digit is even scores its samples 0, 1,
+    2, ... in the order they come (its group always varies); an odd one scores 0.5 (its group
+    is always constant, so filter_groups drops it)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        seen[p] = seen.get(p, -1) + 1
+        out.append(float(seen[p]) if int(p[0]) % 2 == 0 else 0.5)
+    return out
+
+
+def constant(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """The same score for everything: no group carries a signal."""
+    return [1.0 for _ in prompts]
