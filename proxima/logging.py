@@ -201,6 +201,32 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
     return out
 
 
+def plot_pass_at_k(runs: dict[str, dict], out_png: str | Path) -> Path:
+    """pass@k against k, one line per evaluation (e.g. before and after training): `runs`
+    maps a label to an `evaluate_k` result ({"pass@1": ..., "pass@2": ...})."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    for label, res in runs.items():
+        ks = sorted(int(k.split("@")[1]) for k in res if k.startswith("pass@"))
+        ax.plot(ks, [res[f"pass@{k}"] for k in ks], marker="o", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per prompt)", fontsize=8)
+    ax.set_ylabel("pass@k", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def progress(
     iterable: Iterable[Any] | None = None,
     total: int | None = None,

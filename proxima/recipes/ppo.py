@@ -33,7 +33,7 @@ from proxima.checkpoint import (
     save_periodic,
 )
 from proxima.config import Config, batch_plan, check_sources
-from proxima.logging import RunLogger, format_line, plot_metrics, progress
+from proxima.logging import RunLogger, format_line, plot_metrics, plot_pass_at_k, progress
 from proxima.recipes.common import new_run_dir, remove_orphans_near, start_dist
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
@@ -72,6 +72,7 @@ PLOT_KEYS = [
     "score",
     "eval/accuracy",
     "eval/mean_reward",
+    "eval/pass@1",
     "kl",
     "response_length",
     "actor/entropy",
@@ -273,6 +274,8 @@ class PPORecipe:
         res = runs["greedy"]
         if "sampled" in runs:
             res["sampled"] = {k: v for k, v in runs["sampled"].items() if k != "samples"}
+        if "pass@k" in runs:
+            res["pass@k"] = runs["pass@k"]
         return res
 
     def _checkpoint(self) -> None:
@@ -327,6 +330,13 @@ class PPORecipe:
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
                 plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)
+            curves = {
+                tag: self.summary[key]["pass@k"]
+                for key, tag in (("eval_before", "before"), ("eval_after", "after"))
+                if "pass@k" in self.summary.get(key, {})
+            }
+            if any(k.startswith("pass@") for run in curves.values() for k in run):
+                plot_pass_at_k(curves, self.run_dir / "pass_at_k.png")
         except OSError as err:
             print(f"warning: could not write summary.json / curves.png ({err})", file=sys.stderr)
         if self.failure is None:
@@ -426,7 +436,14 @@ class PPORecipe:
 
 
 def _eval_metrics(res: dict) -> dict[str, float]:
-    return {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+    """eval/<key> of the greedy evaluation, and eval/pass@k, eval/mean@n (eval.n > 1), also
+    per data source as eval/<source>/pass@k."""
+    out = {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+    k_runs = res.get("pass@k", {})
+    out.update({f"eval/{k}": v for k, v in k_runs.items() if isinstance(v, float)})
+    for src, part in k_runs.get("by_source", {}).items():
+        out.update({f"eval/{src}/{k}": v for k, v in part.items() if isinstance(v, float)})
+    return out
 
 
 def _report(summary: dict, run_dir: Path) -> None:

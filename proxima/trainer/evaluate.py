@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
+from proxima.algos import mean_at_k, pass_at_k_table
 from proxima.config import RolloutConfig
 from proxima.rollout.collect import collect
 from proxima.rollout.engine import RolloutEngine
@@ -76,6 +79,65 @@ def evaluate(
     return _summary(s, ln, samples, greedy)
 
 
+@torch.no_grad()
+def _score_k(actor, tokenizer, items, reward, cfg, device, n, batch_size):
+    """Scores [N, n] of n sampled responses to each item."""
+    per_call = max(1, batch_size // n)
+    rows = []
+    for i in range(0, len(items), per_call):
+        ro = collect(actor, tokenizer, items[i : i + per_call], reward, cfg, device, n=n)
+        rows.append(ro.scores.float().cpu().reshape(-1, n))
+    return torch.cat(rows)
+
+
+def _k_summary(scores: torch.Tensor) -> dict:
+    """mean@n, and pass@k for k = 1..n when every score is 0 or 1 (1 = correct)."""
+    n = scores.shape[1]
+    out: dict = {"n": n}
+    if _is_binary(scores):
+        out.update({f"pass@{k}": v for k, v in pass_at_k_table(scores == 1).items()})
+    out[f"mean@{n}"] = mean_at_k(scores)
+    return out
+
+
+def evaluate_k(
+    actor: RolloutEngine | torch.nn.Module,
+    tokenizer,
+    items: list,
+    reward,
+    cfg: RolloutConfig,
+    device: torch.device,
+    *,
+    n: int,
+    batch_size: int = 128,
+    dist: Dist | None = None,
+) -> dict:
+    """`n` sampled responses per prompt (at rollout.temperature / top_p / top_k): mean@n and
+    the unbiased pass@k of Chen et al. 2021 for every k <= n (when the scores are 0/1), over
+    all prompts and, when the prompts have a `data_source` column, per source
+    (`by_source`). Shared over processes as `evaluate`."""
+    dist = dist or Dist()
+    count, world = len(items), dist.world_size
+    share = -(-count // world)
+    padded = items + items[-1:] * (share * world - count)
+    mine = padded[dist.rank * share : (dist.rank + 1) * share]
+    scores = dist.agree(
+        lambda: _score_k(actor, tokenizer, mine, reward, cfg, device, n, batch_size),
+        "evaluation",
+    )
+    if dist.active:
+        scores = dist.gather_rows(scores)
+    scores = scores[:count]
+    out = _k_summary(scores)
+    sources = [it.columns.get("data_source") for it in items]
+    if any(src is not None for src in sources):
+        rows = defaultdict(list)
+        for i, src in enumerate(sources):
+            rows[str(src)].append(i)
+        out["by_source"] = {src: _k_summary(scores[idx]) for src, idx in sorted(rows.items())}
+    return out
+
+
 def evaluate_modes(
     engine: RolloutEngine | torch.nn.Module,
     tokenizer,
@@ -85,10 +147,11 @@ def evaluate_modes(
     device: torch.device,
     dist: Dist | None = None,
 ) -> dict[str, dict]:
-    """`evaluate` greedy, and sampled too with `eval.sampled`: {"greedy": ..., "sampled": ...}
-    (cfg: the whole config: its rollout and eval sections)."""
+    """`evaluate` greedy, and sampled too with `eval.sampled`: {"greedy": ..., "sampled": ...},
+    and with `eval.n` > 1 `evaluate_k` as "pass@k" (cfg: the whole config: its rollout and
+    eval sections)."""
     modes = {"greedy": True, "sampled": False} if cfg.eval.sampled else {"greedy": True}
-    return {
+    runs = {
         mode: evaluate(
             engine,
             tokenizer,
@@ -102,12 +165,35 @@ def evaluate_modes(
         )
         for mode, greedy in modes.items()
     }
+    if cfg.eval.n > 1:
+        runs["pass@k"] = evaluate_k(
+            engine,
+            tokenizer,
+            items,
+            reward,
+            cfg.rollout,
+            device,
+            n=cfg.eval.n,
+            batch_size=cfg.eval.batch_size,
+            dist=dist,
+        )
+    return runs
 
 
 def describe(results: dict[str, dict]) -> list[str]:
     """One line per mode: mean reward (and accuracy) on how many prompts."""
     lines = []
     for mode, res in results.items():
+        if mode == "pass@k":
+            lines.append(f"{mode}: " + _k_line(res))
+            for src, part in res.get("by_source", {}).items():
+                lines.append(f"{mode} [{src}]: " + _k_line(part))
+            continue
         acc = f", accuracy {res['accuracy']:.2%}" if "accuracy" in res else ""
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
     return lines
+
+
+def _k_line(res: dict) -> str:
+    keys = [k for k in res if k.startswith(("pass@", "mean@"))]
+    return ", ".join(f"{k} {res[k]:.4f}" for k in keys) + f" ({res['n']} samples per prompt)"

@@ -81,3 +81,14 @@ def even_first_digit_varies(prompts: list[str], responses: list[str], **_: list)
 def constant(prompts: list[str], responses: list[str], **_: list) -> list[float]:
     """The same score for everything: no group carries a signal."""
     return [1.0 for _ in prompts]
+
+
+def first_sample_correct(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """1 for the first sample of each prompt in the call, 0 for the others: with n samples
+    per prompt exactly one is correct, so pass@k = k / n."""
+    seen: set[str] = set()
+    out = []
+    for p in prompts:
+        out.append(0.0 if p in seen else 1.0)
+        seen.add(p)
+    return out
