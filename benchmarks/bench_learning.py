@@ -1,6 +1,7 @@
 """Learning benchmark: the default example over several seeds.
 
     python benchmarks/bench_learning.py [key=value ...] --seeds 1 2 3 [--out runs/bench_learning]
+        [--config dapo]
 
 Each seed runs the whole default example (data split, tiny model, SFT warm start, PPO,
 held-out greedy accuracy before and after) and the script prints one row per seed and the
@@ -14,7 +15,7 @@ import argparse
 import json
 import statistics
 
-from proxima.cli import default_config_path
+from proxima.cli import builtin_config, default_config_path
 from proxima.config import load_config
 from proxima.recipes import train
 
@@ -23,12 +24,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--out", default="runs/bench_learning")
+    p.add_argument(
+        "--config", default="", help="a YAML file or a shipped config name (default: the example)"
+    )
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     rows = []
     for seed in a.seeds:
         cfg = load_config(
-            default_config_path(),
+            builtin_config(a.config) if a.config else default_config_path(),
             [
                 f"trainer.seed={seed}",
                 f"trainer.output_dir={a.out}/seed{seed}",

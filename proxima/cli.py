@@ -21,6 +21,15 @@ def default_config_path() -> Path:
     return Path(str(resources.files("proxima") / "configs" / DEFAULT_EXAMPLE))
 
 
+def builtin_config(name: str) -> str:
+    """`name` itself when it is a file; else a config shipped with proxima by that name
+    (`dapo` or `dapo.yaml`: proxima/configs/dapo.yaml), when there is one."""
+    if Path(name).is_file():
+        return name
+    shipped = default_config_path().parent / (name if name.endswith(".yaml") else name + ".yaml")
+    return str(shipped) if "/" not in name and shipped.is_file() else name
+
+
 # Flags of `sft`, `rm` and `eval`: short names of config keys, nothing more (no defaults of
 # their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
 FLAGS: dict[str, dict[str, str]] = {
@@ -111,7 +120,7 @@ def _split_config_args(
     """
     _check_order(args, command)
     if args and "=" not in args[0]:
-        return args[0], args[1:]
+        return builtin_config(args[0]), args[1:]
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
     if not default_example or named:
         return None, args

@@ -143,3 +143,38 @@ def test_a_run_with_checkpointing_trains(tmp_path, make_model, fast_overrides):
     assert main(["train", *argv]) == 0
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+
+
+def test_dapo_recipe_options_train(fast_overrides, make_model, tmp_path):
+    """The DAPO recipe's keys together (the shipped dapo.yaml's algorithm, on the nano
+    model): clip-higher, dynamic sampling, token-mean, overlong shaping, truncated masked."""
+    rows = _run(
+        fast_overrides,
+        make_model,
+        tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false",
+        "algorithm.filter_groups=true",
+        "algorithm.max_gen_batches=2",
+        "reward.overlong_buffer_len=2",
+        "rollout.mask_truncated=true",
+        "rollout.n=4",
+        "actor.clip_ratio_high=0.28",
+        "actor.ppo_mini_batch_size=16",
+        "critic.ppo_mini_batch_size=16",
+    )
+    last = rows[-1]
+    assert 1 <= last["dapo/gen_batches"] <= 2
+    assert last["dapo/groups_kept"] + last["dapo/groups_filled"] == 4
+    assert last["dapo/groups_generated"] == 4 * last["dapo/gen_batches"]
+    assert "overlong_penalty_mean" in last
+
+
+def test_shipped_dapo_config_is_found_by_name():
+    from proxima.cli import builtin_config
+    from proxima.config import load_config
+
+    cfg = load_config(builtin_config("dapo"))
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.filter_groups
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.reward.overlong_buffer_len == 2 and not cfg.kl_in_reward
