@@ -35,6 +35,11 @@ class Experience:
     rollout_logprobs: torch.Tensor | None = None
     # [B, R] truncated importance weights pi_old / mu (algorithm.rollout_correction), or None
     is_weights: torch.Tensor | None = None
+    # [B, R] sum over the vocabulary of pi_old^2 at each response token, when the advantage
+    # estimator needs it (optimal_token_baseline), else None
+    sum_pi_squared: torch.Tensor | None = None
+    # [B] the score of a greedy response to the row's prompt (ReMax's baseline), or None
+    reward_baselines: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

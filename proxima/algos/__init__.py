@@ -28,6 +28,7 @@ from .losses import (
     logprobs_from_logits,
     policy_loss,
     register_policy_loss,
+    sum_pi_squared,
     value_loss,
 )
 from .masked import (
@@ -84,6 +85,7 @@ __all__ = [
     "reinforce_plus_plus_baseline",
     "rloo",
     "shape_rewards",
+    "sum_pi_squared",
     "token_rewards",
     "truncated_is_weights",
     "value_loss",

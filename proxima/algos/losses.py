@@ -78,6 +78,20 @@ def entropy_from_logits(
     return map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
 
 
+def sum_pi_squared(
+    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
+    """sum_v softmax(logits / temperature)_v^2 per position (the collision probability; the
+    optimal token baseline's ||s||^2 = 1 - 2 pi_t + this). logits [B, T, V] -> [B, T] float32,
+    chunked like ``logprobs_from_logits``."""
+    check_temperature("sum_pi_squared", temperature)
+
+    def chunk_sum(chunk: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(chunk.float() / temperature, dim=-1).square().sum(dim=-1)
+
+    return map_row_chunks(chunk_sum, logits, chunk_size=chunk_size)
+
+
 class EmptyMaskWarning(UserWarning):
     """policy_loss or value_loss got a response_mask with no real token: the loss is 0."""
 

@@ -26,6 +26,8 @@ class Rollout:
     columns: dict[str, list]  # extra dataset columns, one entry per sequence
     group_ids: torch.Tensor  # [B] index of the prompt within the batch
     scores: torch.Tensor | None = None  # [B] raw reward score (`collect`)
+    # [B] the score of a greedy response to the row's prompt (ReMax's baseline), or None
+    baselines: torch.Tensor | None = None
 
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -35,14 +37,19 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     for ro in parts:
         offsets.append(groups)
         groups += int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0
-    scores = [ro.scores for ro in parts]
+
+    def cat(name: str) -> torch.Tensor | None:
+        got = [getattr(ro, name) for ro in parts]
+        return None if any(t is None for t in got) else torch.cat(got)
+
     return Rollout(
         cat_generations([ro.gen for ro in parts], pad_id),
         [p for ro in parts for p in ro.prompts],
         [r for ro in parts for r in ro.responses],
         {k: [v for ro in parts for v in ro.columns[k]] for k in parts[0].columns},
         torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
-        None if any(s is None for s in scores) else torch.cat(scores),
+        cat("scores"),
+        cat("baselines"),
     )
 
 
@@ -60,7 +67,7 @@ def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
         [ro.responses[i] for i in rows],
         {k: [v[i] for i in rows] for k, v in ro.columns.items()},
         torch.tensor(new_ids, dtype=ro.group_ids.dtype),
-        None if ro.scores is None else ro.scores[index.to(ro.scores.device)],
+        *(None if t is None else t[index.to(t.device)] for t in (ro.scores, ro.baselines)),
     )
 
 

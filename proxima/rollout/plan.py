@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxima.algos import ADVANTAGE_ESTIMATORS
 from proxima.config import Config, ConfigError
 
 # generation_config fields that do not change the distribution tokens are sampled from
@@ -49,6 +50,9 @@ class ScoringPlan:
     values: str
     kl: str
     why: str  # why the old log-probs come from where they do
+    # sum over the vocabulary of pi^2 at each response token, from the actor's scoring pass
+    # (the advantage estimator needs it: optimal_token_baseline)
+    sum_pi_squared: bool = False
 
     @property
     def old_from_engine(self) -> bool:
@@ -66,9 +70,10 @@ class ScoringPlan:
             "": "none (no critic)",
         }[self.values]
         kl = f"a reference pass, KL estimator {self.kl}" if self.kl else "none (no KL)"
+        spsq = "\n  sum pi^2     : the actor's pass" if self.sum_pi_squared else ""
         return (
             f"scoring plan:\n  old log-probs: {old} ({self.why})\n  values       : {values}\n"
-            f"  reference    : {kl}"
+            f"  reference    : {kl}{spsq}"
         )
 
 
@@ -95,6 +100,15 @@ def engine_logprobs_differ(cfg: Config, engine: str, generation_config=None) -> 
 
 def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str]:
     mode = cfg.rollout.old_logprobs
+    if "sum_pi_squared" in _estimator_needs(cfg):
+        name = cfg.algorithm.adv_estimator
+        if mode == "engine":
+            raise ConfigError(
+                f"`algorithm.adv_estimator={name}` needs the sum of pi^2 over the vocabulary "
+                "from the actor's scoring pass, which `rollout.old_logprobs=engine` skips. "
+                "Use rollout.old_logprobs=auto or recompute."
+            )
+        return "actor", f"{name} needs the actor's logits (sum of pi^2)"
     if mode == "engine" and cfg.algorithm.rollout_correction:
         raise ConfigError(
             "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
@@ -107,6 +121,10 @@ def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str
     if why_not:
         return "actor", f"auto: {why_not}"
     return "engine", f"auto: exact here, the {engine} engine's own"
+
+
+def _estimator_needs(cfg: Config) -> tuple[str, ...]:
+    return ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator].needs
 
 
 def plan_scoring(cfg: Config, engine: str | None = None, generation_config=None) -> ScoringPlan:
@@ -129,4 +147,4 @@ def plan_scoring(cfg: Config, engine: str | None = None, generation_config=None)
         values = "critic"
     needs_reference = cfg.kl_in_reward or cfg.actor.use_kl_loss
     kl = cfg.algorithm.kl_penalty if needs_reference else ""
-    return ScoringPlan(old, values, kl, why)
+    return ScoringPlan(old, values, kl, why, "sum_pi_squared" in _estimator_needs(cfg))

@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import kl_full, kl_penalty, logprobs_from_logits, truncated_is_weights
+from proxima.algos import (
+    kl_full,
+    kl_penalty,
+    logprobs_from_logits,
+    sum_pi_squared,
+    truncated_is_weights,
+)
 from proxima.config import AlgorithmConfig, RolloutConfig
 from proxima.models.critic import Critic
 from proxima.models.forward import response_logits, response_logits_values, response_values
@@ -38,6 +44,23 @@ def sequence_logprobs(
         return logprobs_from_logits(logits, gen.response_ids[s])
 
     return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+
+
+@torch.no_grad()
+def sequence_logprobs_sum_pi_squared(
+    model: torch.nn.Module, gen: Generation, temperature: float, micro_batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, R] log-probs of the response tokens and [B, R] sum over the vocabulary of pi^2 at
+    each of them (pi = softmax(logits / temperature)), from one pass; zero where masked."""
+    r = gen.response_mask.shape[1]
+
+    def one(s: slice) -> torch.Tensor:
+        logits = response_logits(model, gen.input_ids[s], gen.attention_mask[s], r, temperature)
+        lp = logprobs_from_logits(logits, gen.response_ids[s])
+        return torch.stack([lp, sum_pi_squared(logits)], dim=1)
+
+    both = _in_chunks(one, gen.input_ids.shape[0], micro_batch_size)  # [B, 2, R]
+    return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
 
 
 @torch.no_grad()
@@ -107,6 +130,15 @@ def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
     return sequence_logprobs(actor, gen, t, size), None
 
 
+def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
+    """(old log-probs, values or None, sum pi^2 or None), as the plan says."""
+    if plan.sum_pi_squared:  # the plan recomputes: no critic-free estimator has values
+        t, size = rollout.temperature, rollout.micro_batch_size
+        old, spsq = sequence_logprobs_sum_pi_squared(actor, gen, t, size)
+        return old, None, spsq
+    return (*_old_logprobs(gen, plan, actor, rollout), None)
+
+
 def build_experience(
     gen: Generation,
     scores: torch.Tensor,
@@ -128,7 +160,7 @@ def build_experience(
     importance weights old / engine of `algorithm.rollout_correction`.
     """
     t, size = rollout.temperature, rollout.micro_batch_size
-    old, values = _old_logprobs(gen, plan, actor, rollout)
+    old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
     ref = sequence_logprobs(reference, gen, t, size) if reference is not None else None
     if plan.values == "critic":
         values = sequence_values(critic.model, gen, size)
@@ -163,4 +195,5 @@ def build_experience(
         group_ids=group_ids,
         rollout_logprobs=engine_lp,
         is_weights=is_weights,
+        sum_pi_squared=spsq,
     )

@@ -30,21 +30,33 @@ class BatchView:
     response_mask: torch.Tensor  # [B, R]
     values: torch.Tensor | None  # [B, R]
     group_ids: torch.Tensor  # [B], unique across ranks
+    # what some estimators need besides (their registry entry's `needs`); None when not built
+    old_logprobs: torch.Tensor | None = None  # [B, R]
+    is_weights: torch.Tensor | None = None  # [B, R]
+    sum_pi_squared: torch.Tensor | None = None  # [B, R]
+    reward_baselines: torch.Tensor | None = None  # [B]
 
     @property
     def batch_size(self) -> int:
         return self.scores.shape[0]
 
     @classmethod
-    def gather(cls, exp: Experience, dist: Dist, groups_per_rank: int) -> BatchView:
-        g = dist.gather_rows
+    def gather(
+        cls, exp: Experience, dist: Dist, groups_per_rank: int, needs: tuple[str, ...] = ()
+    ) -> BatchView:
+        """The whole batch on every rank; of the optional inputs only those in `needs`."""
+
+        def g(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else dist.gather_rows(t)
+
         return cls(
             scores=g(exp.scores),
             stopped=g(exp.stopped),
             kl=g(exp.kl),
             response_mask=g(exp.response_mask),
-            values=g(exp.values) if exp.values is not None else None,
+            values=g(exp.values),
             group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
+            **{name: g(getattr(exp, name)) for name in needs},
         )
 
 
@@ -95,7 +107,9 @@ def estimate(
         score_std=score_std,
     )
     name = algorithm.adv_estimator
-    options = {k: getattr(algorithm, k) for k in ADVANTAGE_ESTIMATORS[name].options}
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    options = {k: getattr(algorithm, k) for k in estimator.options}
+    inputs = {k: getattr(batch, k) for k in estimator.needs}
     advantages, returns = compute_advantages(
         name,
         token_rewards,
@@ -103,6 +117,7 @@ def estimate(
         values=batch.values,
         gamma=algorithm.gamma,
         group_ids=batch.group_ids,
+        **inputs,
         **options,
     )
     stats = {k: float(v) for k, v in stats.items()}

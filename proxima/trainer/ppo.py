@@ -18,6 +18,7 @@ from functools import partial
 import torch
 
 from proxima.algos import (
+    ADVANTAGE_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     RunningMoments,
@@ -124,6 +125,7 @@ class PPOTrainer:
             name = engine.name if engine is not None else cfg.rollout.name
             plan = plan_scoring(cfg, name, base_model(roles.actor).generation_config)
         self.plan = plan
+        self.estimator = ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]
         if engine is None:
             engine = build_engine(cfg, roles.actor, roles.tokenizer, device)
         self.engine = engine
@@ -179,7 +181,8 @@ class PPOTrainer:
         with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
             exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
         with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
-            batch = BatchView.gather(exp, self.dist, len(ro.prompts) // self.cfg.rollout.n)
+            groups = len(ro.prompts) // self.cfg.rollout.n
+            batch = BatchView.gather(exp, self.dist, groups, self.estimator.needs)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
@@ -237,23 +240,24 @@ class PPOTrainer:
 
     def sample_once(self) -> tuple[Rollout, dict[str, float]]:
         """One round of phases 1-2: generate this rank's share of the next batch of prompts
-        and score it (the raw score, plus DAPO's overlong penalty when configured)."""
+        and score it (the raw score, plus DAPO's overlong penalty when configured); for an
+        estimator that needs it (ReMax), a greedy response to each prompt is generated and
+        scored too, its score the baseline of the prompt's samples."""
         t, agree = self.timer, self.dist.agree
+        items = self.next_prompts()
         with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
-            ro = agree(self.generate, "generation")
+            ro = agree(lambda: self.generate(items), "generation")
         with t("reward"), self.precision():  # 2. the reward model / function scores them
-            scores = agree(lambda: score_rollout(ro, self.roles.reward), "the reward")
+            scores, penalty = agree(lambda: self.reward(ro), "the reward")
+        ro = replace(ro, scores=scores)
+        if "reward_baselines" in self.estimator.needs:
+            with t("generate"), self.precision(generation=True):
+                greedy = agree(lambda: self.generate(items, greedy=True), "generation")
+            with t("reward"), self.precision():
+                base, _ = agree(lambda: self.reward(greedy), "the reward")
+            ro = replace(ro, baselines=base.repeat_interleave(self.cfg.rollout.n))
         stats = {}
-        r = self.cfg.reward
-        if r.overlong_buffer_len:
-            lengths = ro.gen.response_mask.sum(1)
-            penalty = overlong_penalty(
-                lengths.to(scores.device),
-                self.cfg.rollout.max_response_length,
-                r.overlong_buffer_len,
-                r.overlong_penalty_factor,
-            )
-            scores = scores + penalty
+        if penalty is not None:
             total = self.dist.all_reduce_sum(
                 torch.tensor(
                     [float(penalty.sum()), float((penalty < 0).sum()), penalty.numel()],
@@ -262,7 +266,22 @@ class PPOTrainer:
             )
             stats["overlong_penalty_mean"] = float(total[0] / total[2])
             stats["overlong_fraction"] = float(total[1] / total[2])
-        return replace(ro, scores=scores), stats
+        return ro, stats
+
+    def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([B] the reward source's score of each response plus DAPO's overlong penalty
+        (`reward.overlong_buffer_len`), [B] that penalty or None when it is off)."""
+        scores = score_rollout(ro, self.roles.reward)
+        r = self.cfg.reward
+        if not r.overlong_buffer_len:
+            return scores, None
+        penalty = overlong_penalty(
+            ro.gen.response_mask.sum(1).to(scores.device),
+            self.cfg.rollout.max_response_length,
+            r.overlong_buffer_len,
+            r.overlong_penalty_factor,
+        )
+        return scores + penalty, penalty
 
     def _iteration_start(self) -> dict:
         """The state an iteration changes before its first optimizer step: the loaders'
@@ -295,22 +314,29 @@ class PPOTrainer:
             role.optimizer.zero_grad(set_to_none=True)
         return True
 
-    def generate(self) -> Rollout:
+    def next_prompts(self) -> list:
         """This rank's share of the next global batch of prompts (all samples of a prompt
-        stay on one rank), with rollout.n responses each, and the engine's own log-probs
-        (rollout/logprob_diff_*, rollout correction)."""
+        stay on one rank)."""
         items = next(self.loader)
         k = len(items) // self.dist.world_size
-        mine = items[self.dist.rank * k : (self.dist.rank + 1) * k]
+        return items[self.dist.rank * k : (self.dist.rank + 1) * k]
+
+    def generate(self, items: list | None = None, greedy: bool = False) -> Rollout:
+        """rollout.n responses to each of `items` (default: `next_prompts()`), with the
+        engine's own log-probs (rollout/logprob_diff_*, rollout correction); `greedy`: one
+        greedy response each (ReMax's baseline)."""
+        items = self.next_prompts() if items is None else items
         try:
             return generate_rollout(
                 self.synced_engine(),
                 self.roles.tokenizer,
-                mine,
+                items,
                 self.cfg.rollout,
                 self.device,
-                logprobs=True,
-                values=self.plan.values == "generation",
+                greedy=greedy,
+                n=1 if greedy else None,
+                logprobs=not greedy,
+                values=self.plan.values == "generation" and not greedy,
             )
         except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
             if "inf" in str(err) and "nan" in str(err):
@@ -342,6 +368,8 @@ class PPOTrainer:
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
         )
+        if ro.baselines is not None:
+            exp = replace(exp, reward_baselines=ro.baselines.to(exp.scores.device))
         for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
             if tensor is not None and not bool(torch.isfinite(tensor).all()):
                 what = "log-probs" if role == "actor" else "values"

@@ -409,3 +409,12 @@ def test_explained_variance_floor():
     tiny = torch.tensor([[0.0, 1e-6, 2e-6]])
     assert explained_variance(values, tiny, mask).item() < -1e11
     assert explained_variance(values, tiny, mask, min_var=1e-8).item() == 0.0
+
+
+def test_sum_pi_squared_is_the_collision_probability():
+    from proxima.algos import sum_pi_squared
+
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])  # probabilities 1/4, 3/4
+    assert sum_pi_squared(logits).item() == pytest.approx(1 / 16 + 9 / 16)
+    # temperature 2: probabilities proportional to 1 and sqrt(3)
+    assert sum_pi_squared(logits, temperature=2.0).item() == pytest.approx(4 / (4 + 2 * math.sqrt(3)))
