@@ -228,6 +228,7 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
         ("actor.optim.betas=[a, b]", r"`actor.optim.betas` must be two numbers"),
         ("rollout.stop_token_ids=[1, x]", r"`rollout.stop_token_ids` must be a list of token ids"),
         ("model.lora_target_modules=[1]", r"`model.lora_target_modules` must be a list of module"),
+        ("algorithm.gdpo_reward_weights=[1, x]", r"`algorithm.gdpo_reward_weights` must be a"),
         ("actor.optim.eps=0", r"`actor.optim.eps` must be > 0"),
         ("critic.optim.lr=-1", r"`critic.optim.lr` must be >= 0"),
         ("actor.optim.grad_clip=-1", r"`actor.optim.grad_clip` must be >= 0"),

@@ -6,17 +6,26 @@ real response tokens. Nothing here imports the rest of proxima.
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    EXTRA_INPUTS,
     Estimator,
     SingletonGroupWarning,
     compute_advantages,
     compute_gae,
     discounted_returns,
     gae,
+    gdpo,
+    gpg,
     grpo,
+    grpo_passk,
+    opo,
+    optimal_token_baseline,
     register_advantage,
     reinforce_plus_plus,
     reinforce_plus_plus_baseline,
+    remax,
     rloo,
+    rloo_vectorized,
+    tir_optimal_token_baseline,
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .losses import (
@@ -46,6 +55,7 @@ from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "EXTRA_INPUTS",
     "POLICY_LOSSES",
     "Estimator",
     "PolicyLoss",
@@ -66,7 +76,12 @@ __all__ = [
     "discounted_returns",
     "entropy_from_logits",
     "explained_variance",
+    "gdpo",
+    "gpg",
     "grpo",
+    "grpo_passk",
+    "opo",
+    "optimal_token_baseline",
     "kl_full",
     "kl_penalty",
     "last_token_index",
@@ -83,7 +98,10 @@ __all__ = [
     "policy_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
+    "remax",
     "rloo",
+    "rloo_vectorized",
+    "tir_optimal_token_baseline",
     "shape_rewards",
     "sum_pi_squared",
     "token_rewards",

@@ -218,8 +218,10 @@ class KLControlConfig:
 class AlgorithmConfig:
     adv_estimator: str = _f(
         "gae",
-        "Advantage estimator (verl's algorithm.adv_estimator): gae (with a critic) | grpo | "
-        "rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (critic-free).",
+        "Advantage estimator (verl's algorithm.adv_estimator; README: Advantage estimators): "
+        "gae (with a critic) | grpo | grpo_vectorized | rloo | rloo_vectorized | "
+        "reinforce_plus_plus | reinforce_plus_plus_baseline | remax | opo | grpo_passk | gpg | "
+        "gdpo | optimal_token_baseline | tir_optimal_token_baseline (critic-free).",
         fixed=True,
     )
     gamma: float = _f(1.0, "Discount factor.")
@@ -228,9 +230,23 @@ class AlgorithmConfig:
         True,
         "GAE only: whiten the advantages over the batch (masked) before the update. The "
         "critic-free estimators normalise their own way: grpo by the group's std "
-        "(norm_adv_by_std_in_grpo), reinforce_plus_plus(_baseline) over the batch, rloo not.",
+        "(norm_adv_by_std_in_grpo), reinforce_plus_plus(_baseline) and gdpo over the batch, "
+        "the others not.",
     )
-    norm_adv_by_std_in_grpo: bool = _f(True, "GRPO: divide by the group's std (False = Dr.GRPO).")
+    norm_adv_by_std_in_grpo: bool = _f(
+        True,
+        "grpo, grpo_passk, gdpo: divide by the group's std (False = Dr.GRPO).",
+    )
+    gdpo_reward_weights: list = _f(
+        [],
+        "gdpo: weight of each reward component (column of score_components) in the sum of "
+        "the group-normalised components; empty = equal weights.",
+    )
+    handle_zero_tail: bool = _f(
+        True,
+        "optimal_token_baseline, tir_optimal_token_baseline: no baseline on the part of a "
+        "group's longest response beyond the second longest (verl's default).",
+    )
     use_kl_in_reward: bool | None = _f(
         None,
         "Put -kl_coef * KL into the token rewards. Unset (null): on, unless actor.use_kl_loss "

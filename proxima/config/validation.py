@@ -178,6 +178,12 @@ def _check_lists(cfg: Config) -> None:
             f"`rollout.stop_token_ids` must be a list of token ids (integers >= 0), like "
             f"[13]; got {ids!r}."
         )
+    weights = cfg.algorithm.gdpo_reward_weights
+    if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+        raise ConfigError(
+            "`algorithm.gdpo_reward_weights` must be a list of numbers, one per reward "
+            f"component (empty = equal weights), like [1.0, 0.5]; got {weights!r}."
+        )
     modules = cfg.model.lora_target_modules
     if not all(isinstance(m, str) and m for m in modules):
         raise ConfigError(

@@ -66,8 +66,9 @@ def ref_discounted_returns(rewards, mask, gamma):
 def ref_group_advantages(name, rewards, mask, group_ids):
     """Plain-loop group estimators with the statistics module (float64 on Python floats).
 
-    A group of one gets mean 0 and std 1 (verl), so its advantage is the raw outcome
-    (divided by 1 + 1e-6 in grpo, and whitened with the rest in reinforce_plus_plus_baseline).
+    Every row is a member of its group, a row with no real token with outcome 0 (verl). A
+    group of one gets mean 0 and std 1 (verl), so its advantage is the raw outcome (divided
+    by 1 + 1e-6 in grpo, and whitened with the rest in reinforce_plus_plus_baseline).
     """
     import statistics
 
@@ -77,8 +78,7 @@ def ref_group_advantages(name, rewards, mask, group_ids):
     ]
     members = {}
     for b, gid in enumerate(group_ids.tolist()):
-        if mask[b].any():
-            members.setdefault(gid, []).append(outcome[b])
+        members.setdefault(gid, []).append(outcome[b])
     per_row = []
     for b, gid in enumerate(group_ids.tolist()):
         group = members.get(gid, [])
@@ -346,13 +346,24 @@ def test_reinforce_plus_plus_baseline_group_of_one_whitens_raw_scores():
     torch.testing.assert_close(adv, expected)
 
 
-def test_group_of_one_next_to_an_empty_row_is_still_a_group_of_one():
-    # Rows 0 and 1 share prompt 0 but row 1 is empty (not a member): row 0 (outcome 3) is
-    # alone -> raw score 3 in rloo; the empty row stays 0.
+def test_a_row_with_no_real_token_is_a_group_member_with_outcome_0():
+    # Rows 0 and 1 share prompt 0 and row 1 is empty: as in verl (which sums every row of a
+    # prompt, an empty one to 0), row 1 is a member with outcome 0, so row 0 (outcome 3) is
+    # not alone and no warning is raised. Until this was aligned with verl, empty rows were
+    # left out and row 0 counted as a group of one (raw score 3 / (1 + 1e-6) in grpo).
+    # grpo: mean 1.5, unbiased std sqrt(1.5^2 + 1.5^2) = sqrt(4.5) -> 1.5 / (sqrt(4.5) + eps);
+    # without std 3 - 1.5 = 1.5; rloo: 3 - 0 (the other member) = 3. The empty row stays 0.
     mask = torch.tensor([[1, 1], [0, 0]])
-    with pytest.warns(SingletonGroupWarning):
-        adv, _ = rloo(SOLO_REWARDS[:2], mask, group_ids=torch.tensor([0, 0]))
-    torch.testing.assert_close(adv, torch.tensor([[3.0, 3.0], [0.0, 0.0]]))
+    ids = torch.tensor([0, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaled, _ = grpo(SOLO_REWARDS[:2], mask, group_ids=ids)
+        centred, _ = grpo(SOLO_REWARDS[:2], mask, group_ids=ids, norm_adv_by_std_in_grpo=False)
+        loo, _ = rloo(SOLO_REWARDS[:2], mask, group_ids=ids)
+    want = 1.5 / (math.sqrt(4.5) + 1e-6)
+    torch.testing.assert_close(scaled, torch.tensor([[want, want], [0.0, 0.0]]))
+    torch.testing.assert_close(centred, torch.tensor([[1.5, 1.5], [0.0, 0.0]]))
+    torch.testing.assert_close(loo, torch.tensor([[3.0, 3.0], [0.0, 0.0]]))
 
 
 @pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
@@ -393,12 +404,15 @@ def test_group_estimators_match_python_loop(name, seed):
     torch.testing.assert_close(adv, ref_group_advantages(name, rewards, mask, group_ids))
 
 
-def test_empty_rows_are_not_group_members():
-    # Row 2 is empty: group 0 has members rows 0 and 1 only (outcomes 1 and 3, mean 2).
+def test_empty_rows_are_group_members_with_outcome_0():
+    # Row 2 is empty (its 100 lies outside the mask): a member of group 0 with outcome 0, as
+    # in verl. Outcomes 1, 3, 0 -> mean 4/3 -> A = -1/3, 5/3 and 0 on row 2 (masked). (This
+    # test asserted the opposite, mean 2 over rows 0 and 1, before the parity fix: verl's
+    # group statistics count every row of a prompt.)
     rewards = torch.tensor([[1.0], [3.0], [100.0]])
     mask = torch.tensor([[1], [1], [0]])
     adv, _ = grpo(rewards, mask, group_ids=torch.tensor([0, 0, 0]), norm_adv_by_std_in_grpo=False)
-    torch.testing.assert_close(adv, torch.tensor([[-1.0], [1.0], [0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[-1.0 / 3.0], [5.0 / 3.0], [0.0]]))
 
 
 def test_compute_advantages_dispatch():
@@ -439,11 +453,26 @@ def test_compute_advantages_errors():
 def test_estimators_do_not_modify_inputs_or_track_grad():
     rewards = GROUP_REWARDS.clone().requires_grad_(True)
     values = torch.ones(6, 3, requires_grad=True)
+    # Every extra input, for the estimators that read them (the others ignore them).
+    extra = {
+        "reward_baselines": torch.full((6,), 0.5),
+        "old_logprobs": torch.full((6, 3), -0.5),
+        "sum_pi_squared": torch.full((6, 3), 0.4),
+        "is_weights": torch.full((6, 3), 1.2),
+        "score_components": torch.ones(6, 2),
+    }
+    extra = {k: v.requires_grad_(True) for k, v in extra.items()}
+    before = {k: v.detach().clone() for k, v in extra.items()}
+    ids = torch.tensor([10, 11, 10, 11, 10, 11])  # no group of one: grpo_passk needs two
     for name in ADVANTAGE_ESTIMATORS:
-        adv, ret = compute_advantages(name, rewards, GROUP_MASK, values=values, group_ids=GROUP_IDS)
+        adv, ret = compute_advantages(
+            name, rewards, GROUP_MASK, values=values, group_ids=ids, **extra
+        )
         assert not adv.requires_grad and not ret.requires_grad
     assert torch.equal(rewards.detach(), GROUP_REWARDS)
     assert torch.equal(values.detach(), torch.ones(6, 3))
+    for k, v in extra.items():
+        assert torch.equal(v.detach(), before[k]), k
 
 
 # --------------------------------------------------------------------------- the registry

@@ -92,9 +92,25 @@ def test_right_padding_changes_nothing_on_real_tokens(data, extra, fill, gamma, 
         compute_gae(px, py, pm, gamma, lam), compute_gae(x, y, mask, gamma, lam), strict=True
     ):
         _close(on_real(got), want)
+    logprobs, pi_squared, is_weights = (torch.rand(batch, width, generator=gen) for _ in "abc")
+    inputs = {
+        "values": y,
+        "group_ids": group_ids,
+        "gamma": gamma,
+        "reward_baselines": scores,
+        "old_logprobs": -2 * logprobs,
+        "sum_pi_squared": pi_squared,
+        "is_weights": is_weights + 0.5,
+        "score_components": torch.randn(batch, 2, generator=gen),
+    }
+    per_token = ("values", "old_logprobs", "sum_pi_squared", "is_weights")
+    padded = {**inputs, **{k: _pad(inputs[k], extra, fill) for k in per_token}}
+    alone = bool((torch.bincount(group_ids) == 1).any())
     for name in ADVANTAGE_ESTIMATORS:
-        inputs = {"values": y, "group_ids": group_ids, "gamma": gamma}
-        padded = {**inputs, "values": py}
+        if name == "grpo_passk" and alone:  # needs two responses per prompt: an error
+            with pytest.raises(ValueError, match="at least 2 responses"):
+                compute_advantages(name, px, pm, **padded)
+            continue
         got = compute_advantages(name, px, pm, **padded)[0]
         _close(on_real(got), compute_advantages(name, x, mask, **inputs)[0])
     for padded, plain in [
