@@ -30,11 +30,14 @@ class BatchView:
     response_mask: torch.Tensor  # [B, R]
     values: torch.Tensor | None  # [B, R]
     group_ids: torch.Tensor  # [B], unique across ranks
-    # what some estimators need besides (their registry entry's `needs`); None when not built
+    # what some estimators read besides (their registry entry's `inputs`); None when not
+    # gathered, or not produced: score_components (gdpo's reward components; a reward
+    # source gives one score today, so gdpo normalises that one)
     old_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R]
     sum_pi_squared: torch.Tensor | None = None  # [B, R]
     reward_baselines: torch.Tensor | None = None  # [B]
+    score_components: torch.Tensor | None = None  # [B, K]
 
     @property
     def batch_size(self) -> int:
@@ -42,9 +45,10 @@ class BatchView:
 
     @classmethod
     def gather(
-        cls, exp: Experience, dist: Dist, groups_per_rank: int, needs: tuple[str, ...] = ()
+        cls, exp: Experience, dist: Dist, groups_per_rank: int, inputs: tuple[str, ...] = ()
     ) -> BatchView:
-        """The whole batch on every rank; of the optional inputs only those in `needs`."""
+        """The whole batch on every rank; of the extra inputs only those named (an
+        estimator's `inputs`) that the experience holds."""
 
         def g(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else dist.gather_rows(t)
@@ -56,7 +60,7 @@ class BatchView:
             response_mask=g(exp.response_mask),
             values=g(exp.values),
             group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
-            **{name: g(getattr(exp, name)) for name in needs},
+            **{name: g(getattr(exp, name, None)) for name in inputs},
         )
 
 
@@ -109,7 +113,7 @@ def estimate(
     name = algorithm.adv_estimator
     estimator = ADVANTAGE_ESTIMATORS[name]
     options = {k: getattr(algorithm, k) for k in estimator.options}
-    inputs = {k: getattr(batch, k) for k in estimator.needs}
+    inputs = {k: getattr(batch, k) for k in estimator.inputs}
     advantages, returns = compute_advantages(
         name,
         token_rewards,

@@ -182,7 +182,7 @@ class PPOTrainer:
             exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
         with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             groups = len(ro.prompts) // self.cfg.rollout.n
-            batch = BatchView.gather(exp, self.dist, groups, self.estimator.needs)
+            batch = BatchView.gather(exp, self.dist, groups, self.estimator.inputs)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering

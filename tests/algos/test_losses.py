@@ -417,4 +417,6 @@ def test_sum_pi_squared_is_the_collision_probability():
     logits = torch.tensor([[[0.0, math.log(3.0)]]])  # probabilities 1/4, 3/4
     assert sum_pi_squared(logits).item() == pytest.approx(1 / 16 + 9 / 16)
     # temperature 2: probabilities proportional to 1 and sqrt(3)
-    assert sum_pi_squared(logits, temperature=2.0).item() == pytest.approx(4 / (4 + 2 * math.sqrt(3)))
+    assert sum_pi_squared(logits, temperature=2.0).item() == pytest.approx(
+        4 / (4 + 2 * math.sqrt(3))
+    )
