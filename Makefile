@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-vllm run test test-quick test-dist test-vllm lint bench bench-vllm clean
+.PHONY: install install-dev install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint bench bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -67,5 +67,27 @@ test-vllm: install-vllm
 bench-vllm: install-vllm
 	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
 
+# verl 0.9.1 in its own environment (.venv-verl) for tests/algos/test_verl_parity.py: every
+# policy loss of POLICY_LOSSES against verl's, loss, gradient and stats. verl is installed
+# without its dependencies (its pins would replace torch); what its losses import is listed.
+VERL_VENV ?= .venv-verl
+VERLPY := $(VERL_VENV)/bin/python
+
+$(VERL_VENV)/.installed: pyproject.toml
+	test -x $(VERLPY) || python3 -m venv $(VERL_VENV)
+	$(VERLPY) -m pip install -q --upgrade pip
+	$(VERLPY) -m pip install -q torch==2.13.0 numpy omegaconf packaging ray tensordict \
+		transformers codetiming orjson pytest
+	$(VERLPY) -m pip install -q --no-deps verl==0.9.1
+	$(VERLPY) -m pip install -q --no-deps -e .
+	$(VERLPY) -c "import torch, verl.trainer.ppo.core_algos; assert torch.__version__.startswith('2.13.0')"
+	touch $@
+
+install-verl: $(VERL_VENV)/.installed
+
+# Not in `make test` (verl is not a dependency); the file skips itself where verl is absent.
+test-verl: install-verl
+	$(VERLPY) -m pytest -p no:cacheprovider tests/algos/test_verl_parity.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache

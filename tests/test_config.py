@@ -189,6 +189,30 @@ def test_kl_loss_turns_the_in_reward_kl_off_unless_both_are_asked_for():
         load_config(None, BASE + ["algorithm.use_kl_in_reward=3"])
 
 
+def test_policy_loss_section_and_its_options():
+    assert load_config(None, BASE).actor.policy_loss.loss_mode == "vanilla"
+    assert load_config(None, BASE + ["actor.policy_loss=gspo"]).actor.policy_loss.loss_mode == (
+        "gspo"
+    )
+    mode = "actor.policy_loss.loss_mode="
+    c = load_config(None, BASE + [mode + "clip_cov", "actor.policy_loss.clip_cov_ub=3"])
+    assert c.actor.policy_loss.clip_cov_ub == 3
+    ok = load_config(None, BASE + [mode + "dro", "actor.policy_loss.dro_beta=0.05"])
+    assert ok.actor.policy_loss.dro_beta == 0.05
+    with pytest.raises(ConfigError, match=r"`actor.policy_loss.clip_cov_ub` is set but .*vanilla"):
+        load_config(None, BASE + ["actor.policy_loss.clip_cov_ub=3"])
+    with pytest.raises(ConfigError, match="`actor.policy_loss.loss_mode` must be one of"):
+        load_config(None, BASE + ["actor.policy_loss=ppo2"])
+    for overrides, message in [
+        (["actor.policy_loss=dro"], r"`actor.policy_loss.dro_beta` must be > 0 \(e.g. 0.05\)"),
+        ([mode + "sapo", "actor.policy_loss.tau_neg=0"], "tau_neg` must be > 0"),
+        ([mode + "kl_cov", "actor.policy_loss.kl_cov_ratio=2"], r"in \(0, 1\]"),
+        ([mode + "clip_cov", "actor.policy_loss.clip_cov_ratio=0"], "must be > 0"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, BASE + overrides)
+
+
 def test_target_kl_must_not_be_negative():
     assert load_config(None, BASE).actor.target_kl == 0.0  # off by default
     with pytest.raises(ConfigError, match=r"`actor.target_kl` must be >= 0 \(0 = no early"):

@@ -50,6 +50,18 @@ from .masked import (
     masked_whiten,
 )
 from .metrics import mean_at_k, pass_at_k, pass_at_k_table
+from .policy_losses import (
+    cispo_loss,
+    clip_cov_loss,
+    dppo_kl_loss,
+    dppo_tv_loss,
+    dro_loss,
+    geo_mean_loss,
+    gpg_loss,
+    gspo_loss,
+    kl_cov_loss,
+    sapo_loss,
+)
 from .rewards import last_token_index, overlong_penalty, shape_rewards, token_rewards
 from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
@@ -71,9 +83,14 @@ __all__ = [
     "RunningMoments",
     "SingletonGroupWarning",
     "aggregate_loss",
+    "cispo_loss",
+    "clip_cov_loss",
     "compute_advantages",
     "compute_gae",
     "discounted_returns",
+    "dppo_kl_loss",
+    "dppo_tv_loss",
+    "dro_loss",
     "entropy_from_logits",
     "explained_variance",
     "gdpo",
@@ -82,7 +99,11 @@ __all__ = [
     "grpo_passk",
     "opo",
     "optimal_token_baseline",
+    "geo_mean_loss",
+    "gpg_loss",
+    "gspo_loss",
     "kl_full",
+    "kl_cov_loss",
     "kl_penalty",
     "last_token_index",
     "logprob_diff",
@@ -102,6 +123,7 @@ __all__ = [
     "rloo",
     "rloo_vectorized",
     "tir_optimal_token_baseline",
+    "sapo_loss",
     "shape_rewards",
     "sum_pi_squared",
     "token_rewards",

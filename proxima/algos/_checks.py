@@ -43,6 +43,11 @@ def select(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def detached_stats(**values: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The stats of a loss: each value detached, as a float tensor."""
+    return {name: value.detach().float() for name, value in values.items()}
+
+
 def check_temperature(where: str, temperature: float) -> None:
     """Raise ValueError unless the sampling temperature is > 0."""
     if not temperature > 0:

@@ -22,8 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_same_shape, check_temperature, map_row_chunks, select
-from .masked import aggregate_loss, masked_mean, masked_var
+from ._checks import (
+    check_same_shape,
+    check_temperature,
+    detached_stats,
+    map_row_chunks,
+    select,
+)
+from .masked import aggregate_loss, masked_max, masked_mean, masked_var
 
 # The log-ratio is clamped before exp so exp never overflows (verl clamps to [-20, 20]).
 LOG_RATIO_BOUND = 20.0
@@ -96,26 +102,16 @@ class EmptyMaskWarning(UserWarning):
     """policy_loss or value_loss got a response_mask with no real token: the loss is 0."""
 
 
-def _warn_if_empty(where: str, mask: torch.Tensor) -> None:
-    """Warn once per call when the mask has no real token (the loss is then 0, gradient 0)."""
+def warn_if_empty(where: str, mask: torch.Tensor, stacklevel: int = 3) -> None:
+    """Warn (``EmptyMaskWarning``) when the mask has no real token: the loss is then 0 with a
+    zero gradient. ``stacklevel=3`` points at the caller of the loss that calls this."""
     if not bool((mask != 0).any()):
         warnings.warn(
             f"{where}: response_mask has no real token; the loss is 0 with a zero gradient "
             "and the stats are 0 (check the micro-batch: every response may be empty)",
             EmptyMaskWarning,
-            stacklevel=3,  # the caller of policy_loss / value_loss
+            stacklevel=stacklevel,
         )
-
-
-def _masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Max of x over real positions; 0 when the mask is empty."""
-    if not (mask != 0).any():
-        return torch.zeros((), dtype=x.dtype, device=x.device)
-    return torch.where(mask != 0, x, torch.full_like(x, -torch.inf)).max()
-
-
-def _detached_stats(**values: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {name: value.detach().float() for name, value in values.items()}
 
 
 @dataclass(frozen=True)
@@ -198,7 +194,7 @@ def policy_loss(
             f"{clip_ratio_c}; use e.g. 3.0, or None to disable the dual clip"
         )
     mask = response_mask
-    _warn_if_empty("policy_loss", mask)
+    warn_if_empty("policy_loss", mask)
     # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
     log_ratio = select(log_prob - old_log_prob, mask)
     adv = select(advantages, mask)
@@ -216,13 +212,13 @@ def policy_loss(
         check_same_shape("policy_loss", is_weights=is_weights, response_mask=mask)
         loss_mat = loss_mat * select(is_weights.detach(), mask)
     loss = aggregate_loss(loss_mat, mask, agg)
-    stats = _detached_stats(
+    stats = detached_stats(
         clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),
         clipfrac_lower=masked_mean(dual_binds.float(), mask),
         ppo_kl=masked_mean(-clamped_log_ratio, mask),
         approx_kl=masked_mean(0.5 * log_ratio.square(), mask),
         ratio_mean=masked_mean(ratio, mask),
-        ratio_max=_masked_max(ratio, mask),
+        ratio_max=masked_max(ratio, mask),
     )
     return loss, stats
 
@@ -278,7 +274,7 @@ def value_loss(
             "use e.g. 0.2, or None to disable value clipping"
         )
     mask = response_mask
-    _warn_if_empty("value_loss", mask)
+    warn_if_empty("value_loss", mask)
     v, v_old, target = select(values, mask), select(old_values, mask), select(returns, mask)
     err = (v - target).square()
     clipfrac = torch.zeros((), dtype=err.dtype, device=err.device)
@@ -290,7 +286,7 @@ def value_loss(
         loss_mat = 0.5 * torch.maximum(err, err_clipped)
         clipfrac = masked_mean((err_clipped > err).float(), mask)
     loss = aggregate_loss(loss_mat, mask, agg)
-    stats = _detached_stats(
+    stats = detached_stats(
         vf_clipfrac=clipfrac,
         explained_variance=explained_variance(v.detach(), target, mask),
         vpred_mean=masked_mean(v, mask),

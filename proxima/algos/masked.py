@@ -53,6 +53,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return total / count.clamp(min=1).to(total.dtype)
 
 
+def masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Max of x over positions where mask is nonzero (0-dim); 0 when the mask is empty."""
+    check_same_shape("masked_max", x=x, mask=mask)
+    if not (mask != 0).any():
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(mask != 0, x, torch.full_like(x, -torch.inf)).max()
+
+
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance of x over the positions where mask is nonzero (0-dim tensor).
 

@@ -301,8 +301,30 @@ def _check_policy_loss_options(cfg: Config) -> None:
             )
 
 
+def _check_policy_loss_values(cfg: Config) -> None:
+    """The options of the chosen loss in range (each loss checks them again when called; here
+    they stop the run before anything loads)."""
+    section = cfg.actor.policy_loss
+    rules = {
+        "dro": [("dro_beta", section.dro_beta > 0, "> 0 (e.g. 0.05); dro has no default")],
+        "sapo": [
+            ("tau_pos", section.tau_pos > 0, "> 0"),
+            ("tau_neg", section.tau_neg > 0, "> 0"),
+        ],
+        "clip_cov": [("clip_cov_ratio", section.clip_cov_ratio > 0, "> 0")],
+        "kl_cov": [("kl_cov_ratio", 0 < section.kl_cov_ratio <= 1, "in (0, 1]")],
+    }
+    for name, ok, expected in rules.get(section.loss_mode, []):
+        if not ok:
+            raise ConfigError(
+                f"`actor.policy_loss.{name}` must be {expected} with "
+                f"`actor.policy_loss.loss_mode={section.loss_mode}`, got {getattr(section, name)}."
+            )
+
+
 def _check_actor(cfg: Config) -> None:
     _check_policy_loss_options(cfg)
+    _check_policy_loss_values(cfg)
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
         raise ConfigError("`actor.clip_ratio_c` must be > 1 (dual clip) or 0 to disable it.")
     if cfg.actor.ptx_coef > 0 and not cfg.data.sft_path:
