@@ -310,3 +310,17 @@ def test_dotted_keys_in_a_yaml_file_are_shown_nested(tmp_path):
     typo.write_text("actr.optim.lr: 1e-5\n")  # no such section: the unknown key, as before
     with pytest.raises(ConfigError, match=r"Unknown config key `actr.optim.lr`. Did you mean"):
         load_config(typo, BASE)
+
+
+def test_policy_loss_shorthand_then_its_options(tmp_path):
+    """`actor.policy_loss=NAME` is short for `.loss_mode=NAME`, also with options after it,
+    on the command line and over a YAML file that uses the shorthand."""
+    base = ["task.name=arithmetic"]
+    cfg = load_config(None, [*base, "actor.policy_loss=dro", "actor.policy_loss.dro_beta=0.05"])
+    assert (cfg.actor.policy_loss.loss_mode, cfg.actor.policy_loss.dro_beta) == ("dro", 0.05)
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("task: {name: arithmetic}\nactor:\n  policy_loss: sapo\n")
+    cfg = load_config(yaml_file, ["actor.policy_loss.tau_neg=2.0"])
+    assert (cfg.actor.policy_loss.loss_mode, cfg.actor.policy_loss.tau_neg) == ("sapo", 2.0)
+    with pytest.raises(ConfigError, match="is a section"):
+        load_config(None, [*base, "actor.optim=adam", "actor.optim.lr=1e-4"])

@@ -87,13 +87,31 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
             raise ConfigError(_unknown_key(key, value, ftypes, prefix))
         typ = ftypes[key]
         if dataclasses.is_dataclass(typ):
-            shorthand = getattr(typ, "SHORTHAND", None)
-            if shorthand and isinstance(value, str):
-                value = {shorthand: value}  # `actor.policy_loss=gspo`
-            kwargs[key] = _build(typ, value or {}, where + ".")
+            kwargs[key] = _build(typ, _expand_shorthand(typ, value, where) or {}, where + ".")
         else:
             kwargs[key] = _coerce(value, typ, where)
     return cls(**kwargs)
+
+
+# A section given as a plain value (`actor.policy_loss=gspo`) that then gets keys of its own
+# (`actor.policy_loss.dro_beta=0.1`) keeps that value under this key until `_build` knows
+# the section's shorthand field (`loss_mode`).
+SHORTHAND_MARK = "="
+
+
+def _expand_shorthand(typ: type, value: Any, where: str) -> Any:
+    """A section's shorthand (`actor.policy_loss=gspo`, also when keys follow it) as its
+    field (`loss_mode: gspo`)."""
+    shorthand = getattr(typ, "SHORTHAND", None)
+    if isinstance(value, dict) and SHORTHAND_MARK in value:
+        value = dict(value)
+        mark = value.pop(SHORTHAND_MARK)
+        if not shorthand:
+            raise ConfigError(f"`{where}` is a section: set its keys, not `{where}={mark}`.")
+        value.setdefault(shorthand, mark)
+    elif shorthand and isinstance(value, str):
+        value = {shorthand: value}
+    return value
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -101,6 +119,8 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node = tree
     for part in parts[:-1]:
         child = node.setdefault(part, {})
+        if isinstance(child, str):  # a section's shorthand, keys following it
+            child = node[part] = {SHORTHAND_MARK: child}
         if not isinstance(child, dict):
             raise ConfigError(f"Cannot set `{dotted}`: `{part}` is not a section.")
         node = child
@@ -185,6 +205,8 @@ def read_yaml(path: Path) -> dict:
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), str):  # a shorthand, then keys
+            out[key] = {SHORTHAND_MARK: out[key]}
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
