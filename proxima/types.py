@@ -40,6 +40,8 @@ class Experience:
     sum_pi_squared: torch.Tensor | None = None
     # [B] the score of a greedy response to the row's prompt (ReMax's baseline), or None
     reward_baselines: torch.Tensor | None = None
+    # [B, K] the raw score of each of reward.sources (K sources), or None for one source
+    score_components: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -42,9 +42,13 @@ from proxima.config.sections import (
     TrainerConfig,
     VLLMConfig,
 )
+from proxima.config.sources import RewardSource, reward_model_paths, reward_sources
 from proxima.config.validation import check_sources, validate
 
 __all__ = [
+    "RewardSource",
+    "reward_model_paths",
+    "reward_sources",
     "ActorConfig",
     "AlgorithmConfig",
     "Config",

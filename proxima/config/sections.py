@@ -410,6 +410,12 @@ class RewardConfig:
     )
     model_path: str = _f("", "Reward model folder (sequence classification, one label).")
     batch_size: int = _f(64, "Sequences per reward model forward.")
+    sources: list = _f(
+        [],
+        "Several reward sources, the score their weighted sum: a list of {name, weight, one of "
+        "function / model_path / url, options} (README: Reward sources); instead of "
+        "reward.function / reward.model_path.",
+    )
     overlong_buffer_len: int = _f(
         0,
         "DAPO's soft overlong punishment (verl's overlong_buffer.len): a response longer than "

@@ -95,6 +95,7 @@ def validate(cfg: Config) -> None:
     _check_actor(cfg)
     _check_critic(cfg)
     _check_processes(cfg)
+    _check_reward_sources(cfg)
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -339,6 +340,14 @@ def _check_critic(cfg: Config) -> None:
         )
 
 
+def _check_reward_sources(cfg: Config) -> None:
+    """Each `reward.sources` entry (config.sources)."""
+    if cfg.reward.sources:
+        from proxima.config.sources import reward_sources
+
+        reward_sources(cfg)
+
+
 def _check_processes(cfg: Config) -> None:
     """What a multi-process (torchrun) job supports, and batch sizes that split over it."""
     if cfg.trainer.strategy == "fsdp2" and cfg.model.lora_rank:
@@ -400,6 +409,11 @@ def _require(cfg: Config, key: str, what: str) -> None:
 
 
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
+    from proxima.config.sources import reward_sources
+
+    if cfg.reward.sources:
+        reward_sources(cfg)  # raises on a malformed entry
+        return
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
         raise ConfigError(

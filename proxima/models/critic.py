@@ -36,7 +36,7 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from proxima.algos import value_loss
-from proxima.config import Config, ConfigError, CriticConfig, OptimConfig
+from proxima.config import Config, ConfigError, CriticConfig, OptimConfig, reward_model_paths
 from proxima.models.loading import DTYPES, load_critic
 from proxima.models.lora import add_lora
 from proxima.models.saving import load_role, read_role_weights, save_role
@@ -283,12 +283,14 @@ def critic_source(cfg: Config) -> str:
     if cfg.model.critic_path:
         return cfg.model.critic_path
     if cfg.model.critic_init == "reward_model":
-        if not cfg.reward.model_path:
+        folders = reward_model_paths(cfg)
+        if not folders:
             raise ValueError(
-                "`model.critic_init=reward_model` needs `reward.model_path` or "
-                "`model.critic_path` (a reward model folder)."
+                "`model.critic_init=reward_model` needs `reward.model_path` (or a "
+                "`reward.sources` entry with a model_path) or `model.critic_path` (a reward "
+                "model folder)."
             )
-        return cfg.reward.model_path
+        return folders[0]
     return cfg.model.actor_path
 
 

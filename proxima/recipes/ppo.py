@@ -251,7 +251,13 @@ class PPORecipe:
     def _log(self, it: int, metrics: dict, ro, bar) -> None:
         self.logger.log(it, metrics)
         k = self.cfg.trainer.log_samples
-        self.logger.log_samples(it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist())
+        extra = {}
+        if ro.components is not None:  # each of reward.sources' raw score
+            names = self.trainer.roles.reward.names
+            extra = {f"reward/{n}": ro.components[:k, i].tolist() for i, n in enumerate(names)}
+        self.logger.log_samples(
+            it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist(), extra=extra
+        )
         bar.update(1)
         if self.dist.is_main:
             bar.write(format_line(it, self.cfg.trainer.iterations, metrics, LINE_KEYS))

@@ -3,12 +3,13 @@
     source(prompts: list[str], responses: list[str], columns: dict[str, list],
            sequences: LongTensor [B, L], attention_mask: LongTensor [B, L]) -> FloatTensor [B]
 
-returning float32 scores on the CPU: a Python function (:class:`FunctionReward`) or a
-reward model (:class:`ModelReward`).
+returning float32 scores on the CPU: a Python function (:class:`FunctionReward`), a
+reward model (:class:`ModelReward`), or several of them weighted (:class:`WeightedReward`).
 """
 
 from proxima.rewards.function import FunctionReward, RewardError, load_reward_function
 from proxima.rewards.model import ModelReward, same_vocabulary
+from proxima.rewards.weighted import WeightedPart, WeightedReward
 
 __all__ = [
     "FunctionReward",
@@ -16,4 +17,6 @@ __all__ = [
     "RewardError",
     "load_reward_function",
     "same_vocabulary",
+    "WeightedPart",
+    "WeightedReward",
 ]

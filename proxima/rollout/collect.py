@@ -28,6 +28,8 @@ class Rollout:
     scores: torch.Tensor | None = None  # [B] raw reward score (`collect`)
     # [B] the score of a greedy response to the row's prompt (ReMax's baseline), or None
     baselines: torch.Tensor | None = None
+    # [B, K] the raw score of each of reward.sources, or None for a single source
+    components: torch.Tensor | None = None
 
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -50,6 +52,7 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
         cat("scores"),
         cat("baselines"),
+        cat("components"),
     )
 
 

@@ -39,7 +39,8 @@ def resumed_task_config(cfg: Config) -> Config:
     config names one) as the checkpoint's config resolved them."""
     saved = saved_config(cfg.trainer.resume_from)
     changes = {key: saved.get(key, "") for key in TASK_PATHS}
-    if not cfg.reward.function and not cfg.reward.model_path:
+    if not (cfg.reward.function or cfg.reward.model_path or cfg.reward.sources):
         changes["reward.function"] = saved.get("reward.function", "")
         changes["reward.model_path"] = saved.get("reward.model_path", "")
+        changes["reward.sources"] = saved.get("reward.sources", [])
     return cfg.replace(changes)

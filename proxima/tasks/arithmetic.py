@@ -142,7 +142,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         "data.train_path": str(paths["train"]),
         "data.eval_path": str(paths["eval"]),
     }
-    if not cfg.reward.function and not cfg.reward.model_path:
+    if not (cfg.reward.function or cfg.reward.model_path or cfg.reward.sources):
         changes["reward.function"] = REWARD_FN
     return cfg.replace(changes), {
         "name": t.name,

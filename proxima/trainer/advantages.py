@@ -31,8 +31,7 @@ class BatchView:
     values: torch.Tensor | None  # [B, R]
     group_ids: torch.Tensor  # [B], unique across ranks
     # what some estimators read besides (their registry entry's `inputs`); None when not
-    # gathered, or not produced: score_components (gdpo's reward components; a reward
-    # source gives one score today, so gdpo normalises that one)
+    # gathered or not produced (score_components: only with reward.sources)
     old_logprobs: torch.Tensor | None = None  # [B, R]
     is_weights: torch.Tensor | None = None  # [B, R]
     sum_pi_squared: torch.Tensor | None = None  # [B, R]

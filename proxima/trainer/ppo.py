@@ -32,6 +32,7 @@ from proxima.config import Config
 from proxima.data import PromptLoader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
+from proxima.rewards import WeightedReward
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import (
     Rollout,
@@ -118,6 +119,9 @@ class PPOTrainer:
         self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
         self.kl_ctl = build_kl_controller(cfg)
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
+        # one per reward source (reward.sources) that is standardised (`normalize`)
+        parts = getattr(roles.reward, "parts", [])
+        self.source_moments = {p.name: RunningMoments() for p in parts if p.normalize}
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
@@ -182,7 +186,8 @@ class PPOTrainer:
             exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
         with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             groups = len(ro.prompts) // self.cfg.rollout.n
-            batch = BatchView.gather(exp, self.dist, groups, self.estimator.inputs)
+            inputs = (*self.estimator.inputs, "score_components")  # sources: metrics, norm
+            batch = BatchView.gather(exp, self.dist, groups, tuple(dict.fromkeys(inputs)))
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
@@ -248,13 +253,13 @@ class PPOTrainer:
         with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
             ro = agree(lambda: self.generate(items), "generation")
         with t("reward"), self.precision():  # 2. the reward model / function scores them
-            scores, penalty = agree(lambda: self.reward(ro), "the reward")
-        ro = replace(ro, scores=scores)
+            scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
+        ro = replace(ro, scores=scores, components=components)
         if "reward_baselines" in self.estimator.needs:
             with t("generate"), self.precision(generation=True):
                 greedy = agree(lambda: self.generate(items, greedy=True), "generation")
             with t("reward"), self.precision():
-                base, _ = agree(lambda: self.reward(greedy), "the reward")
+                base = agree(lambda: self.reward(greedy), "the reward")[0]
             ro = replace(ro, baselines=base.repeat_interleave(self.cfg.rollout.n))
         stats = {}
         if penalty is not None:
@@ -268,20 +273,29 @@ class PPOTrainer:
             stats["overlong_fraction"] = float(total[1] / total[2])
         return ro, stats
 
-    def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """([B] the reward source's score of each response plus DAPO's overlong penalty
-        (`reward.overlong_buffer_len`), [B] that penalty or None when it is off)."""
-        scores = score_rollout(ro, self.roles.reward)
+        (`reward.overlong_buffer_len`), [B] that penalty or None when it is off, [B, K] the
+        raw score of each of `reward.sources` or None for a single source)."""
+        source, components = self.roles.reward, None
+        if isinstance(source, WeightedReward):
+            gen = ro.gen
+            components = source.components(
+                ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask
+            )
+            scores = source.combine(components)
+        else:
+            scores = score_rollout(ro, source)
         r = self.cfg.reward
         if not r.overlong_buffer_len:
-            return scores, None
+            return scores, None, components
         penalty = overlong_penalty(
             ro.gen.response_mask.sum(1).to(scores.device),
             self.cfg.rollout.max_response_length,
             r.overlong_buffer_len,
             r.overlong_penalty_factor,
         )
-        return scores + penalty, penalty
+        return scores + penalty, penalty, components
 
     def _iteration_start(self) -> dict:
         """The state an iteration changes before its first optimizer step: the loaders'
@@ -291,6 +305,7 @@ class PPOTrainer:
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
             "score_moments": self.score_moments.state_dict(),
+            "source_moments": {k: m.state_dict() for k, m in self.source_moments.items()},
             "rng": rng_state(),
             "steps": [role.scheduler.last_epoch for role in self.trained.values()],
         }
@@ -309,6 +324,8 @@ class PPOTrainer:
             self.sft_loader.load_state_dict(start["sft_loader"])
         self.generator.set_state(start["generator"])
         self.score_moments.load_state_dict(start["score_moments"])
+        for name, moments in self.source_moments.items():
+            moments.load_state_dict(start["source_moments"][name])
         set_rng_state(start["rng"])
         for role in self.trained.values():
             role.optimizer.zero_grad(set_to_none=True)
@@ -370,6 +387,8 @@ class PPOTrainer:
         )
         if ro.baselines is not None:
             exp = replace(exp, reward_baselines=ro.baselines.to(exp.scores.device))
+        if ro.components is not None:
+            exp = replace(exp, score_components=ro.components.to(exp.scores.device))
         for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
             if tensor is not None and not bool(torch.isfinite(tensor).all()):
                 what = "log-probs" if role == "actor" else "values"
@@ -379,13 +398,27 @@ class PPOTrainer:
     def estimate(self, batch: BatchView) -> Estimates:
         """Phases 4-5 on the whole batch (the running score statistics updated first, when
         algorithm.normalize_scores)."""
+        algorithm, source = self.cfg.algorithm, self.roles.reward
+        if self.source_moments:  # reward.sources standardised one by one
+            comps = batch.score_components
+            mean, std = torch.zeros(comps.shape[1]), torch.ones(comps.shape[1])
+            for k, part in enumerate(source.parts):
+                if part.normalize:
+                    self.source_moments[part.name].update(comps[:, k])
+                    mean[k] = self.source_moments[part.name].mean
+                    std[k] = self.source_moments[part.name].std
+            shaped = source.combine(comps, mean, std)  # the overlong penalty stays added
+            batch = replace(batch, scores=batch.scores - source.combine(comps) + shaped)
+        if "gdpo_reward_weights" in self.estimator.options and not algorithm.gdpo_reward_weights:
+            weights = [p.weight for p in getattr(source, "parts", [])]
+            algorithm = replace(algorithm, gdpo_reward_weights=weights)  # the sources' own
         mean, std = 0.0, 1.0
-        if self.cfg.algorithm.normalize_scores:
+        if algorithm.normalize_scores:
             self.score_moments.update(batch.scores)
             mean, std = self.score_moments.mean, self.score_moments.std
         return estimate(
             batch,
-            self.cfg.algorithm,
+            algorithm,
             kl_coef=self.kl_ctl.value if self.cfg.kl_in_reward else 0.0,
             no_stop_penalty=self.cfg.rollout.no_stop_penalty,
             score_mean=mean,
@@ -446,6 +479,10 @@ class PPOTrainer:
             "returns_mean": float(masked_mean(est.returns, mask)),
             "tokens_per_s": float(lengths.sum()) / max(self.timer.last["generate"], 1e-9),
         }
+        if batch.score_components is not None:  # each of reward.sources, raw
+            for k, name in enumerate(self.roles.reward.names):
+                m[f"reward/{name}"] = float(batch.score_components[:, k].mean())
+            m.update(self.roles.reward.pop_stats())
         if self.cfg.kl_in_reward:  # the coefficient of the KL in the reward (beta)
             m["kl_coef"] = float(self.kl_ctl.value)
         if batch.values is not None:
@@ -504,6 +541,7 @@ class PPOTrainer:
             "roles": {name: role.state_dict() for name, role in self.trained.items()},
             "kl_coef": float(self.kl_ctl.value),
             "score_moments": self.score_moments.state_dict(),
+            "source_moments": {k: m.state_dict() for k, m in self.source_moments.items()},
             "loader": self.loader.state_dict(),
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
@@ -521,6 +559,8 @@ class PPOTrainer:
         if self.cfg.algorithm.kl_ctrl.type == "adaptive":
             self.kl_ctl.value = float(state["kl_coef"])
         self.score_moments.load_state_dict(state["score_moments"])
+        for name, moments in self.source_moments.items():
+            moments.load_state_dict(state["source_moments"][name])
         self.loader.load_state_dict(state["loader"])
         if self.sft_loader is not None and state["sft_loader"] is not None:
             self.sft_loader.load_state_dict(state["sft_loader"])

@@ -11,7 +11,7 @@ import torch
 
 from proxima.checkpoint import checkpoint_iteration, list_checkpoints, state_problem
 from proxima.checkpoint import model_folders as checkpoint_model_folders
-from proxima.config import Config, ConfigError
+from proxima.config import Config, ConfigError, reward_model_paths, reward_sources
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
     DTYPES,
@@ -34,7 +34,13 @@ from proxima.models.loading import (
     safetensors_problem,
 )
 from proxima.models.lora import AdapterDisabled, add_lora
-from proxima.rewards import FunctionReward, ModelReward, load_reward_function
+from proxima.rewards import (
+    FunctionReward,
+    ModelReward,
+    WeightedPart,
+    WeightedReward,
+    load_reward_function,
+)
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 
 
@@ -113,20 +119,42 @@ def _model_line(name: str, model: torch.nn.Module | None) -> str:
 
 
 def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
-    """The reward source: the function of reward.function (`fn` when already imported) or
-    the reward model of reward.model_path."""
-    if cfg.reward.function:
-        fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
-        return FunctionReward(fn, cfg.reward.function)
-    rm = load_reward_model(cfg.reward.model_path, dtype=frozen_dtype(cfg), device=device)
+    """The reward source: the function of reward.function (`fn` when already imported), the
+    reward model of reward.model_path, or the weighted sum of `reward.sources`
+    (`rewards.WeightedReward`; a remote source's server is asked whether it is up)."""
+    if not cfg.reward.sources:
+        if cfg.reward.function:
+            fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
+            return FunctionReward(fn, cfg.reward.function)
+        return _model_source(cfg, cfg.reward.model_path, tokenizer, device, cfg.reward.batch_size)
+    parts = []
+    for i, src in enumerate(reward_sources(cfg)):
+        key = f"reward.sources[{i}].{src.kind}"
+        if src.kind == "function":
+            loaded = with_key(key, load_reward_function, src.target)
+            source = FunctionReward(loaded, src.target, **src.options)
+        elif src.kind == "model_path":
+            size = src.options.get("batch_size", cfg.reward.batch_size)
+            source = _model_source(cfg, src.target, tokenizer, device, size)
+        else:
+            from proxima.rewards.remote import RemoteReward
+
+            source = RemoteReward(src.target, name=src.name, **src.options)
+            source.check()  # a server that is down stops the run here, before any model loads
+        parts.append(WeightedPart(src.name, src.weight, source, src.clip, src.normalize))
+    return WeightedReward(parts)
+
+
+def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) -> ModelReward:
+    rm = load_reward_model(folder, dtype=frozen_dtype(cfg), device=device)
     return ModelReward(
         rm,
-        load_tokenizer(cfg.reward.model_path),
+        load_tokenizer(folder),
         tokenizer,
         reward_model_scores,
         device=device,
-        batch_size=cfg.reward.batch_size,
-        name=f"the reward model {cfg.reward.model_path}",
+        batch_size=batch_size,
+        name=f"the reward model {folder}",
     )
 
 
@@ -138,7 +166,7 @@ def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
         if m.critic_path:
             fix = "point it at a model with the policy's tokenizer, or leave it empty"
             out.append(("model.critic_path", m.critic_path, fix))
-        elif m.critic_init == "reward_model" and cfg.reward.model_path:
+        elif m.critic_init == "reward_model" and reward_model_paths(cfg):
             fix = (
                 "a reward source may keep its own tokenizer (its text is re-tokenized) but the "
                 "critic reads the policy's ids: start the critic from the actor "
@@ -146,7 +174,7 @@ def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
                 "(`proxima rm --model <model.actor_path>`)"
             )
             key = "model.critic_init=reward_model (reward.model_path)"
-            out.append((key, cfg.reward.model_path, fix))
+            out.append((key, reward_model_paths(cfg)[0], fix))
     if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
         fix = "point it at a model with the policy's tokenizer, or leave it empty"
         out.append(("model.reference_path", m.reference_path, fix))
@@ -185,8 +213,13 @@ def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, b
             out.append(("model.reference_path", m.reference_path, False))
         if cfg.uses_critic and not cfg.critic_on_actor and m.critic_path:
             out.append(("model.critic_path", m.critic_path, False))
-    if command in ("train", "eval") and cfg.reward.model_path:
-        out.append(("reward.model_path", cfg.reward.model_path, True))
+    if command in ("train", "eval"):
+        for i, src in enumerate(reward_sources(cfg)):
+            if src.kind == "model_path":
+                key = (
+                    f"reward.sources[{i}].model_path" if cfg.reward.sources else "reward.model_path"
+                )
+                out.append((key, src.target, True))
     return out
 
 

@@ -1,0 +1,138 @@
+"""`reward.sources`: a function and a reward model with weights in one run; each source's
+raw score logged (reward/<name>, samples.jsonl), the score their weighted sum, a source
+standardised and clipped on its own; gdpo reads the sources as its components; mistakes in
+the list named before anything loads."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxima.cli import main
+from proxima.config import ConfigError, load_config
+from proxima.logging import read_metrics
+from proxima.models import build_tiny_reward_model, load_tokenizer
+from proxima.rewards import WeightedPart, WeightedReward
+
+pytestmark = pytest.mark.slow
+
+
+def _rm(model: Path, root: Path) -> Path:
+    tok = load_tokenizer(model)
+    out = root / "rm"
+    build_tiny_reward_model("llama", tok, size="nano", seed=1).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _sources(reward_spec, rm: Path, *more: str) -> str:
+    return (
+        f"reward.sources=[{{name: sevens, function: '{reward_spec('fn')}', weight: 2.0}}, "
+        f"{{name: rm, model_path: '{rm}', weight: 0.5, clip: 0.01{''.join(more)}}}]"
+    )
+
+
+def test_a_function_and_a_reward_model_weighted(fast_overrides, make_model, reward_spec, tmp_path):
+    model = make_model()
+    rm = _rm(model, tmp_path)
+    out = tmp_path / "run"
+    args = fast_overrides(model, out, 2, "reward.function=", _sources(reward_spec, rm))
+    assert main(["train", *args]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    assert {"reward/sevens", "reward/rm"} <= set(rows[-1])
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    for s in samples:  # the logged score is 2 x sevens + 0.5 x clip(rm, 0.01)
+        rm_part = max(-0.01, min(0.01, s["reward/rm"]))
+        assert s["score"] == pytest.approx(2 * s["reward/sevens"] + 0.5 * rm_part, abs=1e-6)
+    assert any(abs(s["reward/rm"]) > 0.01 for s in samples), "the clip must bind somewhere"
+
+
+def test_a_standardised_source_resumes_with_its_statistics(
+    fast_overrides, make_model, reward_spec, tmp_path
+):
+    model = make_model()
+    rm = _rm(model, tmp_path)
+    extra = ("reward.function=", _sources(reward_spec, rm, ", normalize: true"))
+    full, first = tmp_path / "full", tmp_path / "first"
+    assert main(["train", *fast_overrides(model, full, 3, *extra)]) == 0
+    assert main(["train", *fast_overrides(model, first, 2, *extra)]) == 0
+    state = torch.load(first / "checkpoints" / "iter_2" / "state.pt", weights_only=True)
+    assert state["trainer"]["source_moments"]["rm"]["count"] > 0
+    resumed = tmp_path / "resumed"
+    args = fast_overrides(model, resumed, 3, *extra, f"trainer.resume_from={first}")
+    assert main(["train", *args]) == 0
+    a, b = read_metrics(full / "metrics.jsonl"), read_metrics(resumed / "metrics.jsonl")
+    assert a[-1]["score"] == b[-1]["score"] and a[-1]["reward/rm"] == b[-1]["reward/rm"]
+
+
+def test_gdpo_takes_the_sources_as_its_components(
+    fast_overrides, make_model, reward_spec, tmp_path
+):
+    model = make_model()
+    rm = _rm(model, tmp_path)
+    out = tmp_path / "run"
+    args = fast_overrides(
+        model,
+        out,
+        2,
+        "reward.function=",
+        _sources(reward_spec, rm),
+        "algorithm.adv_estimator=gdpo",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=16",
+    )
+    assert main(["train", *args]) == 0
+    row = read_metrics(out / "metrics.jsonl")[-1]
+    assert math.isfinite(row["actor/pg_loss"])
+
+
+def test_weighted_reward_combines_standardises_and_clips():
+    def const(values):
+        return lambda prompts, responses, columns, *_: torch.tensor(values)
+
+    reward = WeightedReward(
+        [
+            WeightedPart("a", 2.0, const([1.0, 3.0])),
+            WeightedPart("b", -1.0, const([10.0, -10.0]), clip=4.0, normalize=True),
+        ]
+    )
+    comps = reward.components(["p", "q"], ["x", "y"], {})
+    assert comps.tolist() == [[1.0, 10.0], [3.0, -10.0]]
+    # raw: 2 x a - clip(b, 4)
+    assert reward(["p", "q"], ["x", "y"], {}).tolist() == [2.0 - 4.0, 6.0 + 4.0]
+    # standardised b (mean 0, std 10), then clipped, then weighted
+    got = reward.combine(comps, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 10.0]))
+    assert got.tolist() == [2.0 - 1.0, 6.0 + 1.0]
+
+
+@pytest.mark.parametrize(
+    "sources, match",
+    [
+        ("[{name: a, function: f.py:g, model_path: m}]", "exactly one of"),
+        ("[{name: a, function: f.py:g, batch_size: 4}]", "unknown keys \\['batch_size'\\]"),
+        ("[{name: a, function: f.py:g}, {name: a, url: 'http://x'}]", "appear twice"),
+        ("[{name: 'a b', function: f.py:g}]", "short name"),
+        ("[{name: a, url: 'ftp://x'}]", "http://"),
+        ("[{name: a, url: 'http://x', on_error: ignore}]", "on_error"),
+        ("[{name: a, function: f.py:g, weight: heavy}]", "must be a number"),
+    ],
+)
+def test_source_mistakes_are_named(sources, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, ["task.name=arithmetic", f"reward.sources={sources}"])
+
+
+def test_sources_and_the_single_keys_together_are_refused():
+    with pytest.raises(ConfigError, match="not both"):
+        load_config(
+            None,
+            [
+                "task.name=arithmetic",
+                "reward.function=f.py:g",
+                "reward.sources=[{name: a, function: f.py:g}]",
+            ],
+        )
