@@ -3,16 +3,20 @@
     source(prompts: list[str], responses: list[str], columns: dict[str, list],
            sequences: LongTensor [B, L], attention_mask: LongTensor [B, L]) -> FloatTensor [B]
 
-returning float32 scores on the CPU: a Python function (:class:`FunctionReward`) or a
-reward model (:class:`ModelReward`).
+returning float32 scores on the CPU: a Python function (:class:`FunctionReward`, sync or
+async, whole-batch or guarded one sample per call), a reward model (:class:`ModelReward`),
+or a reward server over HTTP (:class:`RemoteReward`; `proxima serve-reward` serves a
+function: :mod:`proxima.rewards.server`).
 """
 
 from proxima.rewards.function import FunctionReward, RewardError, load_reward_function
 from proxima.rewards.model import ModelReward, same_vocabulary
+from proxima.rewards.remote import RemoteReward
 
 __all__ = [
     "FunctionReward",
     "ModelReward",
+    "RemoteReward",
     "RewardError",
     "load_reward_function",
     "same_vocabulary",
