@@ -45,10 +45,10 @@ class RewardServer(HTTPServer):
     ) -> None:
         if workers < 1:
             raise ValueError(f"--workers {workers}: give at least 1 worker thread.")
-        super().__init__((host, port), _Handler)
         self.source = source
         self.workers = workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="reward-worker")
+        super().__init__((host, port), _Handler)  # binds: server_close() on failure
 
     @property
     def url(self) -> str:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from proxima.rewards import FunctionReward, RemoteReward, RewardError
-from proxima.rewards.server import RewardServer
+from proxima.rewards.server import RewardServer, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [f"{i}+{i}=" for i in range(8)]
@@ -369,3 +369,14 @@ def test_serve_reward_command(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_port_in_use_is_named(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(textwrap.dedent(REWARD_FILE))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"cannot listen on 127.0.0.1:{port} \(Address already"):
+            serve(f"{path}:exact", port=port)
