@@ -201,9 +201,9 @@ def test_slow_server_times_out_with_the_timeout_and_retries_named():
         # with a fallback: every sample of the timed-out requests, counted
         remote = RemoteReward(url, timeout_s=0.2, retries=0, batch_size=4, on_error="fallback")
         assert score(remote).tolist() == [0.0] * 8
-        assert remote.pop_stats() == pytest.approx(
-            {"fallback_samples": 8, "requests": 2, "retries": 0, "seconds": 0.2}, abs=0.15
-        )
+        stats = remote.pop_stats()
+        assert (stats["fallback_samples"], stats["requests"], stats["retries"]) == (8, 2, 0)
+        assert 0.2 <= stats["seconds"] < 0.9  # the 2 requests at once: one timeout_s
 
 
 @pytest.mark.parametrize(
