@@ -1,4 +1,4 @@
-"""`proxima train | config | sft | rm | eval | init-model`."""
+"""`proxima train | config | sft | rm | eval | init-model | serve-reward`."""
 
 from __future__ import annotations
 
@@ -307,6 +307,14 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_reward(ns: argparse.Namespace) -> int:
+    """Serve a reward function over HTTP until Ctrl-C (proxima/rewards/server.py)."""
+    from proxima.rewards.server import serve
+
+    serve(ns.function, host=ns.host, port=ns.port, workers=ns.workers)
+    return 0
+
+
 def _config_command(sub, name: str, help_text: str, fn) -> argparse.ArgumentParser:
     """A subcommand that takes `[CONFIG.yaml] [section.key=value ...]` and its flags."""
     p = sub.add_parser(name, help=help_text)
@@ -342,6 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-positions", type=int, default=256)
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=cmd_init_model)
+    s = sub.add_parser(
+        "serve-reward",
+        help="serve a reward function over HTTP (POST /score, GET /health)",
+        description="Serve a reward function to `url` reward sources: POST /score with "
+        '{"prompts": [...], "responses": [...], "columns": {...}} answers {"scores": [...]}.',
+    )
+    s.add_argument("function", help="the reward function: path/to/file.py:fn or package.mod:fn")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
+    s.add_argument("--workers", type=int, default=4, help="requests scored at once (threads)")
+    s.set_defaults(fn=cmd_serve_reward)
     return p
 
 

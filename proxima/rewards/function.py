@@ -6,16 +6,39 @@ The function receives the batch as lists and returns one number per response::
 
 ``columns`` are the dataset's other columns (e.g. ``answer``), one list entry per sample.
 A function that names only some columns (no ``**kwargs``) receives only those.
+
+The function may be ``async def`` (or return an awaitable): it then runs on one event loop
+owned by the source, in a background thread, the same loop for every batch (so a client
+made on first use, e.g. an ``httpx.AsyncClient``, may be kept between batches).
+
+Guarded mode. By default the whole batch is one call, and a call that fails stops the run
+with the offending sample named. With any of ``concurrency``, ``timeout_s`` or
+``on_error="fallback"`` set, the batch is scored one sample per call instead (the function
+still receives lists, of length 1):
+
+- up to ``concurrency`` calls at once (default 1): asyncio tasks for an async function, one
+  thread per call for a sync one (which must then be thread-safe when ``concurrency > 1``);
+- each call may take ``timeout_s`` seconds (default: no limit). A late async call is
+  cancelled; a late sync call cannot be stopped: its thread runs on in the background and
+  its result is discarded;
+- a sample whose call raises, times out or returns anything but one finite number is
+  *failed*: with ``on_error="raise"`` the batch stops with a :class:`RewardError` naming
+  the failure and the sample's prompt and response; with ``on_error="fallback"`` it scores
+  ``fallback`` and is counted in ``failures`` and in :meth:`FunctionReward.pop_stats`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +46,7 @@ import torch
 
 RETRY_LIMIT = 32  # samples re-run one by one to locate the input that breaks a function
 SPEC_FORMAT = "'path/to/file.py:function' or 'package.module:function'"
+ON_ERROR = ("raise", "fallback")  # what a guarded source does with a failed sample
 
 
 class RewardError(RuntimeError):
@@ -98,9 +122,60 @@ def _import_module(spec: str, module_name: str) -> Any:
         ) from exc
 
 
-def _short(text: Any, limit: int = 200) -> str:
+def shorten(text: Any, limit: int = 200) -> str:
+    """``repr(text)``, cut after ``limit`` characters."""
     text = repr(text)
     return text if len(text) <= limit else text[:limit] + "...'"
+
+
+def check_options(where: str, **options: Any) -> None:
+    """The options a reward source shares with the others (``reward.sources`` entry keys),
+    each checked by name: ``batch_size``, ``concurrency``, ``retries``, ``timeout_s``,
+    ``backoff_s``, ``on_error``, ``fallback``; None means "not set" and passes."""
+    for key in ("batch_size", "concurrency"):
+        value = options.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{where}: `{key}`={value!r} must be an integer >= 1.")
+    value = options.get("retries")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{where}: `retries`={value!r} must be an integer >= 0.")
+    for key in ("timeout_s", "backoff_s"):
+        value = options.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{where}: `{key}`={value!r} must be a number of seconds >= 0.")
+        if key == "timeout_s" and value == 0:
+            raise ValueError(f"{where}: `timeout_s`=0 leaves no time for a call; give seconds > 0.")
+    if "on_error" in options and options["on_error"] not in ON_ERROR:
+        raise ValueError(
+            f"{where}: `on_error`={options['on_error']!r} must be one of {list(ON_ERROR)} "
+            "('raise': a failure stops the run; 'fallback': the failed samples score `fallback`)."
+        )
+    value = options.get("fallback")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ):
+        raise ValueError(f"{where}: `fallback`={value!r} must be a finite number.")
+
+
+class _Exited(Exception):
+    """A SystemExit raised by the function where it must not escape (an event loop's task,
+    a worker thread): carried as an ordinary exception, re-raised as the SystemExit."""
+
+    def __init__(self, exc: SystemExit) -> None:
+        super().__init__(exc.code)
+        self.exit = exc
+
+
+class _Raised(Exception):
+    """An exception of the function's own that the guard would misread (its TimeoutError)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class FunctionReward:
@@ -108,16 +183,44 @@ class FunctionReward:
 
     Called as ``source(prompts, responses, columns, sequences, attention_mask)`` and returns
     a float32 CPU tensor [B]. ``sequences``/``attention_mask`` [B, L] are not used here.
+    ``concurrency``, ``timeout_s``, ``on_error`` and ``fallback`` (the keys of a
+    ``reward.sources`` entry) turn on the guarded, one-sample-per-call mode.
     """
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        *,
+        concurrency: int | None = None,
+        timeout_s: float | None = None,
+        on_error: str = "raise",
+        fallback: float = 0.0,
+    ) -> None:
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", repr(fn))
+        check_options(
+            f"reward function {self.name}",
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            on_error=on_error,
+            fallback=fallback,
+        )
         self._accepted = _accepted_columns(fn)
+        self.guarded = concurrency is not None or timeout_s is not None or on_error != "raise"
+        self.concurrency = concurrency or 1
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.on_error, self.fallback = on_error, float(fallback)
+        self.is_async = _is_async(fn)
+        self.failures = 0  # samples scored `fallback` since the last pop_stats()
+        self._calls = self._timeouts = 0
+        self._seconds = 0.0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def from_spec(cls, spec: str) -> FunctionReward:
-        return cls(load_reward_function(spec), name=spec)
+    def from_spec(cls, spec: str, **options: Any) -> FunctionReward:
+        return cls(load_reward_function(spec), name=spec, **options)
 
     def __call__(
         self,
@@ -127,9 +230,52 @@ class FunctionReward:
         sequences: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        kwargs = self._select(columns)
+        start = time.perf_counter()
         try:
-            raw = self.fn(prompts, responses, **kwargs)
+            kwargs = self._select(columns)
+            if self.guarded:
+                return self._score_each(prompts, responses, kwargs)
+            return self._score_batch(prompts, responses, kwargs)
+        finally:
+            with self._lock:
+                self._seconds += time.perf_counter() - start
+
+    def pop_stats(self) -> dict[str, float]:
+        """Counts since the last call, then reset: ``fallback_samples`` (samples scored
+        ``fallback``), ``calls`` (calls of the function), ``timeouts`` (calls past
+        ``timeout_s``), ``seconds`` (time spent scoring)."""
+        with self._lock:
+            stats = {
+                "fallback_samples": float(self.failures),
+                "calls": float(self._calls),
+                "timeouts": float(self._timeouts),
+                "seconds": self._seconds,
+            }
+            self.failures = self._calls = self._timeouts = 0
+            self._seconds = 0.0
+        return stats
+
+    def close(self) -> None:
+        """Stop the event loop of an async function (a new one starts on the next call)."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+
+    def __getstate__(self) -> dict[str, Any]:  # the loop and the lock stay behind
+        state = dict(self.__dict__)
+        state["_lock"], state["_loop"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- whole batch -------------------------------------------------------------------
+
+    def _score_batch(self, prompts, responses, kwargs) -> torch.Tensor:
+        try:
+            raw = self._invoke(prompts, responses, kwargs)
         except (Exception, SystemExit) as exc:  # a reward function must not end the run
             raise RewardError(self._failure_message(prompts, responses, kwargs, exc)) from exc
         scores = self._to_tensor(raw, len(responses))
@@ -138,10 +284,33 @@ class FunctionReward:
             raise RewardError(
                 f"reward function {self.name} returned non-finite scores at indices "
                 f"{bad[:10]}{' ...' if len(bad) > 10 else ''} (first: {scores[bad[0]].item()} for "
-                f"prompt {_short(prompts[bad[0]])}, response {_short(responses[bad[0]])}); "
+                f"prompt {shorten(prompts[bad[0]])}, response {shorten(responses[bad[0]])}); "
                 "return finite numbers for every response."
             )
         return scores
+
+    def _invoke(self, prompts, responses, kwargs) -> Any:
+        """One call of the function; an awaitable result is awaited on the source's loop."""
+        with self._lock:
+            self._calls += 1
+        raw = self.fn(prompts, responses, **kwargs)
+        if not inspect.isawaitable(raw):
+            return raw
+        try:
+            return self._run(_no_exit(raw))
+        except _Exited as exc:
+            raise exc.exit from None
+
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        """Run ``coro`` on the source's own event loop (started on first use) and wait."""
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=_serve_loop, args=(self._loop,), name="reward-loop", daemon=True
+                ).start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def _select(self, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
         if self._accepted is None:
@@ -156,8 +325,8 @@ class FunctionReward:
         culprit = self._first_failing_sample(prompts, responses, kwargs)
         if culprit is not None:
             head += (
-                f"; first failing sample {culprit}: prompt {_short(prompts[culprit])}, "
-                f"response {_short(responses[culprit])}"
+                f"; first failing sample {culprit}: prompt {shorten(prompts[culprit])}, "
+                f"response {shorten(responses[culprit])}"
             )
         return head + f". Columns passed: {sorted(kwargs)}. Fix the function."
 
@@ -171,10 +340,100 @@ class FunctionReward:
         for i in range(min(len(responses), RETRY_LIMIT)):
             one = {k: v[i : i + 1] for k, v in kwargs.items()}
             try:
-                self.fn(prompts[i : i + 1], responses[i : i + 1], **one)
+                self._invoke(prompts[i : i + 1], responses[i : i + 1], one)
             except (Exception, SystemExit):
                 return i
         return None
+
+    # -- guarded: one sample per call ----------------------------------------------------
+
+    def _score_each(self, prompts, responses, kwargs) -> torch.Tensor:
+        outcomes = self._run(self._each(prompts, responses, kwargs))
+        failed = [(i, why) for i, (_, why) in enumerate(outcomes) if why is not None]
+        if failed and self.on_error == "raise":
+            i, why = failed[0]
+            others = f"; {len(failed) - 1} other sample(s) failed too" if len(failed) > 1 else ""
+            hint = "raise `timeout_s`" if why.startswith("timed out") else "fix the function"
+            raise RewardError(
+                f"reward function {self.name} failed on sample {i} of {len(responses)} (prompt "
+                f"{shorten(prompts[i])}, response {shorten(responses[i])}): {why}{others}. "
+                f"Columns passed: {sorted(kwargs)}. To go on, {hint}, or set `on_error` to "
+                f"'fallback' (failed samples then score `fallback`={self.fallback})."
+            )
+        with self._lock:
+            self.failures += len(failed)
+        values = [self.fallback if why is not None else value for value, why in outcomes]
+        return torch.tensor(values, dtype=torch.float32)
+
+    async def _each(self, prompts, responses, kwargs) -> list[tuple[float, str | None]]:
+        """(score, None) or (nan, why it failed) per sample, ``concurrency`` calls at once."""
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(i: int) -> tuple[float, str | None]:
+            args = (prompts[i : i + 1], responses[i : i + 1])
+            one_kwargs = {k: v[i : i + 1] for k, v in kwargs.items()}
+            async with gate:
+                with self._lock:
+                    self._calls += 1
+                try:
+                    raw = await asyncio.wait_for(self._call(args, one_kwargs), self.timeout_s)
+                except TimeoutError:
+                    with self._lock:
+                        self._timeouts += 1
+                    return math.nan, f"timed out after timeout_s={self.timeout_s} s"
+                except _Exited as exc:
+                    return math.nan, f"called sys.exit({exc.exit.code!r})"
+                except _Raised as exc:
+                    return math.nan, f"raised {type(exc.error).__name__}: {exc.error}"
+                except Exception as exc:
+                    return math.nan, f"raised {type(exc).__name__}: {exc}"
+            try:
+                value = self._to_tensor(raw, 1)[0].item()
+            except RewardError as exc:  # its message starts with "reward function NAME "
+                return math.nan, str(exc).removeprefix(f"reward function {self.name} ").rstrip(".")
+            if not math.isfinite(value):
+                return math.nan, f"returned the non-finite score {value}"
+            return value, None
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(responses)))))
+
+    async def _call(self, args: tuple, kwargs: dict[str, list[Any]]) -> Any:
+        """The function on one sample: awaited when async, else in a thread of its own. Its
+        own TimeoutError leaves as `_Raised`, told apart from the call's `timeout_s`."""
+        try:
+            if self.is_async:
+                return await _no_exit(self.fn(*args, **kwargs))
+            result = await self._in_thread(args, kwargs)
+            return await _no_exit(result) if inspect.isawaitable(result) else result
+        except TimeoutError as exc:
+            raise _Raised(exc) from exc
+
+    def _in_thread(self, args: tuple, kwargs: dict[str, list[Any]]) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.done():  # timed out and cancelled: the result is discarded
+                return
+            if error is None:
+                done.set_result(result)
+            else:
+                done.set_exception(error)
+
+        def work() -> None:
+            try:
+                result, error = self.fn(*args, **kwargs), None
+            except SystemExit as exc:
+                result, error = None, _Exited(exc)
+            except Exception as exc:
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the loop was closed meanwhile: nobody waits for this
+                pass
+
+        threading.Thread(target=work, name=f"reward {self.name}", daemon=True).start()
+        return done
 
     def _to_tensor(self, raw: Any, batch: int) -> torch.Tensor:
         where = f"reward function {self.name}"
@@ -211,6 +470,28 @@ def _as_number(x: Any, index: int, where: str) -> float:
     raise RewardError(
         f"{where} returned {x!r} ({type(x).__name__}) at index {index}; return real numbers."
     )
+
+
+def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The body of a source's loop thread: run until `close()` stops it, then close."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+async def _no_exit(awaitable: Awaitable[Any]) -> Any:
+    """Await the function's awaitable; a SystemExit in it would stop the event loop itself,
+    so it leaves as `_Exited`."""
+    try:
+        return await awaitable
+    except SystemExit as exc:
+        raise _Exited(exc) from exc
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """``async def`` functions, and objects whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _accepted_columns(fn: Callable[..., Any]) -> set[str] | None:
