@@ -136,3 +136,51 @@ def test_sources_and_the_single_keys_together_are_refused():
                 "reward.sources=[{name: a, function: f.py:g}]",
             ],
         )
+
+
+def test_a_run_scores_through_proxima_serve_reward(
+    fast_overrides, make_model, reward_spec, tmp_path
+):
+    """`proxima serve-reward` in a subprocess on a free port, a run scoring through it (with
+    a local function beside it): the remote source's scores are the function's own."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "proxima", "serve-reward", reward_spec("fn"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()
+        url = next(w for w in line.split() if w.startswith("http://")).rstrip(".,)")
+        out = tmp_path / "run"
+        sources = (
+            f"reward.sources=[{{name: remote, url: '{url}', timeout_s: 10}}, "
+            f"{{name: local, function: '{reward_spec('fn')}', weight: 0.0}}]"
+        )
+        model = make_model()
+        assert main(["train", *fast_overrides(model, out, 2, "reward.function=", sources)]) == 0
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    rows = read_metrics(out / "metrics.jsonl")
+    assert rows[-1]["reward/remote"] == rows[-1]["reward/local"]  # the same function, twice
+    assert rows[-1]["reward/remote/requests"] >= 1
+
+
+def test_a_dead_reward_server_stops_the_run_before_anything_loads(
+    fast_overrides, make_model, tmp_path, capsys
+):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    sources = f"reward.sources=[{{name: judge, url: 'http://127.0.0.1:{port}', retries: 0}}]"
+    assert main(["train", *fast_overrides(make_model(), out, 2, "reward.function=", sources)]) == 2
+    err = capsys.readouterr().err
+    assert "connection refused" in err and "proxima serve-reward" in err
+    assert not out.exists()
