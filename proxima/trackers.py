@@ -156,24 +156,27 @@ def _write_ids(run_dir: Path, name: str, ids: dict[str, Any]) -> None:
     (Path(run_dir) / IDS_FILE).write_text(json.dumps(data, indent=2))
 
 
-def open_trackers(
-    cfg: Config, run_dir: Path, resumed_run: Path | None = None, step: int = 0
-) -> list[Tracker]:
+def open_trackers(cfg: Config, run_dir: Path, resumed_run: Path | None = None) -> list[Tracker]:
     """The selected W&B / MLflow trackers, opened in `run_dir` (call on the main process).
-    `resumed_run`: the run folder of the checkpoint this run resumes; `step`: the iteration
-    it starts at."""
+    `resumed_run`: the run folder of the checkpoint this run resumes. A tracker that cannot
+    start is a RuntimeError naming it."""
     names = selected(cfg)
     name = cfg.trainer.run_name or Path(run_dir).name
     out: list[Tracker] = []
-    try:
-        if "wandb" in names:
-            out.append(WandbTracker(run_dir, cfg.trainer.project, name, resumed_run))
-        if "mlflow" in names:
-            out.append(MlflowTracker(run_dir, cfg.trainer.project, name, resumed_run))
-    except BaseException:
-        for tracker in out:
-            tracker.close("failed")
-        raise
+    for tracker, cls in (("wandb", WandbTracker), ("mlflow", MlflowTracker)):
+        if tracker not in names:
+            continue
+        try:
+            out.append(cls(run_dir, cfg.trainer.project, name, resumed_run))
+        except BaseException as err:
+            for opened in out:
+                opened.close("failed")
+            if not isinstance(err, Exception):
+                raise
+            raise RuntimeError(
+                f"trainer.loggers: {tracker} could not start its run in {run_dir} "
+                f"({type(err).__name__}: {err})."
+            ) from err
     return out
 
 

@@ -273,6 +273,7 @@ def test_mlflow_resume_continues_the_run_on_a_shared_store(tmp_path, monkeypatch
 
     uri = f"sqlite:///{tmp_path / 'shared.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # MLflow puts a new experiment's artifacts in ./mlruns
     first, second = tmp_path / "run", tmp_path / "run-2"
     first.mkdir()
     second.mkdir()
@@ -307,3 +308,13 @@ def test_a_tracker_that_fails_is_dropped_and_the_run_goes_on(tmp_path):
         assert logger.trackers == []
         logger.log(2, {"score": 2.0})
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_tracker_that_cannot_start_is_named(tmp_path, monkeypatch):
+    class Refuses(trk.Tracker):
+        def __init__(self, *args):
+            raise PermissionError("no write access")
+
+    monkeypatch.setattr(trk, "MlflowTracker", Refuses)
+    with pytest.raises(RuntimeError, match="mlflow could not start.*no write access"):
+        open_trackers(_cfg("trainer.loggers=[mlflow]"), tmp_path)

@@ -157,7 +157,12 @@ class PPORecipe:
         resumed_run = None
         if self.resume is not None and self.resume.parent.name == "checkpoints":
             resumed_run = self.resume.parent.parent
-        trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
+        try:
+            trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
+        except BaseException:
+            if main and self.made_run_dir:  # a failed start leaves nothing behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         self.logger = RunLogger(
             self.run_dir, tensorboard="tensorboard" in names, enabled=main, trackers=trackers
         )
