@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import proxima.trackers as trk
+from proxima.cli import main
 from proxima.config import ConfigError, load_config
 from proxima.logging import RunLogger, plot_metrics
 from proxima.trackers import check_mlflow_server, check_trackers, open_trackers, selected
@@ -84,6 +85,32 @@ def test_missing_package_names_the_pip_command(monkeypatch, no_tracker_env, trac
     assert f"the package {tracker} cannot be imported" in msg
     assert f"pip install 'proxima[{tracker}]'" in msg
     check_trackers(_cfg())  # the default loggers need neither
+
+
+@pytest.mark.parametrize("problem", ["no wandb package", "dead mlflow server"])
+def test_train_stops_before_anything_loads(tmp_path, monkeypatch, capsys, no_tracker_env, problem):
+    """`proxima train` with a tracker that cannot work: exit status 2, the fix said, no run
+    folder (the model folder does not even exist: nothing was loaded)."""
+    if problem == "no wandb package":
+        monkeypatch.setitem(sys.modules, "wandb", None)
+        loggers, expected = "[wandb]", "pip install 'proxima[wandb]'"
+    else:
+        pytest.importorskip("mlflow")
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_dead_port()}")
+        loggers, expected = "[mlflow]", "(MLFLOW_TRACKING_URI) does not answer"
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "task.name=",
+        f"model.actor_path={tmp_path / 'no-model'}",
+        f"data.train_path={tmp_path / 'no-prompts.jsonl'}",
+        "reward.function=rewards.py:fn",
+        f"trainer.output_dir={out}",
+        f"trainer.loggers={loggers}",
+    ]
+    assert main(args) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_dead_mlflow_server_is_an_error_at_start_up():
