@@ -1,6 +1,6 @@
 """Experiment trackers besides metrics.jsonl: Weights & Biases and MLflow (`trainer.loggers`;
 TensorBoard is `logging.TensorBoardTracker`). Each is a `Tracker`: the run's metrics per step,
-the resolved config, the summary and the files of its end (summary.json, curves.png).
+the resolved config, the summary and the pictures of its end (curves.png, pass_at_k.png).
 
 `check_trackers` runs at start-up, before any model loads: a selected tracker's package is
 importable, a remote MLflow server (MLFLOW_TRACKING_URI) answers. `open_trackers` opens them
@@ -37,7 +37,7 @@ from urllib.parse import urlparse
 from proxima.config import Config, ConfigError
 
 IDS_FILE = "trackers.json"  # the tracker runs of a run folder: {"wandb": {...}, "mlflow": {...}}
-EXTRAS = {  # tracker -> the modules it needs (when its store is local) and its pip extra
+EXTRAS = {  # tracker (its pip extra's name too) -> the modules it needs
     "wandb": ("wandb",),
     "mlflow": ("mlflow",),
 }
