@@ -1,9 +1,11 @@
-"""Run outputs: metrics (jsonl + TensorBoard), samples, console lines, plots, progress bars.
+"""Run outputs: metrics (jsonl, TensorBoard and the trackers of `proxima.trackers`),
+samples, console lines, plots, progress bars.
 
 Only the main process writes: other ranks build ``RunLogger(..., enabled=False)``.
 ``metrics.jsonl`` holds one ``{"step": ..., **metrics}`` object per line; non-finite values
 are written as ``NaN``/``Infinity`` (Python's json reads them back) so a diverging run
-stays visible in the file.
+stays visible in the file. It is always written: resume, plots and tests read it. A tracker
+that fails during the run (a server gone) is said once and switched off; the run goes on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from proxima.trackers import Tracker
+
 EVAL_PREFIX = "eval/"  # eval/<key> is overlaid on the panel of <key> in plot_metrics
 
 
@@ -25,18 +29,45 @@ def _to_float(value: Any) -> float:
 
 
 class RunLogger:
-    """Append metrics and samples to ``run_dir``; mirror scalars to TensorBoard."""
+    """Append metrics and samples to ``run_dir``; mirror scalars to TensorBoard
+    (``tensorboard``) and to ``trackers`` (opened by ``proxima.trackers.open_trackers``),
+    which also get the config (``log_config``) and the run's end (``finish``)."""
 
-    def __init__(self, run_dir: str | Path, tensorboard: bool = True, enabled: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        tensorboard: bool = True,
+        enabled: bool = True,
+        trackers: Sequence[Tracker] = (),
+    ):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
-        self._writer: Any = None
         self._files: dict[str, Any] = {}
+        self.trackers: list[Tracker] = []
+        self.last_step = 0
+        self._status = "finished"
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
-            self._writer = _open_tensorboard(self.run_dir / "tb")
+            writer = _open_tensorboard(self.run_dir / "tb")
+            if writer is not None:
+                self.trackers.append(TensorBoardTracker(writer))
+        self.trackers += list(trackers)
+
+    def _each(self, call: str, *args: Any) -> None:
+        """`tracker.call(*args)` for each tracker; one that raises is said and dropped."""
+        for tracker in list(self.trackers):
+            try:
+                getattr(tracker, call)(*args)
+            except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps everything
+                self.trackers.remove(tracker)
+                warnings.warn(
+                    f"trainer.loggers: {tracker.name} failed in {call} "
+                    f"({type(err).__name__}: {err}); it is off for the rest of the run "
+                    "(metrics.jsonl keeps every metric).",
+                    stacklevel=3,
+                )
 
     def _append(self, name: str, record: Mapping[str, Any]) -> None:
         if name not in self._files:
@@ -52,10 +83,26 @@ class RunLogger:
             return
         values = {k: _to_float(v) for k, v in metrics.items()}
         self._append("metrics.jsonl", {"step": int(step), **values})
-        if self._writer is not None:
-            for key, value in values.items():
-                self._writer.add_scalar(key, value, int(step))
-            self._writer.flush()
+        self.last_step = max(self.last_step, int(step))
+        self._each("log", int(step), values)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """The resolved config, to each tracker (the run folder has it as config.json)."""
+        if self.enabled:
+            self._each("log_config", config)
+
+    def finish(self, summary: Mapping[str, Any], images: Sequence[str | Path] = ()) -> None:
+        """The run's end to each tracker: the summary, the pictures that exist (curves.png),
+        and how it ended (summary's failed / stopped) for ``close``."""
+        if not self.enabled:
+            return
+        self._status = "failed" if "failed" in summary or "diverged" in summary else "finished"
+        if "stopped" in summary:
+            self._status = "stopped"
+        self._each("log_summary", summary)
+        for image in images:
+            if Path(image).is_file():
+                self._each("log_image", Path(image), self.last_step)
 
     def log_samples(
         self,
@@ -80,19 +127,20 @@ class RunLogger:
             record.update({k: _jsonable(v[i]) for k, v in extra.items()})
             self._append("samples.jsonl", record)
 
-    def close(self) -> None:
+    def close(self, status: str | None = None) -> None:
+        """Close the files and end each tracker's run: ``status`` (finished | failed |
+        stopped), else what ``finish`` saw. A second call does nothing."""
         for f in self._files.values():
             f.close()
         self._files.clear()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._each("close", status or self._status)
+        self.trackers.clear()
 
     def __enter__(self) -> RunLogger:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close("failed" if exc_type is not None else None)
 
 
 def _jsonable(value: Any) -> Any:
@@ -118,6 +166,42 @@ def _open_tensorboard(folder: Path) -> Any:
             _TB_WARNED = True
         return None
     return SummaryWriter(log_dir=str(folder))
+
+
+class TensorBoardTracker(Tracker):
+    """Scalars to ``<run>/tb``; the config and summary as text, pictures as images."""
+
+    name = "tensorboard"
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        self.writer.add_text("config", _as_markdown(config))
+
+    def log_summary(self, summary: Mapping[str, Any]) -> None:
+        self.writer.add_text("summary", _as_markdown(summary))
+
+    def log_image(self, path: Path, step: int) -> None:
+        import matplotlib.image
+
+        pixels = matplotlib.image.imread(str(path))  # H x W x C floats in [0, 1]
+        self.writer.add_image(path.stem, pixels, step, dataformats="HWC")
+        self.writer.flush()
+
+    def close(self, status: str = "finished") -> None:
+        self.writer.close()
+
+
+def _as_markdown(tree: Mapping[str, Any]) -> str:
+    """JSON in a code block (TensorBoard's text panel renders markdown)."""
+    text = json.dumps(tree, indent=2, default=str)
+    return "\n".join("    " + line for line in text.splitlines())
 
 
 def _fmt(value: Any) -> str:

@@ -20,3 +20,4 @@ PREFERENCE_OVERLONG = ("error", "drop")
 KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 SCHEDULES = ("constant", "cosine")  # actor.optim.schedule, critic.optim.schedule
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")  # trainer.strategy
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # trainer.loggers (proxima.trackers)

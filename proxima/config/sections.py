@@ -456,7 +456,22 @@ class TrainerConfig:
         "Writes a new run folder.",
     )
     log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
-    tensorboard: bool = _f(True, "Also write TensorBoard scalars to output_dir/tb.")
+    loggers: list = _f(
+        ["jsonl", "tensorboard"],
+        "Where metrics, the resolved config, the summary and curves.png go: any of jsonl | "
+        "tensorboard (output_dir/tb) | wandb (offline into output_dir/wandb without an API "
+        "key) | mlflow (output_dir/mlflow.db unless MLFLOW_TRACKING_URI is set). jsonl "
+        "(metrics.jsonl, which resume and the plots read) is always written, listed or not. "
+        "wandb and mlflow need `pip install 'proxima[wandb]'` / `'proxima[mlflow]'` "
+        "(README: Experiment trackers).",
+    )
+    tensorboard: bool = _f(
+        True, "false leaves tensorboard out of trainer.loggers (the older switch, still read)."
+    )
+    project: str = _f(
+        "proxima", "W&B project and MLflow experiment of the run (trainer.loggers: wandb, mlflow)."
+    )
+    run_name: str = _f("", "Name of the run in W&B and MLflow; empty = the run folder's name.")
     threads: int = _f(0, "torch CPU threads per process (0 = torch's default).")
     strategy: str = _f(
         "auto",

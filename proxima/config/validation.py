@@ -19,6 +19,7 @@ from proxima.config.choices import (
     DTYPE_NAMES,
     ENGINES,
     KL_CONTROLLERS,
+    LOGGERS,
     MIXED_PRECISION,
     OLD_LOGPROBS,
     OVERLONG_MODES,
@@ -184,6 +185,13 @@ def _check_lists(cfg: Config) -> None:
         raise ConfigError(
             "`algorithm.gdpo_reward_weights` must be a list of numbers, one per reward "
             f"component (empty = equal weights), like [1.0, 0.5]; got {weights!r}."
+        )
+    loggers = cfg.trainer.loggers
+    unknown = [n for n in loggers if n not in LOGGERS]
+    if unknown:
+        raise ConfigError(
+            f"`trainer.loggers`: unknown logger {unknown[0]!r}; the loggers are "
+            f"{', '.join(LOGGERS)} (a list, like [jsonl, wandb]; jsonl is always written)."
         )
     modules = cfg.model.lora_target_modules
     if not all(isinstance(m, str) and m for m in modules):

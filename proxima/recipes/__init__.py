@@ -16,6 +16,7 @@ from proxima.config import Config
 from proxima.recipes.common import new_run_dir, start_dist
 from proxima.recipes.ppo import PPORecipe
 from proxima.tasks import check_task, prepare_task, resumed_task_config
+from proxima.trackers import check_trackers
 
 
 def train(cfg: Config) -> dict:
@@ -23,6 +24,7 @@ def train(cfg: Config) -> dict:
     also written to <run folder>/summary.json. Under torchrun every rank calls it: the main
     rank prepares the task (its SFT warm start included) and the others receive its config."""
     check_task(cfg)
+    check_trackers(cfg)  # before a task's warm start too
     dist, _ = start_dist(cfg)
     if not cfg.task.name:
         return PPORecipe(cfg, dist).run()

@@ -37,6 +37,7 @@ from proxima.logging import RunLogger, format_line, plot_metrics, plot_pass_at_k
 from proxima.recipes.common import new_run_dir, remove_orphans_near, start_dist
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
+from proxima.trackers import check_trackers, open_trackers, selected
 from proxima.trainer.dist import Dist
 from proxima.trainer.evaluate import describe, evaluate_modes
 from proxima.trainer.guard import (
@@ -114,6 +115,9 @@ class PPORecipe:
             with StopSignals() as signals:
                 reason = self.train(signals)
             return self.finish(reason, signals)
+        except BaseException:
+            self.logger.close("failed")  # the trackers' runs too (finish said how it ended)
+            raise
         finally:
             self.logger.close()
 
@@ -123,6 +127,7 @@ class PPORecipe:
         cfg = self.cfg
         check_sources(cfg)
         check_engine(cfg)  # rollout.name=vllm: installed, and able to run this model
+        check_trackers(cfg)  # trainer.loggers: packages installed, an MLflow server answers
         self.resume = check_resume(cfg)  # checked before anything is written
         if self.resume is not None:
             check_checkpoint(self.resume)
@@ -148,9 +153,20 @@ class PPORecipe:
         if self.resume is not None:
             self._say(f"resumed from {self.resume} at iteration {self.trainer.iteration}")
         self.first_iteration = self.trainer.iteration
+        main, names = self.dist.is_main, selected(cfg)
+        resumed_run = None
+        if self.resume is not None and self.resume.parent.name == "checkpoints":
+            resumed_run = self.resume.parent.parent
+        try:
+            trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
+        except BaseException:
+            if main and self.made_run_dir:  # a failed start leaves nothing behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         self.logger = RunLogger(
-            self.run_dir, tensorboard=cfg.trainer.tensorboard, enabled=self.dist.is_main
+            self.run_dir, tensorboard="tensorboard" in names, enabled=main, trackers=trackers
         )
+        self.logger.log_config(cfg.to_dict())
 
     def _open_run_dir(self) -> None:
         """The run folder (a new one unless given), its config.json; leftovers of killed
@@ -345,6 +361,8 @@ class PPORecipe:
                 plot_pass_at_k(curves, self.run_dir / "pass_at_k.png")
         except OSError as err:
             print(f"warning: could not write summary.json / curves.png ({err})", file=sys.stderr)
+        images = [self.run_dir / "curves.png", self.run_dir / "pass_at_k.png"]
+        self.logger.finish(self.summary, images)  # to the trackers (trainer.loggers)
         if self.failure is None:
             _report(self.summary, self.run_dir)
 
