@@ -31,6 +31,18 @@ class Rollout:
     # [B, K] the raw score of each of reward.sources, or None for a single source
     components: torch.Tensor | None = None
 
+    def to(self, device: torch.device | str) -> Rollout:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return replace(
+            self,
+            gen=self.gen.to(device),
+            scores=move(self.scores),
+            baselines=move(self.baselines),
+            components=move(self.components),
+        )
+
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """One rollout of several (DAPO's dynamic sampling: rounds of generation), the group ids

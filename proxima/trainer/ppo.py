@@ -88,6 +88,15 @@ class PhaseTimer:
                 self.listener.end(name, seconds)
 
 
+def _informative_groups(ro: Rollout) -> list[bool]:
+    """Per group of `ro` (its group ids 0..G-1): whether its scores differ (DAPO keeps it)."""
+    out = []
+    for g in range(int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0):
+        s = ro.scores[(ro.group_ids == g).to(ro.scores.device)]
+        out.append(not bool((s == s[0]).all()))
+    return out
+
+
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
@@ -205,43 +214,64 @@ class PPOTrainer:
     def sample(self) -> tuple[Rollout, dict[str, float]]:
         """Phases 1-2: a scored rollout of this rank's share of the batch. With
         `algorithm.filter_groups` (DAPO's dynamic sampling) the groups whose scores are all
-        equal are dropped and more prompts generated until every rank has its share of
-        informative groups, at most `algorithm.max_gen_batches` rounds; a share still short
-        is filled with dropped groups, so the batch keeps its shape."""
+        equal are dropped and more prompts generated until the global batch is full of
+        informative groups, at most `algorithm.max_gen_batches` rounds; a batch still short
+        is filled with dropped groups, so it keeps its shape. The choice is global, in the
+        order one process would generate (round, rank, group), and each rank then takes its
+        share of the chosen groups (gathered from the ranks that generated them), so N
+        processes train on the batch one process would."""
         alg = self.cfg.algorithm
         ro, stats = self.sample_once()
         if not alg.filter_groups:
             return ro, stats
         need = len(ro.prompts) // self.cfg.rollout.n  # groups per rank
-        parts, kept, dropped, rounds = [ro], [], [], 1
+        world = self.dist.world_size
+        parts, flags = [ro], []  # flags[r][q]: informative groups of rank q in round r
         while True:
-            offset = sum(int(p.group_ids.max()) + 1 for p in parts[:-1])
-            for g in range(int(parts[-1].group_ids.max()) + 1):
-                s = parts[-1].scores[parts[-1].group_ids == g]
-                (dropped if bool((s == s[0]).all()) else kept).append(offset + g)
-            if not self.dist.any(len(kept) < need) or rounds >= alg.max_gen_batches:
+            flags.append(self.dist.all_gather_object(_informative_groups(parts[-1])))
+            kept = sum(int(x) for rank_flags in flags for q in rank_flags for x in q)
+            if kept >= need * world or len(parts) >= alg.max_gen_batches:
                 break
             more, more_stats = self.sample_once()
             parts.append(more)
             stats = {k: stats[k] + more_stats[k] for k in stats}
-            rounds += 1
-        groups = kept[:need] + dropped[: max(0, need - len(kept))]
-        ro = select_groups(cat_rollouts(parts, self.roles.tokenizer.pad_token_id), groups)
-        count = self.dist.all_reduce_sum(
-            torch.tensor(
-                [rounds * need, min(len(kept), need), max(0, need - len(kept))], dtype=torch.float64
-            )
-        )
+        # global group order (round, rank, group); the kept first, then the dropped
+        order = [
+            (r, q, g)
+            for r, ranks in enumerate(flags)
+            for q, f in enumerate(ranks)
+            for g in range(len(f))
+        ]
+        good = [key for key in order if flags[key[0]][key[1]][key[2]]]
+        bad = [key for key in order if not flags[key[0]][key[1]][key[2]]]
+        chosen = (good + bad)[: need * world]
+        mine = chosen[self.dist.rank * need : (self.dist.rank + 1) * need]
+        ro = self._gather_groups(parts, mine)
+        rounds = len(parts)
         stats = {k: v / rounds for k, v in stats.items()}
         stats.update(
             {
                 "dapo/gen_batches": float(rounds),
-                "dapo/groups_generated": float(count[0]),
-                "dapo/groups_kept": float(count[1]),
-                "dapo/groups_filled": float(count[2]),
+                "dapo/groups_generated": float(rounds * need * world),
+                "dapo/groups_kept": float(min(len(good), need * world)),
+                "dapo/groups_filled": float(max(0, need * world - len(good))),
             }
         )
         return ro, stats
+
+    def _gather_groups(self, parts: list[Rollout], keys: list[tuple[int, int, int]]) -> Rollout:
+        """The groups `keys` ((round, rank, group) each), in that order, as one rollout on
+        this rank; groups another rank generated come from it (every rank's rounds are
+        gathered when several processes run)."""
+        pad = self.roles.tokenizer.pad_token_id
+        if not self.dist.active:
+            offsets = [
+                sum(int(p.group_ids.max()) + 1 for p in parts[:r]) for r in range(len(parts))
+            ]
+            return select_groups(cat_rollouts(parts, pad), [offsets[r] + g for r, _, g in keys])
+        everyone = self.dist.all_gather_object([p.to("cpu") for p in parts])  # [rank][round]
+        picked = [select_groups(everyone[q][r], [g]) for r, q, g in keys]
+        return cat_rollouts(picked, pad).to(self.device)
 
     def sample_once(self) -> tuple[Rollout, dict[str, float]]:
         """One round of phases 1-2: generate this rank's share of the next batch of prompts

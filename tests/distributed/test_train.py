@@ -145,3 +145,35 @@ def test_killed_rank_ends_the_job(make_model, fast_overrides, tmp_path, reward_s
     proc = torchrun(["-m", "proxima", "train", *args], timeout=180, check=False)
     assert proc.returncode != 0
     assert "Signal 9" in proc.stderr or "SIGKILL" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_dynamic_sampling_chooses_the_groups_one_process_would(greedy, tmp_path, reward_spec):
+    """DAPO's dynamic sampling over 2 processes: the informative groups are chosen globally,
+    in one process's order, so every iteration trains on the batch one process would (rank
+    0's rows, the first half, logged in samples.jsonl) with the same accounting; the first
+    iteration's metrics are one process's. (Later ones drift by float noise: half of the
+    groups have advantage 0 exactly, and Adam's first steps turn the rounding of near-zero
+    gradients into steps of a full learning rate; gradient parity is test_parity.py's.)"""
+    one, two = tmp_path / "one", tmp_path / "two"
+    dapo = (
+        f"reward.function={reward_spec('even_first_digit_varies')}",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false",
+        "algorithm.filter_groups=true",
+        "algorithm.max_gen_batches=3",
+        "trainer.log_samples=4",
+    )
+    assert main(["train", *greedy(one, *dapo)]) == 0
+    torchrun(["-m", "proxima", "train", *greedy(two, "trainer.strategy=ddp", *dapo)])
+    a, b = _metrics(one), _metrics(two)
+    _close({1: a[1]}, {1: b[1]})
+    for step in a:
+        for key in ("dapo/gen_batches", "dapo/groups_kept", "dapo/groups_filled", "score"):
+            assert a[step][key] == b[step][key], (step, key)
+    assert any(row["dapo/gen_batches"] > 1 for row in a.values())
+
+    def samples(run: Path) -> list[tuple]:
+        rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+        return [(r["step"], r["prompt"], r["score"]) for r in rows]
+
+    assert samples(one) == samples(two)
