@@ -12,6 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
+# the [B, R] fields, aligned on response tokens
+PER_TOKEN = (
+    "response_mask",
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "kl",
+    "token_rewards",
+    "advantages",
+    "returns",
+    "rollout_logprobs",
+    "is_weights",
+    "sum_pi_squared",
+)
+
 
 @dataclass
 class Experience:
@@ -72,6 +87,34 @@ class Experience:
         idx = torch.as_tensor(idx, dtype=torch.long)
         picked = {k: v[idx.to(v.device)] for k, v in self._tensor_fields().items()}
         return dataclasses.replace(self, **picked)
+
+    def trimmed(self, keep_response_width: bool = False) -> Experience:
+        """The same rows without the padding columns every row has: the prompt columns no
+        row attends to (left padding) and, unless `keep_response_width`, the response
+        columns after the last real response token of any row. Positions are counted from
+        each row's first real token and attention is causal, so every real token's
+        log-prob and value are unchanged (`seq-mean-token-sum-norm` divides by the
+        response width: keep it there)."""
+        r = self.response_mask.shape[1]
+        p = self.prompt_length
+        real = self.attention_mask[:, :p].bool().any(dim=0)
+        start = int(real.float().argmax()) if bool(real.any()) else p
+        width = r
+        if not keep_response_width:
+            cols = self.response_mask.bool().any(dim=0).nonzero()
+            width = int(cols.max()) + 1 if cols.numel() else 0
+        if start == 0 and width == r:
+            return self
+        keep = slice(start, p + width)
+        changed = {
+            "input_ids": self.input_ids[:, keep],
+            "attention_mask": self.attention_mask[:, keep],
+        }
+        for name in PER_TOKEN:
+            value = getattr(self, name)
+            if value is not None:
+                changed[name] = value[:, :width]
+        return dataclasses.replace(self, **changed)
 
     def split(self, size: int) -> list[Experience]:
         """Consecutive chunks of `size` rows (the last may be smaller)."""

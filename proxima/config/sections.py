@@ -336,6 +336,12 @@ class ActorConfig:
     ppo_micro_batch_size: int = _f(
         16, "Sequences per forward/backward (gradient accumulation); never changes the result."
     )
+    ppo_max_tokens_per_micro: int = _f(
+        0,
+        "Micro-batches by a token budget instead (verl's dynamic batch size): rows sorted by "
+        "length, as many per forward/backward as fit in this many padded tokens, the padding "
+        "they all share trimmed; never changes the result. 0 = ppo_micro_batch_size.",
+    )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     clip_ratio: float = _f(0.2, "PPO clip range epsilon.")
@@ -374,6 +380,9 @@ class CriticConfig:
     ppo_epochs: int = _f(1, "Passes over the batch of experience per iteration.", fixed=True)
     ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.", fixed=True)
     ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
+    ppo_max_tokens_per_micro: int = _f(
+        0, "Micro-batches by a token budget (as actor.ppo_max_tokens_per_micro); 0 = off."
+    )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
     loss_agg_mode: str = _f("token-mean", "Aggregation of the value loss (as actor.loss_agg_mode).")

@@ -75,6 +75,8 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "trainer.save_every_minutes",
     "trainer.keep_checkpoints",
     "reward.overlong_buffer_len",
+    "actor.ppo_max_tokens_per_micro",
+    "critic.ppo_max_tokens_per_micro",
     "guard.patience",
     "guard.min_entropy",
     "guard.max_kl_per_token",

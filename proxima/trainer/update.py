@@ -62,6 +62,48 @@ def micro_weight(
     return micro.batch_size / mini.batch_size
 
 
+def token_micro_batches(
+    mini: Experience, budget: int, keep_response_width: bool = False
+) -> list[Experience]:
+    """This process's share of a mini-batch as micro-batches formed by a token budget
+    (verl's dynamic batch size): rows sorted by real length, longest first, each micro-batch
+    as many rows as fit in `budget` padded tokens (rows x (longest prompt + longest
+    response), the layout after trimming; a row longer than the budget alone), each
+    trimmed of the padding all its rows share
+    (`Experience.trimmed`). The loss weights (`micro_weight`) make the gradient that of
+    the whole mini-batch, as with fixed micro-batches."""
+    p = mini.prompt_length
+    prompt = mini.attention_mask[:, :p].sum(dim=1).tolist()
+    response = mini.attention_mask[:, p:].sum(dim=1).tolist()
+    order = sorted(range(mini.batch_size), key=lambda i: -(prompt[i] + response[i]))
+    groups: list[list[int]] = []
+    width = (0, 0)  # the current group's longest prompt and response
+    for i in order:  # longest first
+        grown = (max(width[0], prompt[i]), max(width[1], response[i]))
+        if groups and (len(groups[-1]) + 1) * sum(grown) <= budget:
+            groups[-1].append(i)
+            width = grown
+        else:
+            groups.append([i])
+            width = (prompt[i], response[i])
+    return [mini.select(g).trimmed(keep_response_width) for g in groups]
+
+
+def _even_out(micros: list[Experience], count: int) -> list[Experience]:
+    """`micros` split further (the largest first) into `count` micro-batches, so that
+    every process runs as many forward passes (FSDP2 gathers the weights in each)."""
+    micros = list(micros)
+    while len(micros) < count:
+        i = max(range(len(micros)), key=lambda j: micros[j].batch_size)
+        big = micros.pop(i)
+        if big.batch_size < 2:  # cannot split a row: count rows instead
+            micros.insert(i, big)
+            break
+        half = big.batch_size // 2
+        micros[i:i] = [big.select(list(range(half))), big.select(list(range(half, big.batch_size)))]
+    return micros
+
+
 def mini_batches(
     exp: Experience, size: int, shuffle: bool, generator: torch.Generator
 ) -> Iterator[Experience]:
@@ -224,7 +266,13 @@ def _backward(
     `sync`. Returns each micro-batch's stats with its weight."""
     sec, world = role.cfg, dist.world_size
     tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
-    micros = mini.split(sec.ppo_micro_batch_size)
+    if sec.ppo_max_tokens_per_micro:
+        keep_width = sec.loss_agg_mode == "seq-mean-token-sum-norm"
+        micros = token_micro_batches(mini, sec.ppo_max_tokens_per_micro, keep_width)
+        if dist.active:  # the same number of micro-batches on every process
+            micros = _even_out(micros, max(dist.all_gather_object(len(micros))))
+    else:
+        micros = mini.split(sec.ppo_micro_batch_size)
     out = []
     for i, micro in enumerate(micros):
         with precision():

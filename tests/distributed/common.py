@@ -63,9 +63,11 @@ def mini_batch_grads(
     dist: Dist,
     world: int,
     device: torch.device | None = None,
+    micro_tokens: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Gradients of one global mini-batch (all of `exp` across the `world` ranks; this rank
-    holds `exp`, its share) with micro-batches of 2, through `run_epochs`. Role `shared`:
+    holds `exp`, its share) with micro-batches of 2 (or by a budget of `micro_tokens`
+    tokens: `ppo_max_tokens_per_micro`), through `run_epochs`. Role `shared`:
     the actor with a value head on its backbone (critic.shared_backbone): one module."""
     size = exp.batch_size * world
     sec_cls = CriticConfig if role == "critic" else ActorConfig
@@ -73,6 +75,7 @@ def mini_batch_grads(
         optim=OptimConfig(lr=0.0),
         ppo_mini_batch_size=size,
         ppo_micro_batch_size=2,
+        ppo_max_tokens_per_micro=micro_tokens,
         shuffle=False,
         loss_agg_mode=mode,
     )

@@ -3,7 +3,8 @@ critic and the actor with a value head on its backbone, under DDP and FSDP2, eac
 holding its half of the global batch. Rank 0 saves them to the path given as the first
 argument; a second argument `cuda` runs on the GPUs (rank % GPU count, so ranks may share one)
 with NCCL or the backend named third (gloo on the CPU otherwise); a fourth names the strategies
-(default ddp,fsdp2)."""
+(default ddp,fsdp2,ddp+tokens,fsdp2+tokens; `+tokens`: micro-batches by a token budget,
+`ppo_max_tokens_per_micro`, whose counts differ between the ranks)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ torch.set_num_threads(1)
 out: dict = {}
 cuda = sys.argv[2:3] == ["cuda"]
 backend = sys.argv[3] if len(sys.argv) > 3 else "auto"
-strategies = sys.argv[4].split(",") if len(sys.argv) > 4 else ["ddp", "fsdp2"]
+DEFAULT = ["ddp", "fsdp2", "ddp+tokens", "fsdp2+tokens"]
+strategies = sys.argv[4].split(",") if len(sys.argv) > 4 else DEFAULT
 for strategy in strategies:
     rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    dist = init(strategy, backend, 120, device)
+    name, _, by_tokens = strategy.partition("+")
+    micro_tokens = 12 if by_tokens else 0  # rank 0: 3 micro-batches, rank 1: 2 (evened out)
+    dist = init(name, backend, 120, device)
     actor, _ = models()
     exp = global_batch(actor)
     half = exp.batch_size // dist.world_size
@@ -33,7 +37,9 @@ for strategy in strategies:
     for mode in MODES:
         for role in ("actor", "critic", "shared"):
             model = models()[1 if role == "critic" else 0]
-            grads = mini_batch_grads(model, role, mode, mine, dist, dist.world_size, device)
+            grads = mini_batch_grads(
+                model, role, mode, mine, dist, dist.world_size, device, micro_tokens
+            )
             out[(strategy, role, mode)] = grads
 if dist.is_main:
     torch.save(out, sys.argv[1])

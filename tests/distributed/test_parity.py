@@ -1,5 +1,7 @@
 """N processes give the same gradients as one process on the same global batch: DDP and
-FSDP2, actor, critic and the actor with a value head on its backbone, every loss
+FSDP2 (with fixed micro-batches, and with micro-batches by a token budget, `+tokens`, whose
+counts differ between the ranks), actor, critic and the actor with a value head on its
+backbone, every loss
 aggregation mode, unequal token counts per rank (the first rank's responses are long, the
 second's short: a loss normalised per rank instead of by the global token count is 4-13%
 off, and fails here)."""
@@ -40,6 +42,12 @@ def _one_process(role: str, mode: str) -> dict[str, torch.Tensor]:
         ("fsdp2", "actor"),
         ("fsdp2", "critic"),
         ("fsdp2", "shared"),
+        ("ddp+tokens", "actor"),
+        ("ddp+tokens", "critic"),
+        ("ddp+tokens", "shared"),
+        ("fsdp2+tokens", "actor"),
+        ("fsdp2+tokens", "critic"),
+        ("fsdp2+tokens", "shared"),
     ],
 )
 @pytest.mark.parametrize("mode", MODES)

@@ -1,0 +1,82 @@
+"""Micro-batches by a token budget (`ppo_max_tokens_per_micro`, verl's dynamic batch size):
+rows sorted by length, packed under the budget, the padding they share trimmed; the
+gradients are those of fixed micro-batches for actor, critic and shared backbone in every
+loss aggregation mode (2 processes: tests/distributed/test_parity.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from proxima.trainer.dist import Dist
+from proxima.trainer.update import token_micro_batches
+from tests.distributed.common import (
+    MODES,
+    PROMPT_LENS,
+    RESPONSE_LENS,
+    global_batch,
+    mini_batch_grads,
+    models,
+)
+
+
+def test_rows_are_packed_longest_first_under_the_budget_and_trimmed():
+    exp = global_batch(models()[0])
+    lengths = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS, strict=True)]
+    # (prompt, response) by row: (3,5) (2,4) (4,5) (1,3) (2,1) (3,2) (1,1) (4,2); longest
+    # first: 9 (4,5), 8 (3,5), 6 (2,4), 6 (4,2), 5 (3,2), 4 (1,3), 3 (2,1), 2 (1,1).
+    # Budget 18 in rows x (longest prompt + longest response): [9, 8] = 2 x 9;
+    # [6, 6] = 2 x (4 + 4) = 16, a third (3,2) would make 3 x 8 = 24; [5, 4, 3] =
+    # 3 x (3 + 3) = 18, a fourth would make 24; [2] alone
+    micros = token_micro_batches(exp, 18)
+    got = [m.attention_mask.sum(1).tolist() for m in micros]
+    assert got == [[9, 8], [6, 6], [5, 4, 3], [2]]
+    for m in micros:
+        # trimmed: every remaining prompt column and the last response column hold a real token
+        assert bool(m.attention_mask[:, : m.prompt_length].any(dim=0).all())
+        assert bool(m.response_mask[:, -1].any())
+        assert m.batch_size * m.input_ids.shape[1] <= 18
+    assert sum(m.batch_size for m in micros) == exp.batch_size
+    assert max(lengths) == 9
+
+
+def test_a_row_longer_than_the_budget_goes_alone():
+    exp = global_batch(models()[0])
+    assert [m.batch_size for m in token_micro_batches(exp, 1)] == [1] * exp.batch_size
+
+
+def test_seq_mean_token_sum_norm_keeps_the_response_width():
+    exp = global_batch(models()[0])
+    for m in token_micro_batches(exp, 18, keep_response_width=True):
+        assert m.response_mask.shape[1] == exp.response_mask.shape[1]
+
+
+@pytest.mark.parametrize("role", ["actor", "critic", "shared"])
+@pytest.mark.parametrize("mode", MODES)
+def test_the_gradients_are_those_of_fixed_micro_batches(role, mode):
+    grads = []
+    for tokens in (0, 18):
+        actor, critic = models()
+        exp = global_batch(actor)
+        model = critic if role == "critic" else actor
+        grads.append(mini_batch_grads(model, role, mode, exp, Dist(), 1, micro_tokens=tokens))
+    want, got = grads
+    assert want.keys() == got.keys() and any(g.abs().sum() > 0 for g in want.values())
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_each_rank_runs_as_many_micro_batches():
+    """With a budget of 12 the long half of the batch (rank 0 of 2) makes 3 micro-batches and
+    the short half 2; `_even_out` splits the short half's largest so that both run 3
+    forward passes (FSDP2 gathers the weights in each); grads: tests/distributed."""
+    from proxima.trainer.update import _even_out
+
+    exp = global_batch(models()[0])
+    long, short = exp.select([0, 1, 2, 3]), exp.select([4, 5, 6, 7])
+    a, b = token_micro_batches(long, 12), token_micro_batches(short, 12)
+    assert (len(a), len(b)) == (3, 2)
+    evened = _even_out(b, 3)
+    assert [m.batch_size for m in evened] == [1, 1, 2]
+    rows = sorted(int(n) for m in evened for n in m.attention_mask.sum(1))
+    assert rows == sorted(int(n) for n in short.attention_mask.sum(1))  # every row once
