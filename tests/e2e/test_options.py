@@ -161,3 +161,14 @@ def test_shipped_dapo_config_is_found_by_name():
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.filter_groups
     assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
     assert cfg.reward.overlong_buffer_len == 2 and not cfg.kl_in_reward
+
+
+def test_token_budget_micro_batches_train(fast_overrides, make_model, tmp_path):
+    rows = _run(
+        fast_overrides,
+        make_model,
+        tmp_path,
+        "actor.ppo_max_tokens_per_micro=24",
+        "critic.ppo_max_tokens_per_micro=24",
+    )
+    assert rows[-1]["actor/optimizer_steps"] == 1 and "critic/vf_loss" in rows[-1]
