@@ -387,8 +387,11 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
     previous = _interrupt_on(signal.SIGTERM)
+    finished = False
     try:
-        return ns.fn(ns)
+        status = ns.fn(ns)
+        finished = True
+        return status
     except KeyboardInterrupt as err:  # a signal outside the training loop, or a second one
         print(f"\naborted: {str(err) or 'interrupted'}", file=sys.stderr)
         return 128 + getattr(err, "signum", signal.SIGINT)
@@ -403,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         from proxima.trainer.dist import shutdown
 
-        shutdown()
+        shutdown(finished)
 
 
 class Interrupted(KeyboardInterrupt):

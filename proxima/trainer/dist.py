@@ -175,8 +175,17 @@ def init(strategy: str, backend: str, timeout_s: float, device: torch.device) ->
     return Dist(rank=rank, world_size=world, local_rank=local, strategy=strategy)
 
 
-def shutdown() -> None:
+def shutdown(finished: bool = False) -> None:
+    """Tear down the process group. `finished`: every rank returned normally, so they meet
+    at a barrier first; a rank that tears down while another is still in its last
+    collective can abort the other's gloo thread at exit ("terminate called without an
+    active exception", seen once in 2-process runs that had written everything)."""
     if tdist.is_initialized():
+        if finished:
+            try:
+                tdist.barrier()
+            except Exception:  # noqa: BLE001 - tearing down anyway
+                pass
         tdist.destroy_process_group()
 
 
