@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from pathlib import Path
 
 import torch
@@ -43,6 +44,39 @@ def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
     device = resolve_device(cfg.model.device, local)
     t = cfg.trainer
     return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device
+
+
+RUN_MARKER = ".proxima-run"  # written by rank 0 into a new run folder, read by every rank
+
+
+def check_shared_run_dir(run_dir: Path, dist: Dist) -> None:
+    """Every process sees the run folder rank 0 created: rank 0 writes a one-time token into
+    it, every rank reads it back. Several nodes write checkpoints and read them back on
+    resume, so they need `trainer.output_dir` on a filesystem they share; a node that does
+    not see the token stops the run on every rank, naming the folder and the fix."""
+    if not dist.active:
+        return
+    marker = run_dir / RUN_MARKER
+    token = uuid.uuid4().hex if dist.is_main else None
+    if dist.is_main:
+        marker.write_text(token)
+    token = dist.broadcast_object(token)
+
+    def check() -> None:
+        seen = marker.read_text() if marker.is_file() else None
+        if seen != token:
+            raise ConfigError(
+                f"rank {dist.rank} does not see the run folder {run_dir} that rank 0 created "
+                f"(no {RUN_MARKER} with rank 0's token there): the nodes of a job must share "
+                "`trainer.output_dir` (a shared filesystem such as NFS or Lustre); point it "
+                "at a folder every node mounts at the same path."
+            )
+
+    try:
+        dist.agree(check, "the shared run folder check")  # returns once every rank has read
+    finally:
+        if dist.is_main:
+            marker.unlink(missing_ok=True)
 
 
 def new_run_dir(path: str | Path) -> Path:

@@ -32,9 +32,14 @@ from proxima.checkpoint import (
     remove_orphans,
     save_periodic,
 )
-from proxima.config import Config, batch_plan, check_sources
+from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.logging import RunLogger, format_line, plot_metrics, plot_pass_at_k, progress
-from proxima.recipes.common import new_run_dir, remove_orphans_near, start_dist
+from proxima.recipes.common import (
+    check_shared_run_dir,
+    new_run_dir,
+    remove_orphans_near,
+    start_dist,
+)
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trackers import check_trackers, open_trackers, selected
@@ -180,6 +185,12 @@ class PPORecipe:
             run_dir = new_run_dir(cfg.trainer.output_dir) if main else None
             self.run_dir = self.dist.broadcast_object(run_dir)
             self.made_run_dir = True
+            try:
+                check_shared_run_dir(self.run_dir, self.dist)  # several nodes share it
+            except ConfigError:
+                if main:  # a failed start leaves nothing behind
+                    shutil.rmtree(self.run_dir, ignore_errors=True)
+                raise
             self._say(f"run folder: {self.run_dir}")
         self.summary = {
             "run_dir": str(self.run_dir),
