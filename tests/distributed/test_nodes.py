@@ -40,7 +40,11 @@ def _two_nodes(args: list[str], run_id: str) -> None:
         )
         for node in (0, 1)
     ]  # fmt: skip
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:  # a hung node is not left behind
+            p.kill()
     for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-4000:]
 
