@@ -76,3 +76,19 @@ def map_row_chunks(
     if not pieces:
         return torch.zeros(lead, dtype=torch.float32, device=tensors[0].device)
     return torch.cat(pieces).reshape(lead)
+
+
+def check_ratio_clips(where: str, low: float, high: float) -> None:
+    """Clip ranges of a ratio: [1 - low, 1 + high] must stay positive."""
+    if not (0 <= low < 1 and high >= 0):
+        raise ValueError(
+            f"{where}: clip ratios must satisfy 0 <= low < 1 and high >= 0, got "
+            f"low={low}, high={high}; e.g. 0.2 for both"
+        )
+
+
+def weighted(loss_mat: torch.Tensor, is_weights: torch.Tensor | None, mask: torch.Tensor):
+    """The per-token loss times the (constant) importance weights, if any."""
+    if is_weights is None:
+        return loss_mat
+    return loss_mat * select(is_weights.detach(), mask)

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import (
+    check_ratio_clips,
     check_same_shape,
     check_temperature,
     detached_stats,
     map_row_chunks,
     select,
+    weighted,
 )
 from .masked import aggregate_loss, masked_max, masked_mean, masked_var
 
@@ -183,11 +185,7 @@ def policy_loss(
         response_mask=response_mask,
     )
     low, high = clip_ratio_low, clip_ratio_high
-    if not (0 <= low < 1 and high >= 0):
-        raise ValueError(
-            f"policy_loss: clip ratios must satisfy 0 <= low < 1 and high >= 0, got "
-            f"low={low}, high={high}; e.g. 0.2 for both"
-        )
+    check_ratio_clips("policy_loss", low, high)
     if clip_ratio_c is not None and not clip_ratio_c > 1:
         raise ValueError(
             f"policy_loss: clip_ratio_c must be > 1 (dual clip lower bound), got "
@@ -210,7 +208,7 @@ def policy_loss(
         loss_mat = torch.where(dual_binds, loss_cap, loss_mat)
     if is_weights is not None:
         check_same_shape("policy_loss", is_weights=is_weights, response_mask=mask)
-        loss_mat = loss_mat * select(is_weights.detach(), mask)
+    loss_mat = weighted(loss_mat, is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = detached_stats(
         clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),

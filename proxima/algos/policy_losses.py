@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_same_shape, detached_stats, select
+from ._checks import check_ratio_clips, check_same_shape, detached_stats, select, weighted
 from .losses import LOG_RATIO_BOUND, register_policy_loss, warn_if_empty
 from .masked import AGG_MODES, aggregate_loss, masked_mean
 
@@ -77,28 +77,12 @@ def _inputs(
     return select(log_prob, mask), select(old_log_prob, mask), select(advantages, mask)
 
 
-def _check_ratio_clips(where: str, low: float, high: float) -> None:
-    """Clip ranges of a ratio: [1 - low, 1 + high] must stay positive."""
-    if not (0 <= low < 1 and high >= 0):
-        raise ValueError(
-            f"{where}: clip ratios must satisfy 0 <= low < 1 and high >= 0, got "
-            f"low={low}, high={high}; e.g. 0.2 for both"
-        )
-
-
 def _check_nonnegative(where: str, what: str, low: float, high: float) -> None:
     if not (low >= 0 and high >= 0):
         raise ValueError(
             f"{where}: clip_ratio_low and clip_ratio_high ({what}) must be >= 0, got "
             f"low={low}, high={high}"
         )
-
-
-def _weighted(loss_mat: torch.Tensor, is_weights: torch.Tensor | None, mask: torch.Tensor):
-    """The per-token loss times the (constant) importance weights, if any."""
-    if is_weights is None:
-        return loss_mat
-    return loss_mat * select(is_weights.detach(), mask)
 
 
 def _row_count(mask: torch.Tensor) -> torch.Tensor:
@@ -134,7 +118,7 @@ def gspo_loss(
     ``pg_clipfrac_lower`` is left out.
     """
     where = "gspo_loss"
-    _check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
+    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
@@ -143,7 +127,7 @@ def gspo_loss(
     s = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
     loss_unclipped = -adv * s
     loss_clipped = -adv * s.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss_mat = _weighted(torch.maximum(loss_unclipped, loss_clipped), is_weights, mask)
+    loss_mat = weighted(torch.maximum(loss_unclipped, loss_clipped), is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = detached_stats(
         clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),
@@ -190,7 +174,7 @@ def sapo_loss(
         adv > 0, torch.as_tensor(tau_pos, **as_tensor), torch.as_tensor(tau_neg, **as_tensor)
     )
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    loss_mat = _weighted(-gate * adv, is_weights, mask)
+    loss_mat = weighted(-gate * adv, is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, "seq-mean-token-mean")
     return loss, detached_stats(ppo_kl=masked_mean(-log_ratio, mask))
 
@@ -219,13 +203,13 @@ def cispo_loss(
     ``ppo_kl`` (clamped, as vanilla). verl's constant-0 ``pg_clipfrac_lower`` is left out.
     """
     where = "cispo_loss"
-    _check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
+    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = (lp - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    loss_mat = _weighted(-clipped.detach() * adv * lp, is_weights, mask)
+    loss_mat = weighted(-clipped.detach() * adv * lp, is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = detached_stats(
         clipfrac=masked_mean((ratio != clipped).float(), mask),
@@ -256,7 +240,7 @@ def gpg_loss(
     where = "gpg_loss"
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
-    loss = aggregate_loss(_weighted(-lp * adv, is_weights, mask), mask, agg)
+    loss = aggregate_loss(weighted(-lp * adv, is_weights, mask), mask, agg)
     return loss, detached_stats(ppo_kl=masked_mean(old - lp, mask))
 
 
@@ -297,7 +281,7 @@ def clip_cov_loss(
     ``ppo_kl`` = mean(old_log_prob - log_prob).
     """
     where = "clip_cov_loss"
-    _check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
+    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
     if not clip_cov_ratio > 0:
         raise ValueError(f"{where}: clip_cov_ratio must be > 0, got {clip_cov_ratio}")
     mask = response_mask
@@ -321,7 +305,7 @@ def clip_cov_loss(
             cut[chosen[:, 0], chosen[:, 1]] = True
     loss_mat = torch.maximum(loss_unclipped, loss_clipped)
     loss_mat = torch.where(cut, torch.zeros_like(loss_mat), loss_mat)
-    loss = aggregate_loss(_weighted(loss_mat, is_weights, mask), mask, agg)
+    loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
     stats = detached_stats(
         clipfrac=masked_mean(cut.float(), mask), ppo_kl=masked_mean(-log_ratio, mask)
     )
@@ -381,7 +365,7 @@ def kl_cov_loss(
             top = torch.topk(cov, k, largest=True).indices.to(flat_real.device)
             penalised.view(-1)[flat_real[top]] = True
     loss_mat = torch.where(penalised, loss_penalised, loss_plain)
-    loss = aggregate_loss(_weighted(loss_mat, is_weights, mask), mask, agg)
+    loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
     stats = detached_stats(
         kl_abs=masked_mean(abs_log_ratio, mask), ppo_kl=masked_mean(-log_ratio, mask)
     )
@@ -481,7 +465,7 @@ def _dppo(
             down_ok = (binary_kl <= clip_ratio_low) | (p >= p_old)
         inside = torch.where(adv > 0, up_ok, down_ok)
     loss_mat = torch.where(inside, -adv * truncated * lp, torch.zeros_like(lp))
-    loss = aggregate_loss(_weighted(loss_mat, is_weights, mask), mask, agg)
+    loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
     stats = detached_stats(
         clipfrac=masked_mean((~inside).float(), mask),
         clipfrac_lower=masked_mean(((ratio > cap) & inside).float(), mask),
@@ -596,5 +580,5 @@ def dro_loss(
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
     loss_mat = -(lp * adv - 0.5 * dro_beta * log_ratio.square())
-    loss = aggregate_loss(_weighted(loss_mat, is_weights, mask), mask, agg)
+    loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
     return loss, detached_stats(ppo_kl=masked_mean(-log_ratio, mask))

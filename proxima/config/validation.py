@@ -12,6 +12,7 @@ vocabularies (`trainer.setup`). `check_sources` checks that a command's inputs
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from proxima.config.choices import (
@@ -293,8 +294,6 @@ def _check_rollout_correction(cfg: Config) -> None:
 def _check_policy_loss_options(cfg: Config) -> None:
     """An `actor.policy_loss.*` option changed from its default under a loss_mode that does
     not read it is an error (it would be silently ignored)."""
-    import dataclasses
-
     from proxima.algos import POLICY_LOSSES
 
     section = cfg.actor.policy_loss
@@ -419,10 +418,7 @@ def _require(cfg: Config, key: str, what: str) -> None:
 
 
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
-    from proxima.config.sources import reward_sources
-
-    if cfg.reward.sources:
-        reward_sources(cfg)  # raises on a malformed entry
+    if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")

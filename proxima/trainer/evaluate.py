@@ -31,6 +31,14 @@ def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_siz
     return torch.cat(scores).cpu(), torch.cat(lengths), samples
 
 
+def _share(items: list, dist: Dist) -> list:
+    """This rank's equal share of `items`, the last item repeated to even the shares (FSDP2
+    generation needs every rank in every forward)."""
+    share = -(-len(items) // dist.world_size)
+    padded = items + items[-1:] * (share * dist.world_size - len(items))
+    return padded[dist.rank * share : (dist.rank + 1) * share]
+
+
 def _summary(s: torch.Tensor, ln: torch.Tensor, samples: list, greedy: bool) -> dict:
     out = {
         "mean_reward": float(s.mean()),
@@ -65,10 +73,7 @@ def evaluate(
     the shares: FSDP2 generation needs every rank in every forward) and all get the result.
     """
     dist = dist or Dist()
-    n, world = len(items), dist.world_size
-    share = -(-n // world)
-    padded = items + items[-1:] * (share * world - n)
-    mine = padded[dist.rank * share : (dist.rank + 1) * share]
+    n, mine = len(items), _share(items, dist)
     s, ln, samples = dist.agree(
         lambda: _score_items(actor, tokenizer, mine, reward, cfg, device, greedy, batch_size),
         "evaluation",
@@ -117,10 +122,7 @@ def evaluate_k(
     all prompts and, when the prompts have a `data_source` column, per source
     (`by_source`). Shared over processes as `evaluate`."""
     dist = dist or Dist()
-    count, world = len(items), dist.world_size
-    share = -(-count // world)
-    padded = items + items[-1:] * (share * world - count)
-    mine = padded[dist.rank * share : (dist.rank + 1) * share]
+    count, mine = len(items), _share(items, dist)
     scores = dist.agree(
         lambda: _score_k(actor, tokenizer, mine, reward, cfg, device, n, batch_size),
         "evaluation",
