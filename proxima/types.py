@@ -100,9 +100,10 @@ class Experience:
         real = self.attention_mask[:, :p].bool().any(dim=0)
         start = int(real.float().argmax()) if bool(real.any()) else p
         width = r
-        if not keep_response_width:
+        if not keep_response_width:  # at least one column: an all-masked micro-batch still
+            # goes through the model, its loss 0 with a zero gradient (every rank backwards)
             cols = self.response_mask.bool().any(dim=0).nonzero()
-            width = int(cols.max()) + 1 if cols.numel() else 0
+            width = int(cols.max()) + 1 if cols.numel() else min(1, r)
         if start == 0 and width == r:
             return self
         keep = slice(start, p + width)

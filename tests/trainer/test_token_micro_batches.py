@@ -5,6 +5,8 @@ loss aggregation mode (2 processes: tests/distributed/test_parity.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -80,3 +82,20 @@ def test_each_rank_runs_as_many_micro_batches():
     assert [m.batch_size for m in evened] == [1, 1, 2]
     rows = sorted(int(n) for m in evened for n in m.attention_mask.sum(1))
     assert rows == sorted(int(n) for n in short.attention_mask.sum(1))  # every row once
+
+
+def test_a_micro_batch_with_no_real_response_token_still_backwards():
+    """Responses left out of the loss (rollout.mask_truncated) can fill a whole micro-batch:
+    it keeps one response column, its loss is 0 and the gradient that of the others."""
+    actor, _ = models()
+    exp = global_batch(actor)
+    masked = exp.response_mask.clone()
+    masked[[0, 2]] = 0  # the two longest rows: the first micro-batch of a budget of 18
+    exp = dataclasses.replace(exp, response_mask=masked)
+    grads = [
+        mini_batch_grads(models()[0], "actor", "token-mean", exp, Dist(), 1, micro_tokens=t)
+        for t in (0, 18)
+    ]
+    assert token_micro_batches(exp, 18)[0].response_mask.shape[1] == 1
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
