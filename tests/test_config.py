@@ -324,3 +324,13 @@ def test_policy_loss_shorthand_then_its_options(tmp_path):
     assert (cfg.actor.policy_loss.loss_mode, cfg.actor.policy_loss.tau_neg) == ("sapo", 2.0)
     with pytest.raises(ConfigError, match="is a section"):
         load_config(None, [*base, "actor.optim=adam", "actor.optim.lr=1e-4"])
+
+
+def test_a_critic_free_run_does_not_check_the_critics_batch_sizes():
+    """grpo trains no critic: its critic.* batch sizes are not read, so not checked."""
+    base = ["task.name=arithmetic", "data.train_batch_size=4", "rollout.n=2"]
+    sizes = ["actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4"]
+    cfg = load_config(None, [*base, *sizes, "algorithm.adv_estimator=grpo"])
+    assert list(cfg.trained_roles()) == ["actor"]
+    with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size"):
+        load_config(None, [*base, *sizes, "algorithm.adv_estimator=gae"])

@@ -154,8 +154,9 @@ class Config:
 
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
         """The config section of each role PPO trains with its own optimizer steps, by role
-        name (a shared-backbone critic is trained in the actor's steps)."""
-        if self.critic.shared_backbone:
+        name (a shared-backbone critic is trained in the actor's steps; a critic-free
+        estimator trains none)."""
+        if self.critic.shared_backbone or not self.uses_critic:
             return {"actor": self.actor}
         return {"actor": self.actor, "critic": self.critic}
 
