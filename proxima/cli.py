@@ -1,4 +1,4 @@
-"""`proxima train | config | sft | rm | eval | init-model | serve-reward`."""
+"""`proxima train | config | sft | rm | eval | pipeline | init-model | serve-reward`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 from proxima import env
 
 DEFAULT_EXAMPLE = "arithmetic.yaml"
+PIPELINE_EXAMPLE = "pipeline.yaml"  # `proxima pipeline`'s base config: the preference task
 
 
 def default_config_path() -> Path:
@@ -115,12 +116,15 @@ def _split_config_args(
 
     Without a YAML file `proxima train` starts from the built-in default example, unless the
     overrides name your own model (`model.actor_path=...`) or a checkpoint to resume (then
-    its saved config is the base, see `_resume_base`): then, as for every other command,
-    from the plain defaults.
+    its saved config is the base, see `_resume_base`): then, as for every other command
+    but `pipeline`, from the plain defaults. `proxima pipeline` always starts from its
+    built-in config unless given a YAML file.
     """
     _check_order(args, command)
     if args and "=" not in args[0]:
         return builtin_config(args[0]), args[1:]
+    if command == "pipeline":  # its tiny-model settings suit a user's prompts too
+        return builtin_config(PIPELINE_EXAMPLE), args
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
     if not default_example or named:
         return None, args
@@ -307,6 +311,13 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pipeline(ns: argparse.Namespace) -> int:
+    from proxima.recipes.pipeline import pipeline
+
+    pipeline(_load(ns))
+    return 0
+
+
 def cmd_serve_reward(ns: argparse.Namespace) -> int:
     """Serve a reward function over HTTP until Ctrl-C (proxima/rewards/server.py)."""
     from proxima.rewards.server import serve
@@ -340,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_command(sub, "sft", "supervised fine-tuning on prompt/response records", cmd_sft)
     _config_command(sub, "rm", "train a reward model on prompt/chosen/rejected pairs", cmd_rm)
     _config_command(sub, "eval", "mean reward (and accuracy for 0/1 rewards) on prompts", cmd_eval)
+    _config_command(
+        sub,
+        "pipeline",
+        "preferences -> reward model -> PPO, judged by a gold scorer (no arguments: the "
+        "built-in preference task)",
+        cmd_pipeline,
+    )
     i = sub.add_parser("init-model", help="build a tiny model + tokenizer as a HF folder")
     i.add_argument("--out", required=True)
     i.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2", "gpt_neox"])

@@ -311,6 +311,66 @@ def plot_pass_at_k(runs: dict[str, dict], out_png: str | Path) -> Path:
     return out
 
 
+def _smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (the first points average what there is)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_overoptimization(
+    metrics: list[dict[str, Any]],
+    evaluations: list[dict[str, Any]],
+    out_png: str | Path,
+    gold_key: str = "reward/gold",
+    proxy_key: str = "reward/rm",
+) -> Path:
+    """Gao et al.'s figure (arXiv:2210.10760, fig. 1): gold and proxy scores against
+    sqrt(KL to the initial policy). Both scores in standard deviations of the initial
+    policy's held-out samples, from its mean (`evaluations[0]`): the held-out evaluations of
+    the checkpoints as markers, the training iterations (`metrics`: gold_key, proxy_key and
+    `kl`, smoothed) as thin lines. Right panel: the same scores against the iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = evaluations[0]
+    z = {
+        "gold": lambda v: (v - base["gold_mean"]) / max(base["gold_std"], 1e-8),
+        "proxy": lambda v: (v - base["proxy_mean"]) / max(base["proxy_std"], 1e-8),
+    }
+    rows = [r for r in metrics if all(r.get(k) is not None for k in (gold_key, proxy_key, "kl"))]
+    window = max(1, len(rows) // 20)
+    fig, (ax, ax_it) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, key, color in (("gold", gold_key, "tab:green"), ("proxy", proxy_key, "tab:blue")):
+        train_x = _smooth([math.sqrt(max(r["kl"], 0.0)) for r in rows], window)
+        train_y = _smooth([z[name](r[key]) for r in rows], window)
+        ax.plot(train_x, train_y, color=color, alpha=0.35, lw=1, label=f"{name}, training samples")
+        ax_it.plot([r["step"] for r in rows], train_y, color=color, alpha=0.35, lw=1)
+        ev_x = [math.sqrt(max(e["kl"], 0.0)) for e in evaluations]
+        ev_y = [z[name](e[f"{name}_mean"]) for e in evaluations]
+        ax.plot(ev_x, ev_y, "o-", color=color, ms=4, label=f"{name}, held-out")
+        ax_it.plot([e["iteration"] for e in evaluations], ev_y, "o-", color=color, ms=4, label=name)
+    ax.set_xlabel("sqrt(KL(policy || SFT policy)), nats^0.5 per response", fontsize=8)
+    ax_it.set_xlabel("PPO iteration", fontsize=8)
+    for a in (ax, ax_it):
+        a.set_ylabel("score - SFT mean, in SFT std", fontsize=8)
+        a.axhline(0.0, color="grey", lw=0.5)
+        a.grid(alpha=0.3)
+        a.tick_params(labelsize=7)
+        a.legend(fontsize=7)
+    ax.set_title("gold and proxy (reward model) scores against KL", fontsize=9)
+    ax_it.set_title("the same against PPO iterations", fontsize=9)
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def progress(
     iterable: Iterable[Any] | None = None,
     total: int | None = None,

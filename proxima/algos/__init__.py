@@ -62,6 +62,7 @@ from .policy_losses import (
     kl_cov_loss,
     sapo_loss,
 )
+from .preferences import preference_probability, sample_preferences
 from .rewards import last_token_index, overlong_penalty, shape_rewards, token_rewards
 from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
 
@@ -116,6 +117,8 @@ __all__ = [
     "overlong_penalty",
     "pass_at_k",
     "pass_at_k_table",
+    "preference_probability",
+    "sample_preferences",
     "policy_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",

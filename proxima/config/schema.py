@@ -1,5 +1,5 @@
 """The whole config tree: the root `Config` (its derived values, `replace`), the sections of
-the other commands (task, eval, sft, rm) and `ConfigError`; the PPO run's sections are in
+the other commands (task, eval, sft, rm, pipeline) and `ConfigError`; the PPO run's sections are in
 `sections`."""
 
 from __future__ import annotations
@@ -100,6 +100,68 @@ class RMConfig:
     margin_key: str = _f(
         "", "`proxima rm`: optional numeric column added as Llama 2's margin (empty = none)."
     )
+    normalize: bool = _f(
+        True,
+        "`proxima rm`: store the mean and std of the trained model's scores on the training "
+        "pairs' responses in its config.json; a run that reads the model subtracts the mean "
+        "and divides by the std (scores of mean 0, std 1 on the data it learned from).",
+    )
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    gold: str = _f(
+        "",
+        "`proxima pipeline`: the gold scorer that labels the preferences and judges the "
+        "policies, `file.py:fn` or `module:fn`, called like reward.function; empty = the "
+        "built-in task's.",
+    )
+    prompts: str = _f(
+        "",
+        "`proxima pipeline`: prompt file (as data.train_path) for the preference pairs and "
+        "PPO; empty = the built-in preference task writes its own.",
+    )
+    heldout: str = _f(
+        "",
+        "`proxima pipeline`: held-out prompt file for the reward model's accuracy and the "
+        "gold evaluation; empty = heldout_size prompts of `prompts` set aside.",
+    )
+    heldout_size: int = _f(
+        128, "`proxima pipeline`: prompts set aside as held-out when `heldout` is empty."
+    )
+    sft_data: str = _f(
+        "",
+        "`proxima pipeline`: demonstrations (prompt/response records) for the SFT stage; "
+        "empty = no SFT, the pairs are sampled from model.actor_path.",
+    )
+    pairs: int = _f(2, "`proxima pipeline`: response pairs sampled per prompt and labelled.")
+    label_temperature: float = _f(
+        0.5,
+        "`proxima pipeline`: Bradley-Terry temperature of the labels, in units of the std of "
+        "the sampled responses' gold scores: P(a > b) = sigmoid((g_a - g_b) / (T std)); "
+        "0 = the better response always wins.",
+    )
+    label_noise: float = _f(
+        0.0, "`proxima pipeline`: probability that a label is flipped (0 to 0.5)."
+    )
+    critic_from_rm: bool = _f(
+        True,
+        "`proxima pipeline`: the PPO critic starts from the reward model (as DeepSpeed-Chat "
+        "and OpenRLHF do); false = from the SFT policy.",
+    )
+    eval_points: int = _f(
+        10,
+        "`proxima pipeline`: PPO checkpoints (evenly spaced, the last included) whose gold "
+        "score, proxy score and KL are measured on the held-out prompts.",
+    )
+    eval_samples: int = _f(
+        2, "`proxima pipeline`: sampled responses per held-out prompt in each evaluation."
+    )
+    kl_budget: float = _f(
+        10.0,
+        "`proxima pipeline`: the best checkpoint is the one with the highest held-out gold "
+        "score whose KL to the SFT policy (nats per response) is at most this.",
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +177,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)

@@ -69,6 +69,10 @@ _POSITIVE = (  # sizes and counts that must be > 0, checked in this order
     "rm.steps",
     "rm.batch_size",
     "rm.max_length",
+    "pipeline.heldout_size",
+    "pipeline.pairs",
+    "pipeline.eval_points",
+    "pipeline.eval_samples",
 )
 
 _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
@@ -82,6 +86,8 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "guard.min_entropy",
     "guard.max_kl_per_token",
     "guard.min_length_ratio",
+    "pipeline.label_temperature",
+    "pipeline.kl_budget",
 )
 
 
@@ -100,6 +106,21 @@ def validate(cfg: Config) -> None:
     _check_critic(cfg)
     _check_processes(cfg)
     _check_reward_sources(cfg)
+    _check_pipeline(cfg)
+
+
+def _check_pipeline(cfg: Config) -> None:
+    p = cfg.pipeline
+    if not 0 <= p.label_noise <= 0.5:
+        raise ConfigError(
+            f"`pipeline.label_noise` is a flip probability in [0, 0.5], got {p.label_noise} "
+            "(above 0.5 the labels would mostly say the opposite of the gold)."
+        )
+    if p.gold and not p.prompts:
+        raise ConfigError(
+            "`pipeline.gold` scores your task: set `pipeline.prompts` to its prompt file too "
+            "(without both the built-in task runs with its own gold)."
+        )
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -449,6 +470,8 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require(cfg, "model.actor_path", model + ", the model to start from (--model)")
         _require(cfg, "rm.train_path", "a file of preference pairs (--data)")
         _require(cfg, "rm.out", "a new folder for the reward model (--out)")
+    elif command == "pipeline" and cfg.pipeline.prompts:
+        _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
     elif command == "eval":
         _require(cfg, "model.actor_path", model + " (--model)")
         _require(cfg, "data.eval_path", "a prompt file (--data)")

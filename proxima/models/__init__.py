@@ -18,6 +18,7 @@ from proxima.models.loading import (
     policy_folder_problem,
     quiet_transformers,
     scalar_head,
+    score_normalization,
     vocabulary_difference,
 )
 from proxima.models.tiny import (
@@ -57,5 +58,6 @@ __all__ = [
     "quiet_transformers",
     "reward_model_scores",
     "scalar_head",
+    "score_normalization",
     "tiny_config",
 ]

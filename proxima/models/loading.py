@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -440,6 +441,27 @@ def load_reward_model(
     model, info = _load(AutoModelForSequenceClassification, folder, config, dtype)
     _require_loaded(info, folder, "reward model")
     return _finish(model, device, trainable=False)
+
+
+# config.json key of a reward model's score normalisation ({"mean", "std", "n"}), written
+# by `proxima rm` and applied by every run that reads the model as a reward source
+SCORE_NORMALIZATION = "score_normalization"
+
+
+def score_normalization(path: str | Path) -> tuple[float, float] | None:
+    """(mean, std) stored in a reward-model folder's config.json, or None when it has none."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    norm = config.get(SCORE_NORMALIZATION)
+    if norm is None:
+        return None
+    mean, std = norm.get("mean"), norm.get("std")
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (mean, std))
+    if not ok or std <= 0:
+        raise ValueError(
+            f"{path}/config.json has an invalid `{SCORE_NORMALIZATION}` {norm!r}: it needs a "
+            "finite mean and a std > 0. Fix or delete the entry (scores are then used raw)."
+        )
+    return float(mean), float(std)
 
 
 def scalar_head(model: PreTrainedModel) -> nn.Module:

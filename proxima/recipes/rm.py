@@ -10,8 +10,9 @@ from proxima.config import Config
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
+from proxima.models.loading import SCORE_NORMALIZATION
 from proxima.recipes.common import fresh_out, process_setup
-from proxima.trainer.rm import CURVES, rm_train
+from proxima.trainer.rm import CURVES, rm_train, score_normalization
 from proxima.trainer.setup import check_model_folders, with_key
 
 
@@ -57,6 +58,10 @@ def reward_model(cfg: Config) -> dict:
             f"reward-model training interrupted ({str(err) or 'Ctrl-C'}): nothing was "
             f"written to {out}, the model is saved only at the end"
         ) from None
+    if r.normalize:
+        norm = score_normalization(model, train, tok.pad_token_id, device)
+        setattr(model.config, SCORE_NORMALIZATION, norm)
+        res["normalization"] = norm
     with quiet_transformers():
         model.save_pretrained(out)
         tok.save_pretrained(out)
@@ -72,5 +77,10 @@ def reward_model(cfg: Config) -> dict:
                 f"{name} preference accuracy: before {before['accuracy']:.4f} -> after "
                 f"{after['accuracy']:.4f} (mean margin {after['margin']:.4f}, {after['n']} pairs)"
             )
+    if r.normalize:
+        print(
+            f"score normalisation (stored in {out}/config.json): mean {norm['mean']:.4f}, "
+            f"std {norm['std']:.4f} over the {norm['n']} training responses"
+        )
     print(f"rm: {r.steps} steps, final loss {res['loss'][-1]:.4f}; saved to {out}")
     return summary

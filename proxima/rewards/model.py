@@ -36,6 +36,8 @@ class ModelReward:
     pass (``proxima.models`` provides one); it must handle padding on either side, since
     policy sequences are left-padded prompts followed by right-padded responses.
     ``max_length`` (re-tokenized path only) keeps the last tokens, where the response is.
+    ``normalization`` (mean, std), the one `proxima rm` stores with the model, standardises
+    the scores.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class ModelReward:
         batch_size: int = 8,
         max_length: int | None = None,
         name: str = "a reward model",
+        normalization: tuple[float, float] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1 for reward-model scoring.")
@@ -57,6 +60,7 @@ class ModelReward:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.max_length = max_length
+        self.normalization = normalization  # (mean, std): scores become (s - mean) / std
         # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
         self.shares_tokenizer = same_vocabulary(rm_tokenizer, policy_tokenizer)
         self.policy_eos = getattr(policy_tokenizer, "eos_token_id", None)
@@ -83,6 +87,9 @@ class ModelReward:
                 f"response: {responses[bad[0]]!r:.200}); check the reward model weights "
                 "and its dtype (fp16 overflows; try bf16 or fp32)."
             )
+        if self.normalization is not None:
+            mean, std = self.normalization
+            scores = (scores - mean) / std
         return scores
 
     def ended_with_eos(self, sequences: torch.Tensor, attention_mask: torch.Tensor) -> list[bool]:

@@ -1,15 +1,19 @@
-"""Evaluation on held-out prompts: before, during and after training, and `proxima eval`."""
+"""Evaluation on held-out prompts: before, during and after training, and `proxima eval`;
+scores and KL to a reference of sampled responses (`scores_and_kl`, `proxima pipeline`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
-from proxima.algos import mean_at_k, pass_at_k_table
+from proxima.algos import logprobs_from_logits, mean_at_k, pass_at_k_table
 from proxima.config import RolloutConfig
-from proxima.rollout.collect import collect
+from proxima.models.forward import response_logits
+from proxima.rollout.collect import collect, generate_rollout, score_rollout
 from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.generate import Generation
 from proxima.trainer.dist import Dist
 
 
@@ -199,3 +203,43 @@ def describe(results: dict[str, dict]) -> list[str]:
 def _k_line(res: dict) -> str:
     keys = [k for k in res if k.startswith(("pass@", "mean@"))]
     return ", ".join(f"{k} {res[k]:.4f}" for k in keys) + f" ({res['n']} samples per prompt)"
+
+
+@torch.no_grad()
+def sequence_logprob(
+    model: torch.nn.Module, gen: Generation, temperature: float = 1.0
+) -> torch.Tensor:
+    """[B] float32: the sum over each response's tokens of log pi(token) under `model` (at the
+    sampling temperature), for the sequences of `gen`."""
+    width = gen.response_mask.shape[1]
+    logits = response_logits(model, gen.input_ids, gen.attention_mask, width, temperature)
+    logp = logprobs_from_logits(logits.float(), gen.response_ids)
+    return (logp * gen.response_mask).sum(dim=1)
+
+
+@torch.no_grad()
+def scores_and_kl(
+    actor: torch.nn.Module,
+    reference: torch.nn.Module,
+    tokenizer,
+    items: list,
+    sources: dict[str, Callable[..., torch.Tensor]],
+    cfg: RolloutConfig,
+    device: torch.device,
+    *,
+    n: int,
+    batch_size: int = 128,
+) -> dict[str, torch.Tensor]:
+    """`n` sampled responses of `actor` per item (rollout.temperature / top_p / top_k):
+    each source's score [N * n] by name, and "kl" [N * n], the sampled estimate of
+    KL(actor || reference) per response, log pi(y) - log pi_ref(y) summed over its tokens
+    (its mean is unbiased for the KL between the two policies' response distributions)."""
+    per_call = max(1, batch_size // n)
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in [*sources, "kl"]}
+    for i in range(0, len(items), per_call):
+        ro = generate_rollout(actor, tokenizer, items[i : i + per_call], cfg, device, n=n)
+        for name, source in sources.items():
+            out[name].append(score_rollout(ro, source).cpu())
+        kl = sequence_logprob(actor, ro.gen, cfg.temperature)
+        out["kl"].append((kl - sequence_logprob(reference, ro.gen, cfg.temperature)).cpu())
+    return {name: torch.cat(parts) for name, parts in out.items()}

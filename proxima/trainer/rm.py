@@ -72,6 +72,20 @@ def evaluate_preferences(
     device: torch.device | str = "cpu",
 ) -> dict[str, float]:
     """Loss, accuracy, mean margin and mean scores over all `pairs` (eval mode, no grads)."""
+    chosen, rejected, margins = all_pair_scores(model, pairs, pad_token_id, batch_size, device)
+    _, stats = pairwise_loss(chosen, rejected, margins)
+    return {**stats, "n": len(pairs)}
+
+
+@torch.no_grad()
+def all_pair_scores(
+    model: PreTrainedModel,
+    pairs: Sequence[PreferenceItem],
+    pad_token_id: int | None,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen [N], rejected [N], target margins [N]) scores of every pair, in eval mode."""
     was_training = model.training
     model.eval()
     chosen, rejected, margins = [], [], []
@@ -83,8 +97,19 @@ def evaluate_preferences(
         rejected.append(r.cpu())
         margins.append(batch["margin"])
     model.train(was_training)
-    _, stats = pairwise_loss(torch.cat(chosen), torch.cat(rejected), torch.cat(margins))
-    return {**stats, "n": len(pairs)}
+    return torch.cat(chosen), torch.cat(rejected), torch.cat(margins)
+
+
+def score_normalization(
+    model: PreTrainedModel, pairs: Sequence[PreferenceItem], pad_token_id: int | None, device
+) -> dict[str, float]:
+    """Mean and std of the model's scores over both responses of every pair: the reward
+    model's normalisation, so that (score - mean) / std has mean 0 and std 1 on the
+    responses it learned from. Returns {"mean", "std", "n"}."""
+    chosen, rejected, _ = all_pair_scores(model, pairs, pad_token_id, device=device)
+    scores = torch.cat([chosen, rejected]).double()
+    std = float(scores.std(unbiased=False)) if scores.numel() > 1 else 0.0
+    return {"mean": float(scores.mean()), "std": std if std > 0 else 1.0, "n": scores.numel()}
 
 
 def _evaluate_all(model, probes: dict[str, Sequence[PreferenceItem]], pad, device, when: str):

@@ -25,6 +25,7 @@ from proxima.models import (
     load_tokenizer,
     policy_folder_problem,
     reward_model_scores,
+    score_normalization,
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic, check_critic
@@ -155,6 +156,7 @@ def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) 
         device=device,
         batch_size=batch_size,
         name=f"the reward model {folder}",
+        normalization=score_normalization(folder),
     )
 
 

@@ -197,3 +197,50 @@ def test_non_finite_loss_stops_with_the_fix(setup, tok, tmp_path):
         scalar_head(model).weight.fill_(float("nan"))  # what a diverged run produces
     with pytest.raises(ValueError, match=r"loss is nan at step 1; lower --lr"):
         rm_train(model, tokenizer, pairs, steps=2, lr=1e-3, batch_size=4)
+
+
+def test_score_normalization_round_trip_through_a_saved_folder(setup, tmp_path):
+    """The statistics of both sides of every pair, stored in config.json, read back, and
+    applied by the reward source a run builds from the folder: mean 0, std 1 there."""
+    from proxima.config import Config
+    from proxima.models import score_normalization as read_normalization
+    from proxima.models.loading import SCORE_NORMALIZATION
+    from proxima.trainer.rm import all_pair_scores, score_normalization
+    from proxima.trainer.setup import build_reward
+
+    model, tokenizer, pairs = setup
+    chosen, rejected, _ = all_pair_scores(model, pairs, tokenizer.pad_token_id, batch_size=3)
+    both = torch.cat([chosen, rejected]).double()
+    norm = score_normalization(model, pairs, tokenizer.pad_token_id, "cpu")
+    assert norm["n"] == 16
+    assert norm["mean"] == pytest.approx(float(both.mean()), abs=1e-6)
+    assert norm["std"] == pytest.approx(float(both.std(unbiased=False)), abs=1e-6)
+    setattr(model.config, SCORE_NORMALIZATION, norm)
+    model.save_pretrained(tmp_path / "rm")
+    delattr(model.config, SCORE_NORMALIZATION)  # the fixture's model is shared
+    tokenizer.save_pretrained(tmp_path / "rm")
+    assert read_normalization(tmp_path / "rm") == pytest.approx((norm["mean"], norm["std"]))
+    cfg = Config().replace({"reward.model_path": str(tmp_path / "rm")})
+    source = build_reward(cfg, tokenizer, torch.device("cpu"))
+    batch = collate_preferences(pairs.items, tokenizer.pad_token_id)
+    ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
+    mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+    got = source([""] * 16, [""] * 16, {}, ids, mask).double()
+    torch.testing.assert_close(got, (both - norm["mean"]) / norm["std"], rtol=1e-5, atol=1e-5)
+    assert float(got.mean()) == pytest.approx(0.0, abs=1e-5)
+    assert float(got.std(unbiased=False)) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_folder_without_normalization_scores_raw_and_a_bad_one_is_named(setup, tmp_path):
+    import json
+
+    from proxima.models import score_normalization as read_normalization
+
+    model, tokenizer, _ = setup
+    model.save_pretrained(tmp_path / "rm")
+    assert read_normalization(tmp_path / "rm") is None
+    config = json.loads((tmp_path / "rm" / "config.json").read_text())
+    config["score_normalization"] = {"mean": 0.0, "std": 0.0}
+    (tmp_path / "rm" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"invalid `score_normalization`.*std > 0"):
+        read_normalization(tmp_path / "rm")

@@ -1,0 +1,159 @@
+"""`proxima pipeline` end to end: preferences -> reward model -> PPO, judged by a gold scorer.
+
+Tiny runs assert the run folder's files, the curves and the summary's keys and finite
+numbers (the built-in task, and a user's prompts with a gold file and no model); the slow
+tier asserts learning of the default pipeline against the gold scorer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from proxima.cli import main
+from proxima.logging import read_metrics
+from tests.e2e.conftest import write_jsonl
+
+SUMMARY_KEYS = (
+    "rm_heldout_accuracy",
+    "gold_sft_mean",
+    "gold_sft_std",
+    "gold_ppo_mean",
+    "proxy_sft_mean",
+    "proxy_ppo_mean",
+    "kl_final",
+    "best_checkpoint",
+)
+# a run of a few seconds: nano models, a handful of steps and sequences
+TINY = [
+    "task.size=nano",
+    "task.n_train=64",
+    "task.n_eval=8",
+    "task.n_sft=32",
+    "sft.steps=3",
+    "sft.batch_size=16",
+    "rm.steps=3",
+    "rm.batch_size=16",
+    "data.train_batch_size=4",
+    "rollout.n=2",
+    "actor.ppo_mini_batch_size=8",
+    "actor.ppo_micro_batch_size=8",
+    "critic.ppo_mini_batch_size=8",
+    "critic.ppo_micro_batch_size=8",
+    "critic.warmup_iterations=0",
+    "trainer.iterations=4",
+    "trainer.threads=1",
+    "pipeline.eval_points=2",
+    "pipeline.eval_samples=1",
+]
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _check_run(run: Path, iterations: int) -> dict:
+    summary = json.loads((run / "summary.json").read_text())
+    out = summary["pipeline"]
+    assert set(SUMMARY_KEYS) <= out.keys()
+    for key in SUMMARY_KEYS[:-1]:
+        assert math.isfinite(out[key]), (key, out[key])
+    assert 0.0 <= out["rm_heldout_accuracy"] <= 1.0
+    assert Path(out["best_checkpoint"]).is_dir()
+    assert (run / "overoptimization.png").stat().st_size > 0
+    for name in ("pairs/train.jsonl", "pairs/heldout.jsonl", "rm/config.json", "ppo/summary.json"):
+        assert (run / name).is_file(), name
+    assert "score_normalization" in json.loads((run / "rm/config.json").read_text())
+    rows = [json.loads(line) for line in (run / "pipeline_eval.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["sft", f"iter_{iterations // 2}", f"iter_{iterations}"]
+    assert rows[0]["kl"] == 0.0  # the SFT policy against itself
+    assert out["kl_final"] == rows[-1]["kl"] and out["gold_ppo_mean"] == rows[-1]["gold_mean"]
+    metrics = [r for r in read_metrics(run / "ppo/metrics.jsonl") if "reward/gold" in r]
+    assert len(metrics) == iterations  # the gold is logged at every PPO iteration
+    assert all(math.isfinite(r["reward/rm"]) and math.isfinite(r["kl"]) for r in metrics)
+    status = json.loads((run / "pipeline.json").read_text())
+    assert status["finished"] == ["task", "sft", "pairs", "rm", "ppo", "evaluate"]
+    return summary
+
+
+def test_builtin_pipeline_writes_every_file_and_the_summary(tmp_path, keep_threads, capsys):
+    rc = main(["pipeline", *TINY, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    run = tmp_path / "runs"  # trainer.output_dir is the run folder while it is new
+    summary = _check_run(run, iterations=4)
+    assert summary["details"]["task"]["name"] == "preferences"
+    # the pairs' labels: chosen holds the response the labeller preferred, with its gold
+    pair = json.loads((run / "pairs/train.jsonl").read_text().splitlines()[0])
+    assert {"prompt", "chosen", "rejected", "gold_chosen", "gold_rejected"} <= pair.keys()
+    assert pair["gold_chosen"] != pair["gold_rejected"]  # ties are left out
+    assert "best within KL" in capsys.readouterr().out
+
+
+GOLD = '''
+def gold(prompts, responses, target, **_):
+    """How many times the response holds the row's target character, at most 3."""
+    return [min(r.count(t), 3) - 0.1 * len(r) for r, t in zip(responses, target)]
+'''
+
+
+def test_your_prompts_and_gold_without_a_model(tmp_path, keep_threads):
+    """A user's prompt file (with a column the gold reads), a gold file, demonstrations,
+    no model: a tiny character model is built for the prompts; held-out prompts are split
+    off the prompt file by seed."""
+    (tmp_path / "gold.py").write_text(GOLD)
+    rows = [{"prompt": f"say {c}{c}:", "target": c} for c in "xyzwvu" * 8]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    demos = write_jsonl(
+        tmp_path / "demos.jsonl", [{"prompt": r["prompt"], "response": "ab"} for r in rows]
+    )
+    args = [
+        "pipeline",
+        *TINY,
+        f"pipeline.gold={tmp_path / 'gold.py'}:gold",
+        f"pipeline.prompts={prompts}",
+        f"pipeline.sft_data={demos}",
+        "pipeline.heldout_size=8",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+    ]
+    assert main(args) == 0
+    run = tmp_path / "runs"  # trainer.output_dir is the run folder while it is new
+    _check_run(run, iterations=4)
+    held = (run / "prompts/heldout.jsonl").read_text().splitlines()
+    train = (run / "prompts/train.jsonl").read_text().splitlines()
+    assert len(held) == 8 and len(train) == 40
+    assert (run / "init/config.json").is_file()  # the tiny model built for these prompts
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pipeline.gold=g.py:gold"], r"`pipeline.gold` scores your task: set `pipeline.prompts`"),
+        (["pipeline.prompts=PROMPTS"], r"`pipeline.gold` is empty"),
+        (["pipeline.label_noise=0.7"], r"`pipeline.label_noise` is a flip probability"),
+        (
+            ["pipeline.prompts=PROMPTS", "pipeline.gold=GOLD", "pipeline.heldout_size=64"],
+            r"`pipeline.heldout_size`=64 would hold out all 3 prompts",
+        ),
+        (["pipeline.prompts=PROMPTS", "pipeline.gold=nowhere.py:gold"], r"pipeline.gold"),
+    ],
+)
+def test_bad_input_is_named_before_any_folder_is_made(tmp_path, capsys, args, message):
+    (tmp_path / "gold.py").write_text(GOLD)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "target": "a"}] * 3)
+    args = [
+        a.replace("PROMPTS", str(prompts)).replace("GOLD", f"{tmp_path / 'gold.py'}:gold")
+        for a in args
+    ]
+    rc = main(["pipeline", *args, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert rc == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
