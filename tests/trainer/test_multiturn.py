@@ -187,9 +187,19 @@ def test_generation_values_equal_actor_pass(tiny):
     torch.testing.assert_close(g.values, values * g.response_mask, rtol=0, atol=1e-5)
 
 
-def test_trainer_iteration_with_env(tmp_path):
-    """One PPO iteration on episodes (GAE with a critic): env metrics, the KL only on action
-    tokens, and the samples' episodes."""
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("critic.shared_backbone=true", "model.critic_init=actor"),
+        ("model.lora_rank=4",),
+        ("algorithm.adv_estimator=grpo", "rollout.n=2", "data.train_batch_size=4"),
+    ],
+    ids=["gae", "shared_backbone", "lora", "grpo"],
+)
+def test_trainer_iteration_with_env(tmp_path, extra):
+    """One PPO iteration on episodes (GAE with a critic of its own or on the actor's
+    backbone, LoRA, grpo): env metrics and the samples' episodes."""
     from tests.trainer.nano import nano_files, nano_trainer
 
     trainer = nano_trainer(
@@ -198,6 +208,7 @@ def test_trainer_iteration_with_env(tmp_path):
         "rollout.max_turns=2",
         "rollout.max_turn_tokens=3",
         "rollout.max_episode_tokens=10",
+        *extra,
     )
     metrics, ro = trainer.step()
     assert metrics["env/turns"] == 2.0 and metrics["env/truncated"] == 1.0
@@ -205,3 +216,4 @@ def test_trainer_iteration_with_env(tmp_path):
     assert metrics["env/errors"] == 0.0 and metrics["env/timeouts"] == 0.0
     assert metrics["env/return"] == pytest.approx(0.5 + float(ro.scores.mean()))
     assert len(ro.episodes) == 8 and len(ro.episodes[0]["turns"]) == 2
+    assert metrics["actor/optimizer_steps"] >= 1
