@@ -64,7 +64,8 @@ class Episode:
         return {**self.item.columns, "prompt": prompt}
 
     def record(self) -> dict:
-        """The episode as samples.jsonl shows it."""
+        """The episode as samples.jsonl shows it: each turn (action, observation, reward,
+        error), why it ended, the sum of its turn rewards (`return`)."""
         return {"turns": self.turns, "end": self.end, "return": sum(self.rewards.values())}
 
 
