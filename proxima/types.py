@@ -25,6 +25,7 @@ PER_TOKEN = (
     "rollout_logprobs",
     "is_weights",
     "sum_pi_squared",
+    "turn_rewards",
 )
 
 
@@ -57,6 +58,8 @@ class Experience:
     reward_baselines: torch.Tensor | None = None
     # [B, K] the raw score of each of reward.sources (K sources), or None for one source
     score_components: torch.Tensor | None = None
+    # [B, R] multi-turn episodes: each turn's reward at its last action token, else None
+    turn_rewards: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -81,6 +81,7 @@ def shape_rewards(
     no_stop_penalty: float = 0.0,
     score_mean: float = 0.0,
     score_std: float = 1.0,
+    turn_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Everything between the reward source's raw scores and the token rewards, in order:
 
@@ -89,11 +90,17 @@ def shape_rewards(
     2. s += no_stop_penalty for responses that never produced a stop token (TRL's
        ``missing_eos_penalty``), in the units of the standardised score;
     3. token rewards: -kl_coef * kl on every response token, clip(s, -c, c) added at the
-       last one (`token_rewards`).
+       last one (`token_rewards`);
+    4. multi-turn episodes: `turn_rewards` added as they are (each turn's reward sits at its
+       last action token; neither standardised nor clipped: the environment's own scale).
+       An estimator that scores a sequence by its outcome (the critic-free ones) then sees
+       sum of turn rewards + shaped score - KL; GAE credits each turn's reward to the
+       tokens before it.
 
     Args:
         scores: [B] raw scores; stopped: [B] bool, the response ended with a stop token;
-        kl: [B, T] per-token KL estimate; response_mask: [B, T].
+        kl: [B, T] per-token KL estimate; response_mask: [B, T]; turn_rewards: [B, T] or
+        None (only read where the mask is nonzero).
     Returns:
         (token rewards [B, T] float32, stats) with detached 0-d tensors: ``kl`` (KL summed
         over each response, mean over rows: the KL an adaptive controller steers),
@@ -110,6 +117,9 @@ def shape_rewards(
     no_stop = (~stopped.bool()).float()
     score = (scores.float() - score_mean) / score_std + no_stop_penalty * no_stop
     rewards = token_rewards(score, kl, response_mask, kl_coef, clip_reward_value)
+    if turn_rewards is not None:
+        check_same_shape("shape_rewards", turn_rewards=turn_rewards, response_mask=response_mask)
+        rewards = rewards + select(turn_rewards.float(), response_mask)
     kl_real = select(kl.float(), response_mask)
     stats = {
         "kl": kl_real.sum(-1).mean().detach(),

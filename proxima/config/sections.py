@@ -204,6 +204,43 @@ class RolloutConfig:
         "exceeds this; 0 disables the warning.",
     )
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    env: str = _f(
+        "",
+        "Multi-turn episodes: a Python environment class `path/to/file.py:Env` or "
+        "`package.module:Env`, one instance per sample built from the prompt record, "
+        "Env(row).step(action) -> (observation or None, reward, done) (README: Multi-turn "
+        "and tools); empty = one response per prompt.",
+        fixed=True,
+    )
+    max_turns: int = _f(4, "With rollout.env: most actions of the model per episode.")
+    turn_stop: list = _f(
+        [],
+        "With rollout.env: strings that end a turn besides the stop tokens (e.g. "
+        '["</call>"]); the action keeps the string.',
+    )
+    max_turn_tokens: int = _f(
+        0, "With rollout.env: most tokens of one action (0 = rollout.max_response_length)."
+    )
+    max_episode_tokens: int = _f(
+        256,
+        "With rollout.env: most tokens after the prompt, actions and observations together; "
+        "an episode that reaches it ends (truncated, like a response without a stop).",
+    )
+    env_workers: int = _f(8, "With rollout.env: environment calls of a batch run at once.")
+    env_timeout_s: float = _f(
+        30.0,
+        "With rollout.env: seconds one environment call (Env(row) or step) may take; one that "
+        "takes longer or raises ends its episode with env_fallback_reward (counted in "
+        "env/timeouts, env/errors); 0 = no limit.",
+    )
+    env_fallback_reward: float = _f(
+        0.0, "With rollout.env: the reward of the turn whose environment call failed."
+    )
+    observation_role: str = _f(
+        "tool",
+        "With rollout.env and chat-message prompts: the role of the observations' messages in "
+        "the chat template.",
+    )
 
 
 @dataclass(frozen=True)

@@ -283,8 +283,64 @@ def _check_dapo(cfg: Config) -> None:
         )
 
 
+ENV_KEYS = (  # read only with rollout.env (multi-turn episodes)
+    "max_turns",
+    "turn_stop",
+    "max_turn_tokens",
+    "max_episode_tokens",
+    "env_workers",
+    "env_timeout_s",
+    "env_fallback_reward",
+    "observation_role",
+)
+
+
+def _check_env(cfg: Config) -> None:
+    """Multi-turn episodes (`rollout.env`): the spec's form and the episode's limits; the
+    class itself is imported and checked at start-up (`rollout.environments.check_env`)."""
+    r = cfg.rollout
+    if not r.env:
+        from proxima.config.sections import RolloutConfig
+
+        default = RolloutConfig()
+        for key in ENV_KEYS:
+            if getattr(r, key) != getattr(default, key):
+                raise ConfigError(
+                    f"`rollout.{key}` is set but `rollout.env` is empty: it applies to "
+                    "multi-turn episodes only. Set rollout.env=path/to/file.py:Env, or remove "
+                    f"rollout.{key}."
+                )
+        return
+    module, sep, name = r.env.rpartition(":")
+    if not sep or not module or not name:
+        raise ConfigError(
+            f"`rollout.env`={r.env!r} must name a class as path/to/file.py:Env or "
+            "package.module:Env."
+        )
+    for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("env_workers", 1)):
+        if getattr(r, key) < low:
+            raise ConfigError(f"`rollout.{key}` must be >= {low}, got {getattr(r, key)}.")
+    if r.max_turn_tokens < 0:
+        raise ConfigError(
+            f"`rollout.max_turn_tokens` must be >= 0 (0 = rollout.max_response_length), got "
+            f"{r.max_turn_tokens}."
+        )
+    if r.env_timeout_s < 0:
+        raise ConfigError(
+            f"`rollout.env_timeout_s` must be >= 0 (0 = no limit), got {r.env_timeout_s}."
+        )
+    if not all(isinstance(s, str) and s for s in r.turn_stop):
+        raise ConfigError(
+            f"`rollout.turn_stop` must be a list of non-empty strings, like ['</call>']; got "
+            f"{r.turn_stop!r}."
+        )
+    if not r.observation_role:
+        raise ConfigError("`rollout.observation_role` must name a chat role, e.g. tool.")
+
+
 def _check_rollout(cfg: Config) -> None:
     _check_dapo(cfg)
+    _check_env(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
@@ -441,11 +497,16 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
+    if cfg.rollout.env and not (cfg.reward.function and cfg.reward.model_path):
+        return  # the environment's turn rewards, plus at most one final score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
+        extra = " (with rollout.env: at most one, the episode's final score)"
         raise ConfigError(
             f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
-            f"and `reward.model_path`{rm} (a reward model folder)."
+            f"and `reward.model_path`{rm} (a reward model folder)"
+            + (extra if cfg.rollout.env else "")
+            + "."
         )
 
 

@@ -6,7 +6,9 @@ from proxima.data.prompts import (
     PromptItem,
     PromptLoader,
     collate_prompts,
+    observation_text,
     render_prompt,
+    tokenize_text,
 )
 from proxima.data.records import load_records
 from proxima.data.sft import SFTDataset, SFTItem, collate_sft
@@ -23,5 +25,7 @@ __all__ = [
     "collate_prompts",
     "collate_sft",
     "load_records",
+    "observation_text",
     "render_prompt",
+    "tokenize_text",
 ]

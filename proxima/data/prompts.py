@@ -31,6 +31,8 @@ class PromptItem:
     text: str
     ids: list[int]
     columns: dict[str, Any] = field(default_factory=dict)
+    # the chat messages the text was rendered from, None for a plain-text prompt
+    messages: list[dict[str, str]] | None = None
 
 
 def render_prompt(prompt: str | Sequence[Mapping[str, str]], tokenizer: Any) -> str:
@@ -43,6 +45,37 @@ def render_prompt(prompt: str | Sequence[Mapping[str, str]], tokenizer: Any) -> 
     # No template (base models): a plain transcript that ends where the assistant speaks.
     lines = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
     return lines + "assistant: "
+
+
+ACTION_MARK = "\u2063ACTION\u2063"  # stands in for the model's turn when rendering
+
+
+def observation_text(
+    messages: list[dict[str, str]] | None, observation: str, role: str, tokenizer: Any
+) -> str:
+    """The text an environment's observation adds to a multi-turn episode after the model's
+    turn, up to where the model speaks again: the observation itself after a plain-text
+    prompt; after chat messages, what the chat template writes between an assistant message
+    and the next assistant turn, with the observation as a message of `role` (the end of the
+    assistant's message, e.g. `<|im_end|>`, included: the caller drops it when the model's
+    turn already ended with it). Without a template, the plain transcript of
+    `render_prompt`."""
+    if messages is None:
+        return observation
+    if not getattr(tokenizer, "chat_template", None):
+        return f"\n{role}: {observation}\nassistant: "
+    turn = [*messages, {"role": "assistant", "content": ACTION_MARK}]
+    before = tokenizer.apply_chat_template(turn, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        [*turn, {"role": role, "content": observation}], tokenize=False, add_generation_prompt=True
+    )
+    if ACTION_MARK not in before or not after.startswith(before):
+        raise ValueError(
+            f"the chat template does not render a {role!r} message after an assistant "
+            "message as an addition to the conversation; set rollout.observation_role to a "
+            "role the template knows (e.g. user or tool)."
+        )
+    return before[before.rindex(ACTION_MARK) + len(ACTION_MARK) :] + after[len(before) :]
 
 
 def _check_messages(prompt: Any) -> list[dict[str, str]]:
@@ -142,7 +175,8 @@ class PromptDataset:
         if not ids:
             raise ValueError(f"record {i}: the prompt is empty after tokenization; remove it.")
         columns = {k: v for k, v in record.items() if k != key}
-        return PromptItem(text=text, ids=ids, columns=columns)
+        messages = None if isinstance(record[key], str) else _check_messages(record[key])
+        return PromptItem(text=text, ids=ids, columns=columns, messages=messages)
 
     def _apply_limit(
         self, i: int, item: PromptItem, tokenizer: Any, limit: int, overlong: str, add_bos: bool
@@ -156,7 +190,7 @@ class PromptDataset:
             bos = getattr(tokenizer, "bos_token_id", None)
             keep_bos = add_bos and limit > 1 and item.ids[0] == bos
             ids = [bos] + item.ids[-(limit - 1) :] if keep_bos else item.ids[-limit:]
-            return PromptItem(tokenizer.decode(ids), ids, item.columns)
+            return PromptItem(tokenizer.decode(ids), ids, item.columns, item.messages)
         raise ValueError(
             f"prompt {i} has {len(item.ids)} tokens, more than max_prompt_length={limit}; "
             "raise `data.max_prompt_length` or set `data.overlong_prompts=drop|truncate`."

@@ -10,6 +10,7 @@ from proxima.config import Config
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.engines import build_engine, sync_weights
+from proxima.rollout.environments import check_env
 from proxima.trainer.evaluate import describe, evaluate_modes
 from proxima.trainer.setup import (
     build_reward,
@@ -24,6 +25,7 @@ from proxima.trainer.setup import (
 def evaluate_policy(cfg: Config) -> dict[str, dict]:
     """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`)."""
     check_model_folders(cfg, "eval")
+    check_env(cfg)  # rollout.env: multi-turn episodes with the environment
     out = writable_file(cfg.eval.out, "`eval.out`") if cfg.eval.out else None
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)

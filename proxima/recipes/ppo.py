@@ -63,6 +63,8 @@ from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, 
 AFTER_THE_STEP = ("evaluation before training", "evaluation", "logging", "checkpoint")
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
+    "env/return": "return",
+    "env/turns": "turns",
     "kl": "kl",
     "kl_coef": "beta",
     "response_length": "len",
@@ -76,6 +78,8 @@ LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
 }
 PLOT_KEYS = [
     "score",
+    "env/return",
+    "env/turns",
     "eval/accuracy",
     "eval/mean_reward",
     "eval/pass@1",
@@ -282,6 +286,8 @@ class PPORecipe:
         if ro.components is not None:  # each of reward.sources' raw score
             names = self.trainer.roles.reward.names
             extra = {f"reward/{n}": ro.components[:k, i].tolist() for i, n in enumerate(names)}
+        if ro.episodes is not None:  # multi-turn: each turn's action, observation, reward
+            extra["episode"] = ro.episodes[:k]
         self.logger.log_samples(
             it, ro.prompts[:k], ro.responses[:k], ro.scores[:k].tolist(), extra=extra
         )

@@ -12,12 +12,14 @@ function: :mod:`proxima.rewards.server`), or several of them weighted
 
 from proxima.rewards.function import FunctionReward, RewardError, load_reward_function
 from proxima.rewards.model import ModelReward, same_vocabulary
+from proxima.rewards.none import NoScore
 from proxima.rewards.remote import RemoteReward
 from proxima.rewards.weighted import WeightedPart, WeightedReward
 
 __all__ = [
     "FunctionReward",
     "ModelReward",
+    "NoScore",
     "RemoteReward",
     "RewardError",
     "load_reward_function",

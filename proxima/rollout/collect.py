@@ -15,6 +15,7 @@ from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
 from proxima.rollout.engine import RolloutEngine, Sampling
 from proxima.rollout.engines import as_engine
+from proxima.rollout.episodes import play_episodes
 from proxima.rollout.generate import Generation, cat_generations
 
 
@@ -30,6 +31,14 @@ class Rollout:
     baselines: torch.Tensor | None = None
     # [B, K] the raw score of each of reward.sources, or None for a single source
     components: torch.Tensor | None = None
+    # multi-turn episodes (rollout.env): each one's turns, end and return; else None
+    episodes: list[dict] | None = None
+
+    def total_rewards(self) -> torch.Tensor:
+        """[B] what a sample earned: its score, plus its turn rewards in an episode."""
+        if self.gen.turn_rewards is None:
+            return self.scores
+        return self.scores + self.gen.turn_rewards.sum(1).to(self.scores.device)
 
     def to(self, device: torch.device | str) -> Rollout:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -65,6 +74,7 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         cat("scores"),
         cat("baselines"),
         cat("components"),
+        None if parts[0].episodes is None else [x for ro in parts for x in ro.episodes],
     )
 
 
@@ -83,6 +93,7 @@ def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
         {k: [v[i] for i in rows] for k, v in ro.columns.items()},
         torch.tensor(new_ids, dtype=ro.group_ids.dtype),
         *(None if t is None else t[index.to(t.device)] for t in (ro.scores, ro.baselines)),
+        episodes=None if ro.episodes is None else [ro.episodes[i] for i in rows],
     )
 
 
@@ -124,16 +135,32 @@ def generate_rollout(
     sampling = Sampling.from_config(
         cfg, stop_token_ids(tokenizer, cfg), greedy=greedy, n=n, logprobs=logprobs, values=values
     )
+    episodes = None
     engine.wake_up()
     try:
-        gen = engine.generate(ids, mask, sampling).to(device)
+        if cfg.env:  # multi-turn episodes, the prompts repeated n times
+            rows = [it for it in items for _ in range(n)]
+            stops = list(sampling.stop_ids)
+            gen, episodes = play_episodes(
+                engine,
+                tokenizer,
+                rows,
+                cfg,
+                device,
+                stops,
+                greedy=greedy,
+                logprobs=logprobs,
+                values=values,
+            )
+        else:
+            gen = engine.generate(ids, mask, sampling).to(device)
     finally:
         engine.sleep()
     responses = tokenizer.batch_decode(gen.response_ids.cpu(), skip_special_tokens=True)
     items = [it for it in items for _ in range(n)]
     prompts = [it.text for it in items]
     columns = {k: [it.columns.get(k) for it in items] for k in items[0].columns}
-    return Rollout(gen, prompts, responses, columns, group_ids)
+    return Rollout(gen, prompts, responses, columns, group_ids, episodes=episodes)
 
 
 def score_rollout(ro: Rollout, reward) -> torch.Tensor:

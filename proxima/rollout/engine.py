@@ -52,6 +52,10 @@ class Sampling:
     # also the values of the states the tokens were sampled from (`Generation.values`): only
     # the hf engine serving an actor that carries the critic can
     values: bool = False
+    # strings that also end a response, at the token that completes one (multi-turn
+    # episodes' rollout.turn_stop); an engine that cannot stop on them may run on: the
+    # episode cuts each action at the first one all the same
+    stop_strings: tuple[str, ...] = ()
 
     @classmethod
     def from_config(

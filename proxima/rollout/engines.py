@@ -29,13 +29,13 @@ def build_engine(cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.d
         from proxima.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(cfg, tokenizer, device)
-    return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size)
+    return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size, tokenizer)
 
 
 def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:
     """An engine as given, or a model wrapped in the `hf` engine (the model is served live)."""
     if isinstance(actor_or_engine, torch.nn.Module):
-        return HFEngine(actor_or_engine, tokenizer.pad_token_id, cfg.micro_batch_size)
+        return HFEngine(actor_or_engine, tokenizer.pad_token_id, cfg.micro_batch_size, tokenizer)
     return actor_or_engine
 
 

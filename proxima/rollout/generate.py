@@ -6,12 +6,15 @@ wraps; other engines (vLLM) return the same `Generation`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -33,6 +36,9 @@ class Generation:
     # [B, R] float32, the values of the states the tokens were sampled from, when the served
     # actor carries the critic (`generate_responses(values=True)`), 0 where masked; else None
     values: torch.Tensor | None = None
+    # [B, R] float32, multi-turn episodes (`rollout.env`): each turn's reward at the turn's
+    # last action token, 0 elsewhere; None for single responses
+    turn_rewards: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -86,6 +92,7 @@ def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
         torch.cat([g.stopped for g in parts]),
         logprobs=per_token("logprobs"),
         values=per_token("values"),
+        turn_rewards=per_token("turn_rewards"),
     )
 
 
@@ -101,6 +108,40 @@ def response_mask_after_stop(
     # number of stop tokens strictly before position t; a token is kept while that is 0
     before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
     return (before == 0).long(), is_stop.any(dim=1)
+
+
+class StopOnStrings(StoppingCriteria):
+    """Ends a row once the text of its new tokens contains one of `stop_strings` (a turn's
+    end, `rollout.turn_stop`); `stop_at[b]` is then the index of the response token that
+    completed it. Rows that already produced one of `stop_ids` are left to those."""
+
+    def __init__(
+        self,
+        stop_strings: tuple[str, ...],
+        decode: Callable[[list[int]], str],
+        prompt_width: int,
+        stop_ids: list[int],
+    ) -> None:
+        self.stop_strings, self.decode = stop_strings, decode
+        self.start, self.stop_ids = prompt_width, set(stop_ids)
+        self.stop_at: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **_) -> torch.BoolTensor:
+        for b, row in enumerate(input_ids[:, self.start :].tolist()):
+            if b in self.stop_at or self.stop_ids.intersection(row):
+                continue
+            if any(s in self.decode(row) for s in self.stop_strings):
+                self.stop_at[b] = len(row) - 1
+        hit = [b in self.stop_at for b in range(input_ids.shape[0])]
+        return torch.tensor(hit, dtype=torch.bool, device=input_ids.device)
+
+    def cut(self, mask: torch.Tensor, stopped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mask` [B, R] and `stopped` [B] with the rows that met a string ending there."""
+        mask, stopped = mask.clone(), stopped.clone()
+        for b, at in self.stop_at.items():
+            mask[b, at + 1 :] = 0
+            stopped[b] = True
+        return mask, stopped
 
 
 def synced_generation(model: torch.nn.Module) -> bool:
@@ -171,12 +212,15 @@ def generate_responses(
     top_k: int = 0,
     logprobs: bool = False,
     values: bool = False,
+    stop_strings: tuple[str, ...] = (),
+    decode: Callable[[list[int]], str] | None = None,
 ) -> Generation:
     """Sample (or greedily decode) responses to left-padded prompts [B, P]; with
     `logprobs`, also the log-prob of each sampled token (`Generation.logprobs`); with
     `values` (a model that carries the critic, `models.critic.PolicyValue`), also the value
     of the state each token was sampled from (`Generation.values`: the decode step's final
-    hidden state, the one its logits came from)."""
+    hidden state, the one its logits came from). `stop_strings` (with `decode`, ids ->
+    text) also end a response, at the token that completes one (`StopOnStrings`)."""
     was_training = model.training
     model.eval()
     sampling = (
@@ -185,6 +229,9 @@ def generate_responses(
         else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     )
     recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
+    strings = None
+    if stop_strings and decode is not None:
+        strings = StopOnStrings(stop_strings, decode, prompt_ids.shape[1], stop_ids)
     kwargs = dict(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
@@ -194,6 +241,7 @@ def generate_responses(
         use_cache=True,
         synced_gpus=synced_generation(model),
         logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+        stopping_criteria=StoppingCriteriaList([strings]) if strings else None,
         **sampling,
     )
     state_values = None
@@ -204,6 +252,8 @@ def generate_responses(
     model.train(was_training)
     response_ids = out[:, prompt_ids.shape[1] :]
     mask, stopped = response_mask_after_stop(response_ids, stop_ids)
+    if strings is not None:
+        mask, stopped = strings.cut(mask, stopped)
     # tokens after the first stop become padding so they can never leak into a forward pass
     response_ids = torch.where(
         mask.bool(), response_ids, torch.full_like(response_ids, pad_token_id)

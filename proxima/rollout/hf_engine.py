@@ -17,7 +17,7 @@ class HFEngine:
     always current, so `update_weights` only records the version and never reads the
     tensors (no LoRA merge, nothing copied). An actor that carries the critic
     (`models.critic.PolicyValue`) also gives the values of the sampled states
-    (`Sampling.values`).
+    (`Sampling.values`). With a `tokenizer` it stops on `Sampling.stop_strings` too.
     """
 
     name = "hf"
@@ -27,9 +27,13 @@ class HFEngine:
         model: torch.nn.Module,
         pad_token_id: int,
         micro_batch_size: int,
+        tokenizer=None,
     ) -> None:
         self.model, self.pad_token_id = model, pad_token_id
         self.micro_batch_size = micro_batch_size
+        self.decode = None
+        if tokenizer is not None:
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         self.weight_version = -1
 
     def generate(
@@ -52,6 +56,8 @@ class HFEngine:
                 top_k=sampling.top_k,
                 logprobs=sampling.logprobs,
                 values=sampling.values,
+                stop_strings=sampling.stop_strings,
+                decode=self.decode,
             )
             for i in range(0, ids.shape[0], size)
         ]

@@ -196,4 +196,5 @@ def build_experience(
         rollout_logprobs=engine_lp,
         is_weights=is_weights,
         sum_pi_squared=spsq,
+        turn_rewards=gen.turn_rewards,
     )

@@ -192,7 +192,11 @@ class VLLMEngine:
             ignore_eos=True,  # stop exactly on sampling.stop_ids (which hold the EOS), as hf
             logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
             seed=None if sampling.greedy else seed,
-            detokenize=False,
+            # a turn's stop strings (multi-turn episodes) are matched on the text: only then
+            # detokenized; the string stays in the output, as the hf engine keeps it
+            stop=list(sampling.stop_strings) or None,
+            include_stop_str_in_output=True,
+            detokenize=bool(sampling.stop_strings),
         )
 
     @torch.no_grad()

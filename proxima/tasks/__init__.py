@@ -15,9 +15,9 @@ TASK_PATHS = ("model.actor_path", "data.train_path", "data.eval_path")
 
 
 def _tasks() -> dict:
-    from proxima.tasks import arithmetic
+    from proxima.tasks import arithmetic, tools
 
-    return {"arithmetic": arithmetic.prepare}
+    return {"arithmetic": arithmetic.prepare, "tools": tools.prepare}
 
 
 def check_task(cfg: Config) -> None:

@@ -37,6 +37,7 @@ class BatchView:
     sum_pi_squared: torch.Tensor | None = None  # [B, R]
     reward_baselines: torch.Tensor | None = None  # [B]
     score_components: torch.Tensor | None = None  # [B, K]
+    turn_rewards: torch.Tensor | None = None  # [B, R] multi-turn episodes (rollout.env)
 
     @property
     def batch_size(self) -> int:
@@ -59,6 +60,7 @@ class BatchView:
             response_mask=g(exp.response_mask),
             values=g(exp.values),
             group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
+            turn_rewards=g(exp.turn_rewards),
             **{name: g(getattr(exp, name, None)) for name in inputs},
         )
 
@@ -95,7 +97,8 @@ def estimate(
     score_std: float = 1.0,
 ) -> Estimates:
     """Phase 4, `algos.shape_rewards`: -kl_coef x KL on every token, the standardised,
-    penalised, clipped score at the last; phase 5, `algos.compute_advantages` with the
+    penalised, clipped score at the last (and, in multi-turn episodes, each turn's reward
+    at its last action token); phase 5, `algos.compute_advantages` with the
     estimator `algorithm.adv_estimator` and its own options, read from the config fields
     its registry entry names."""
     token_rewards, stats = shape_rewards(
@@ -108,6 +111,7 @@ def estimate(
         no_stop_penalty=no_stop_penalty,
         score_mean=score_mean,
         score_std=score_std,
+        turn_rewards=batch.turn_rewards,
     )
     name = algorithm.adv_estimator
     estimator = ADVANTAGE_ESTIMATORS[name]

@@ -1,5 +1,11 @@
 """Evaluation on held-out prompts: before, during and after training, and `proxima eval`;
-scores and KL to a reference of sampled responses (`scores_and_kl`, `proxima pipeline`)."""
+scores and KL to a reference of sampled responses (`scores_and_kl`, `proxima pipeline`).
+
+In multi-turn episodes (`rollout.env`) a whole episode is played with the environment and
+its reward is its return (the turn rewards plus the reward source's score, when one is
+set); `accuracy` is then the share of episodes whose return reaches the environment class's
+`max_reward` (when it has one; else, as for single responses, the mean of 0/1 rewards), and
+`turns` / `multi_turn` the mean turns per episode and the share with more than one."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from proxima.config import RolloutConfig
 from proxima.models.forward import response_logits
 from proxima.rollout.collect import collect, generate_rollout, score_rollout
 from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.environments import load_env_class
 from proxima.rollout.generate import Generation
 from proxima.trainer.dist import Dist
 
@@ -23,16 +30,21 @@ def _is_binary(scores: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_size):
-    """Scores [N], response lengths [N] and (prompt, response, score) of every item."""
-    scores, lengths, samples = [], [], []
+    """Rewards [N] (an episode's return), response lengths [N], turns [N] (1 for single
+    responses) and (prompt, response, reward[, episode]) of every item."""
+    scores, lengths, turns, samples = [], [], [], []
     for i in range(0, len(items), batch_size):
         ro = collect(
             actor, tokenizer, items[i : i + batch_size], reward, cfg, device, greedy=greedy, n=1
         )
-        scores.append(ro.scores)
+        total = ro.total_rewards()
+        scores.append(total)
         lengths.append(ro.gen.response_mask.sum(1).float().cpu())
-        samples += list(zip(ro.prompts, ro.responses, ro.scores.tolist(), strict=True))
-    return torch.cat(scores).cpu(), torch.cat(lengths), samples
+        episodes = ro.episodes or [None] * len(ro.prompts)
+        turns.append(torch.tensor([len(e["turns"]) if e else 1 for e in episodes]).float())
+        rows = zip(ro.prompts, ro.responses, total.tolist(), episodes, strict=True)
+        samples += [row if row[3] is not None else row[:3] for row in rows]
+    return torch.cat(scores).cpu(), torch.cat(lengths), torch.cat(turns), samples
 
 
 def _share(items: list, dist: Dist) -> list:
@@ -43,15 +55,28 @@ def _share(items: list, dist: Dist) -> list:
     return padded[dist.rank * share : (dist.rank + 1) * share]
 
 
-def _summary(s: torch.Tensor, ln: torch.Tensor, samples: list, greedy: bool) -> dict:
+def max_reward(cfg: RolloutConfig) -> float | None:
+    """The best return of an episode (`max_reward` of the environment class), or None."""
+    best = getattr(load_env_class(cfg.env), "max_reward", None) if cfg.env else None
+    return None if best is None else float(best)
+
+
+def _summary(
+    s: torch.Tensor, ln: torch.Tensor, turns: torch.Tensor, samples: list, greedy: bool, best
+) -> dict:
     out = {
         "mean_reward": float(s.mean()),
         "response_length": float(ln.mean()),
         "n": int(s.numel()),
         "greedy": greedy,
     }
-    if _is_binary(s):
+    if best is not None:
+        out["accuracy"] = float((s >= best - 1e-6).float().mean())
+    elif _is_binary(s):
         out["accuracy"] = float(s.mean())
+    if len(samples[0]) == 4:  # episodes
+        out["turns"] = float(turns.mean())
+        out["multi_turn"] = float((turns > 1).float().mean())
     out["samples"] = samples[:8]
     return out
 
@@ -78,14 +103,14 @@ def evaluate(
     """
     dist = dist or Dist()
     n, mine = len(items), _share(items, dist)
-    s, ln, samples = dist.agree(
+    s, ln, turns, samples = dist.agree(
         lambda: _score_items(actor, tokenizer, mine, reward, cfg, device, greedy, batch_size),
         "evaluation",
     )
     if dist.active:
-        s, ln = dist.gather_rows(s)[:n], dist.gather_rows(ln)[:n]
+        s, ln, turns = (dist.gather_rows(t)[:n] for t in (s, ln, turns))
         samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
-    return _summary(s, ln, samples, greedy)
+    return _summary(s, ln, turns, samples, greedy, max_reward(cfg))
 
 
 @torch.no_grad()
@@ -95,15 +120,18 @@ def _score_k(actor, tokenizer, items, reward, cfg, device, n, batch_size):
     rows = []
     for i in range(0, len(items), per_call):
         ro = collect(actor, tokenizer, items[i : i + per_call], reward, cfg, device, n=n)
-        rows.append(ro.scores.float().cpu().reshape(-1, n))
+        rows.append(ro.total_rewards().float().cpu().reshape(-1, n))
     return torch.cat(rows)
 
 
-def _k_summary(scores: torch.Tensor) -> dict:
-    """mean@n, and pass@k for k = 1..n when every score is 0 or 1 (1 = correct)."""
+def _k_summary(scores: torch.Tensor, best: float | None = None) -> dict:
+    """mean@n, and pass@k for k = 1..n when every score is 0 or 1 (1 = correct), or, for
+    episodes whose environment has a `max_reward`, a return reaching it is correct."""
     n = scores.shape[1]
     out: dict = {"n": n}
-    if _is_binary(scores):
+    if best is not None:
+        out.update({f"pass@{k}": v for k, v in pass_at_k_table(scores >= best - 1e-6).items()})
+    elif _is_binary(scores):
         out.update({f"pass@{k}": v for k, v in pass_at_k_table(scores == 1).items()})
     out[f"mean@{n}"] = mean_at_k(scores)
     return out
@@ -134,13 +162,14 @@ def evaluate_k(
     if dist.active:
         scores = dist.gather_rows(scores)
     scores = scores[:count]
-    out = _k_summary(scores)
+    best = max_reward(cfg)
+    out = _k_summary(scores, best)
     sources = [it.columns.get("data_source") for it in items]
     if any(src is not None for src in sources):
         rows = defaultdict(list)
         for i, src in enumerate(sources):
             rows[str(src)].append(i)
-        out["by_source"] = {src: _k_summary(scores[idx]) for src, idx in sorted(rows.items())}
+        out["by_source"] = {src: _k_summary(scores[idx], best) for src, idx in sorted(rows.items())}
     return out
 
 
@@ -196,6 +225,8 @@ def describe(results: dict[str, dict]) -> list[str]:
                 lines.append(f"{mode} [{src}]: " + _k_line(part))
             continue
         acc = f", accuracy {res['accuracy']:.2%}" if "accuracy" in res else ""
+        if "turns" in res:
+            acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
     return lines
 

@@ -43,6 +43,7 @@ from proxima.rollout.collect import (
 )
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, sync_weights
+from proxima.rollout.episodes import episode_stats
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.rollout.score import build_experience
 from proxima.trainer.advantages import BatchView, Estimates, estimate
@@ -89,10 +90,11 @@ class PhaseTimer:
 
 
 def _informative_groups(ro: Rollout) -> list[bool]:
-    """Per group of `ro` (its group ids 0..G-1): whether its scores differ (DAPO keeps it)."""
-    out = []
+    """Per group of `ro` (its group ids 0..G-1): whether its scores (an episode's: with its
+    turn rewards) differ (DAPO keeps it)."""
+    out, totals = [], ro.total_rewards()
     for g in range(int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0):
-        s = ro.scores[(ro.group_ids == g).to(ro.scores.device)]
+        s = totals[(ro.group_ids == g).to(totals.device)]
         out.append(not bool((s == s[0]).all()))
     return out
 
@@ -290,8 +292,9 @@ class PPOTrainer:
                 greedy = agree(lambda: self.generate(items, greedy=True), "generation")
             with t("reward"), self.precision():
                 base = agree(lambda: self.reward(greedy), "the reward")[0]
+            base = replace(greedy, scores=base).total_rewards()  # an episode's whole return
             ro = replace(ro, baselines=base.repeat_interleave(self.cfg.rollout.n))
-        stats = {}
+        stats = self._episode_stats(ro) if ro.episodes is not None else {}
         if penalty is not None:
             total = self.dist.all_reduce_sum(
                 torch.tensor(
@@ -302,6 +305,22 @@ class PPOTrainer:
             stats["overlong_penalty_mean"] = float(total[0] / total[2])
             stats["overlong_fraction"] = float(total[1] / total[2])
         return ro, stats
+
+    def _episode_stats(self, ro: Rollout) -> dict[str, float]:
+        """Multi-turn episodes over the whole batch: turns per episode, the shares of
+        episodes that ended done, truncated (max_turns, max_episode_tokens), on an
+        environment error or timeout, tokens per episode (actions and observations) and the
+        mean reward of a turn."""
+        sums = episode_stats(ro.episodes, ro.gen)
+        keys = sorted(sums)
+        total = self.dist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        got = {k: float(v) for k, v in zip(keys, total, strict=True)}
+        episodes, turns = max(got["episodes"], 1.0), max(got["turns"], 1.0)
+        out = {f"env/{k}": got[k] / episodes for k in ("turns", "done", "truncated", "errors")}
+        out["env/timeouts"] = got["timeouts"] / episodes
+        out["env/episode_length"] = got["episode_tokens"] / episodes
+        out["env/reward_per_turn"] = got["turn_reward"] / turns
+        return out
 
     def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """([B] the reward source's score of each response plus DAPO's overlong penalty
@@ -509,6 +528,8 @@ class PPOTrainer:
             "returns_mean": float(masked_mean(est.returns, mask)),
             "tokens_per_s": float(lengths.sum()) / max(self.timer.last["generate"], 1e-9),
         }
+        if batch.turn_rewards is not None:  # an episode's return: turn rewards + score
+            m["env/return"] = float((batch.scores + batch.turn_rewards.sum(1)).mean())
         if batch.score_components is not None:  # each of reward.sources, raw
             for k, name in enumerate(self.roles.reward.names):
                 m[f"reward/{name}"] = float(batch.score_components[:, k].mean())

@@ -38,10 +38,12 @@ from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import (
     FunctionReward,
     ModelReward,
+    NoScore,
     WeightedPart,
     WeightedReward,
     load_reward_function,
 )
+from proxima.rollout.environments import check_env
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 
 
@@ -122,7 +124,10 @@ def _model_line(name: str, model: torch.nn.Module | None) -> str:
 def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
     """The reward source: the function of reward.function (`fn` when already imported), the
     reward model of reward.model_path, or the weighted sum of `reward.sources`
-    (`rewards.WeightedReward`; a remote source's server is asked whether it is up)."""
+    (`rewards.WeightedReward`; a remote source's server is asked whether it is up); none
+    in a multi-turn run whose environment gives every reward (`rewards.NoScore`)."""
+    if not (cfg.reward.sources or cfg.reward.function or cfg.reward.model_path):
+        return NoScore()
     if not cfg.reward.sources:
         if cfg.reward.function:
             fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
@@ -366,26 +371,31 @@ def check_checkpoint(folder: Path) -> None:
 
 
 def check_lengths(cfg: Config, *prompt_sets) -> None:
-    """The longest prompt plus rollout.max_response_length must fit the actor's positions
-    (max_position_embeddings: a GPT-2 indexes past its position table, vLLM refuses the
-    length): checked on the data, for every engine alike, before any model loads."""
+    """The longest prompt plus rollout.max_response_length (rollout.max_episode_tokens in
+    multi-turn episodes) must fit the actor's positions (max_position_embeddings: a GPT-2
+    indexes past its position table, vLLM refuses the length): checked on the data, for
+    every engine alike, before any model loads."""
     positions = config_positions(cfg.model.actor_path)
     longest = max((len(item.ids) for items in prompt_sets for item in items), default=0)
-    need = longest + cfg.rollout.max_response_length
+    key = "max_episode_tokens" if cfg.rollout.env else "max_response_length"
+    after = getattr(cfg.rollout, key)
+    need = longest + after
     if positions is not None and need > positions:
         raise ConfigError(
-            f"the longest prompt ({longest} tokens) + `rollout.max_response_length`="
-            f"{cfg.rollout.max_response_length} = {need} positions exceed the "
+            f"the longest prompt ({longest} tokens) + `rollout.{key}`="
+            f"{after} = {need} positions exceed the "
             f"{positions} of `model.actor_path` (its max_position_embeddings). Fix: lower "
-            "rollout.max_response_length, or shorten the prompts (`data.max_prompt_length` "
+            f"rollout.{key}, or shorten the prompts (`data.max_prompt_length` "
             "with data.overlong_prompts=truncate or drop)."
         )
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
     """Everything a PPO run is checked for before a model loads: the models' folders and
-    vocabularies, the scoring plan, the data, the reward function."""
+    vocabularies, the scoring plan, the environment of multi-turn episodes, the data, the
+    reward function."""
     tok = check_models(cfg)
+    check_env(cfg)
     plan = plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
     check_lengths(cfg, prompts, eval_items)

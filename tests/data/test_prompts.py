@@ -10,6 +10,7 @@ from proxima.data.prompts import (
     PromptItem,
     PromptLoader,
     collate_prompts,
+    observation_text,
     render_prompt,
 )
 
@@ -62,7 +63,8 @@ def test_dataset_items_text_ids_and_columns():
     assert len(ds) == 2
     assert ds[0] == PromptItem("a b", [8, 9], {"answer": 3, "id": "x"})
     # "user: hi\nassistant: " -> user : hi assistant :
-    assert ds[1] == PromptItem("user: hi\nassistant: ", [4, 5, 6, 7, 5], {"answer": 4, "id": "y"})
+    want = PromptItem("user: hi\nassistant: ", [4, 5, 6, 7, 5], {"answer": 4, "id": "y"}, CHAT)
+    assert ds[1] == want  # the chat messages kept (multi-turn observations render with them)
 
 
 def test_add_bos_prepends_once():
@@ -192,3 +194,21 @@ def test_prompts_the_tokenizer_covers_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PromptDataset([{"prompt": "a b"}, {"prompt": CHAT}], make_tokenizer(), max_prompt_length=8)
+
+
+def test_observation_text():
+    """What an observation adds after the model's turn: as it is after a plain prompt; the
+    transcript's lines without a template; with a template, what it writes between the
+    assistant's message (its end included) and the next assistant turn."""
+    assert observation_text(None, "42", "tool", make_tokenizer(TEMPLATE)) == "42"
+    assert observation_text(CHAT, "42", "tool", make_tokenizer()) == "\ntool: 42\nassistant: "
+    got = observation_text(CHAT, "42", "tool", make_tokenizer(TEMPLATE))
+    assert got == "\n<bos>tool: 42\nassistant:"
+    ends = "{% for m in messages %}{{ m.role }}: {{ m.content }}<eos>{% endfor %}"
+    ends += "{% if add_generation_prompt %}assistant:{% endif %}"
+    assert (
+        observation_text(CHAT, "42", "tool", make_tokenizer(ends)) == "<eos>tool: 42<eos>assistant:"
+    )
+    broken = "{{ messages[-1].content }}"  # renders only the last message: no addition
+    with pytest.raises(ValueError, match="rollout.observation_role"):
+        observation_text(CHAT, "42", "tool", make_tokenizer(broken))

@@ -40,6 +40,50 @@ def global_batch(actor: torch.nn.Module) -> Experience:
     return ragged_experience(actor, PROMPT_LENS, RESPONSE_LENS, TEMPERATURE, len(ALPHABET))
 
 
+# two turns per episode, ids of ALPHABET's characters (4 ...); the first 4 episodes (rank 0 of
+# 2) long, the last 4 (rank 1) short; each ends with EOS (2)
+EPISODE_ACTIONS = [
+    [[4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 4], [5, 6, 7], [8], [9], [10], [11]],
+    [[12, 13, 2], [4, 5, 2], [6, 2], [7, 8, 9, 2], [2], [10, 2], [2], [11, 2]],
+]
+
+
+def episode_batch(actor: torch.nn.Module) -> Experience:
+    """The global batch as multi-turn episodes (tests/rollout/scripted.py's scripted policy
+    against its TwoTurns environment: two actions around an observation of 2 tokens whose
+    response_mask is 0), with old log-probs from the actor plus noise and random
+    advantages, values, returns and reference log-probs, as `ragged_experience`."""
+    from proxima.algos import logprobs_from_logits
+    from proxima.config import RolloutConfig
+    from proxima.data import PromptItem
+    from proxima.models.forward import response_logits
+    from proxima.rollout.collect import generate_rollout
+    from tests.rollout.scripted import ScriptedEngine, spec
+
+    tok = build_char_tokenizer(ALPHABET)
+    items = [PromptItem("p", list(range(4, 4 + n))) for n in PROMPT_LENS]
+    cfg = RolloutConfig(env=spec("TwoTurns"), max_turn_tokens=4, max_episode_tokens=16)
+    cpu = torch.device("cpu")
+    gen = generate_rollout(ScriptedEngine(EPISODE_ACTIONS), tok, items, cfg, cpu, n=1).gen
+    r, mask = gen.response_mask.shape[1], gen.response_mask
+    with torch.no_grad():
+        logits = response_logits(actor, gen.input_ids, gen.attention_mask, r, TEMPERATURE)
+        current = logprobs_from_logits(logits, gen.response_ids)
+    noise = torch.Generator().manual_seed(1)
+    draw = lambda: torch.randn(mask.shape, generator=noise)  # noqa: E731
+    return Experience(
+        input_ids=gen.input_ids,
+        attention_mask=gen.attention_mask,
+        response_mask=mask,
+        old_logprobs=(current + 0.3 * draw()) * mask,
+        ref_logprobs=(current + 0.5 * draw()) * mask,
+        values=draw() * mask,
+        returns=draw() * mask,
+        advantages=draw() * mask,
+        group_ids=torch.arange(mask.shape[0]),
+    )
+
+
 class GradCapture(TrainedRole):
     """A trained role whose optimizer step records the (synchronised, whole) gradients."""
 
