@@ -56,3 +56,32 @@ def test_bad_arguments_name_the_cause():
         shape_rewards(SCORES, STOPPED[:2], KL, MASK, kl_coef=0.1, clip_reward_value=5.0)
     with pytest.raises(ValueError, match="score_std must be > 0"):
         shape_rewards(SCORES, STOPPED, KL, MASK, kl_coef=0.1, clip_reward_value=5.0, score_std=0.0)
+
+
+def test_turn_rewards_are_added_unshaped_where_the_mask_is_real():
+    """Multi-turn episodes: each turn's reward at its last action token, neither
+    standardised nor clipped (the environment's own scale), masked positions dropped."""
+    turns = torch.tensor([[0.0, 3.0, 0.0], [6.0, 0.0, 0.0], [0.0, 8.0, 0.0]])
+    rewards, stats = shape_rewards(
+        SCORES,
+        STOPPED,
+        KL,
+        MASK,
+        kl_coef=0.1,
+        clip_reward_value=4.5,
+        no_stop_penalty=-1.0,
+        score_mean=1.0,
+        score_std=2.0,
+        turn_rewards=turns,
+    )
+    # the previous test's token rewards, plus 3.0 at row 0 t1 and 6.0 at row 1 t0 (6.0 is
+    # above the clip: not clipped); row 2's 8.0 sits on a masked position and is dropped
+    want = torch.tensor(
+        [
+            [-0.05, -0.01 + 0.5 + 3.0, 0.0],
+            [-0.02 + 6.0, -0.02, -0.02 - 4.5],
+            [-0.03, 0.0, 0.0],
+        ]
+    )
+    torch.testing.assert_close(rewards, want)
+    assert float(stats["kl"]) == pytest.approx(0.5)
