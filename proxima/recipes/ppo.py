@@ -129,6 +129,7 @@ class PPORecipe:
             raise
         finally:
             self.logger.close()
+            self.trainer.engine.close()
 
     # ------------------------------------------------------------------ setup
 

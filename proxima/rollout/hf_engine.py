@@ -73,3 +73,6 @@ class HFEngine:
 
     def wake_up(self) -> None:
         pass
+
+    def close(self) -> None:  # the actor belongs to the trainer
+        pass

@@ -275,3 +275,9 @@ class VLLMEngine:
 
     def wake_up(self) -> None:
         self._wake(["weights", "kv_cache"])
+
+    def close(self) -> None:
+        """Shut the in-process engine core down now: left to the end of the process, its
+        finaliser would tear down a process group already destroyed by then ("Invalid process
+        group specified" when a command goes on after training, as `proxima pipeline`)."""
+        self.llm.llm_engine.engine_core.shutdown()

@@ -83,3 +83,6 @@ class FakeEngine:
 
     def wake_up(self) -> None:
         self.awake = True
+
+    def close(self) -> None:
+        self.closed = True

@@ -62,6 +62,9 @@ class ScriptedEngine:
     def wake_up(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class TwoTurns:
     """Turn 1: observation "xy", reward 0.5; turn 2: done, reward 1.0. Keeps its actions."""
