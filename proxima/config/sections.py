@@ -242,6 +242,12 @@ class RolloutConfig:
         "the chat template.",
     )
 
+    @property
+    def after_prompt_key(self) -> str:
+        """The key that bounds the tokens after the prompt: max_episode_tokens in multi-turn
+        episodes (observations included), else max_response_length."""
+        return "max_episode_tokens" if self.env else "max_response_length"
+
 
 @dataclass(frozen=True)
 class KLControlConfig:

@@ -377,7 +377,7 @@ def check_lengths(cfg: Config, *prompt_sets) -> None:
     every engine alike, before any model loads."""
     positions = config_positions(cfg.model.actor_path)
     longest = max((len(item.ids) for items in prompt_sets for item in items), default=0)
-    key = "max_episode_tokens" if cfg.rollout.env else "max_response_length"
+    key = cfg.rollout.after_prompt_key
     after = getattr(cfg.rollout, key)
     need = longest + after
     if positions is not None and need > positions:

@@ -167,6 +167,31 @@ def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, varian
     assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
 
 
+def test_the_vllm_context_length_is_what_check_lengths_allows(make_model, fast_overrides, tmp_path):
+    """vLLM's max_model_len: the prompt budget + the tokens after the prompt (a whole episode
+    with rollout.env), never past the model's positions (64 here), which vLLM refuses."""
+    from proxima.rollout.vllm_engine import _context_length
+
+    argv = fast_overrides(make_model(), tmp_path / "run", 1)
+    assert _context_length(load_config(None, argv)) == 16 + 4
+    cfg = load_config(None, [*argv, "data.max_prompt_length=256"])  # the default: > 64
+    assert _context_length(cfg) == 64
+    env = "rollout.env=proxima.tasks.tools:Calculator"
+    cfg = load_config(None, [*argv, env, "rollout.max_episode_tokens=40"])
+    assert _context_length(cfg) == 16 + 40
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_both_engines_train_the_same_config(make_model, fast_overrides, tmp_path, name):
+    """One config, both engines: a prompt budget past the model's positions (the default
+    data.max_prompt_length=256 with a 64-position model) once stopped vLLM alone."""
+    out = tmp_path / name
+    argv = fast_overrides(make_model("llama", "small"), out, 2, f"rollout.name={name}")
+    assert main(["train", *argv, "data.max_prompt_length=256"]) == 0
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 2
+
+
 @pytest.mark.vllm
 def test_eval_with_vllm_answers_as_hf(make_model, prompt_file, reward_spec, tmp_path):
     """`proxima eval rollout.name=vllm`: greedy answers, hence scores, equal the hf engine's."""
