@@ -183,9 +183,8 @@ class Pipeline:
             sorted(set(string.printable) - set("\t\r\x0b\x0c") | set("".join(texts)))
         )
         longest = max((len(t) for t in texts), default=0)
-        need = (
-            longest + 2 * cfg.rollout.max_response_length + 8
-        )  # a demonstration's prompt + response fits
+        # a demonstration's prompt and response, or a prompt and a sampled response, fit
+        need = 2 * longest + cfg.rollout.max_response_length + 8
         folder = init_model(
             self.run_dir / "init",
             arch=cfg.task.arch,

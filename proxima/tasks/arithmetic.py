@@ -7,18 +7,16 @@ by seed, into disjoint held-out, SFT and RL sets, so the evaluation measures gen
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import init_model, load_causal_lm, load_tokenizer
+from proxima.models import init_model
 from proxima.rewards import FunctionReward
-from proxima.rollout.engines import check_engine
+from proxima.tasks.common import task_info, warm_start, write_jsonl
 from proxima.trainer.evaluate import evaluate
-from proxima.trainer.setup import load_prompts, load_sft
-from proxima.trainer.sft import sft_train
+from proxima.trainer.setup import load_prompts
 
 ALPHABET = "0123456789+="
 REWARD_FN = "proxima.tasks.arithmetic:reward"
@@ -49,10 +47,6 @@ def make_splits(digits: int, sizes: dict[str, int], seed: int) -> dict[str, list
     return out
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 def write_data(folder: Path, splits: dict[str, list[tuple[int, int]]]) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -61,18 +55,18 @@ def write_data(folder: Path, splits: dict[str, list[tuple[int, int]]]) -> dict[s
         if name == "sft":  # demonstrations: the answer is the response
             rows = [{"prompt": r["prompt"], "response": r["answer"]} for r in rows]
         paths[name] = folder / f"{name}.jsonl"
-        _write_jsonl(paths[name], rows)
+        write_jsonl(paths[name], rows)
     return paths
 
 
-def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
+def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path, history: list):
     """SFT stopping rule: the mean greedy accuracy of the last `task.sft_smooth_checks`
     validation checks reaches the target. One check on 128 problems jumps by +-10 points
     between checks, and a stop at such a noisy peak starts PPO well below the target; the
-    mean of a few checks stops where the accuracy is, not where it fluctuated to."""
+    mean of a few checks stops where the accuracy is, not where it fluctuated to. Each
+    check's (step, accuracy) is appended to `history`."""
     items = list(load_prompts(cfg, str(val_path), tok))
     source = FunctionReward(reward, REWARD_FN)
-    history: list[tuple[int, float]] = []
     k = max(1, cfg.task.sft_smooth_checks)
 
     def should_stop(step: int) -> bool:
@@ -86,7 +80,7 @@ def _stop_at_accuracy(cfg: Config, model, tok, val_path: Path):
         )
         return len(last) == k and smoothed >= cfg.task.sft_target_accuracy
 
-    return should_stop, history
+    return should_stop
 
 
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
@@ -113,30 +107,14 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         max_positions=64,
         seed=cfg.trainer.seed,
     )
-    check_engine(cfg, str(init_dir))  # e.g. a head size vLLM's CPU build lacks: before SFT
-    tok = load_tokenizer(init_dir)
-    model = load_causal_lm(init_dir)
-    losses, history = [], []
-    if t.sft_steps:
-        stop, history = (
-            _stop_at_accuracy(cfg, model, tok, paths["val"])
-            if t.sft_target_accuracy
-            else (None, [])
-        )
-        losses = sft_train(
-            model,
-            tok,
-            load_sft(cfg, paths["sft"], tok, 32),
-            steps=t.sft_steps,
-            lr=t.sft_lr,
-            batch_size=t.sft_batch_size,
-            seed=cfg.trainer.seed,
-            warmup_steps=min(20, t.sft_steps // 10),
-            stop_fn=stop,
-            check_every=t.sft_check_every,
-        )
-    model.save_pretrained(folder / "sft")
-    tok.save_pretrained(folder / "sft")
+    history: list[tuple[int, float]] = []
+
+    def stop(model, tok):
+        return _stop_at_accuracy(cfg, model, tok, paths["val"], history)
+
+    losses = warm_start(
+        cfg, folder, init_dir, paths["sft"], 32, stop if t.sft_target_accuracy else None
+    )
     changes = {
         "model.actor_path": str(folder / "sft"),
         "data.train_path": str(paths["train"]),
@@ -144,11 +122,4 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     }
     if not (cfg.reward.function or cfg.reward.model_path or cfg.reward.sources):
         changes["reward.function"] = REWARD_FN
-    return cfg.replace(changes), {
-        "name": t.name,
-        "sft_steps": len(losses),
-        "sft_final_loss": losses[-1] if losses else None,
-        "sft_val_accuracy": history,
-        "sft_seconds": time.perf_counter() - start,
-        "files": {k: str(v) for k, v in paths.items()},
-    }
+    return cfg.replace(changes), task_info(cfg, losses, start, paths, sft_val_accuracy=history)

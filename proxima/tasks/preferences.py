@@ -20,12 +20,12 @@ gold scores, which the preferences then sort out.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from proxima.config import Config
 from proxima.models import init_model
+from proxima.tasks.common import write_jsonl
 
 LETTERS = "abcdefghij"
 ALPHABET = LETTERS + ":"
@@ -64,11 +64,6 @@ def _demonstration(prompt: str, rng: random.Random) -> str:
     )
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     """Write prompts (task.n_train), held-out prompts (task.n_eval, disjoint), demonstrations
     (task.n_sft) and a tiny model (task.arch, task.size) into `folder`; returns the config
@@ -89,9 +84,9 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         {"prompt": p, "response": _demonstration(p, rng)} for p in rng.choices(train, k=t.n_sft)
     ]
     paths = {
-        "prompts": _write(folder / "prompts.jsonl", train_rows),
-        "heldout": _write(folder / "heldout.jsonl", [{"prompt": p} for p in heldout]),
-        "sft_data": _write(folder / "sft.jsonl", demos),
+        "prompts": write_jsonl(folder / "prompts.jsonl", train_rows),
+        "heldout": write_jsonl(folder / "heldout.jsonl", [{"prompt": p} for p in heldout]),
+        "sft_data": write_jsonl(folder / "sft.jsonl", demos),
     }
     init = init_model(
         folder / "init", arch=t.arch, size=t.size, alphabet=ALPHABET, max_positions=64, seed=seed

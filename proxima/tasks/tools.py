@@ -17,11 +17,9 @@ import time
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import init_model, load_causal_lm, load_tokenizer
-from proxima.rollout.engines import check_engine
-from proxima.tasks.arithmetic import VAL_SIZE, _write_jsonl, make_splits
-from proxima.trainer.setup import load_sft
-from proxima.trainer.sft import sft_train
+from proxima.models import init_model
+from proxima.tasks.arithmetic import VAL_SIZE, make_splits
+from proxima.tasks.common import task_info, warm_start, write_jsonl
 
 ALPHABET = "0123456789*=[];"
 ENV = "proxima.tasks.tools:Calculator"
@@ -72,7 +70,7 @@ def write_data(folder: Path, splits: dict[str, list[tuple[int, int]]], seed: int
         if name == "sft":
             rows = demonstrations(pairs, seed)
         paths[name] = folder / f"{name}.jsonl"
-        _write_jsonl(paths[name], rows)
+        write_jsonl(paths[name], rows)
     return paths
 
 
@@ -91,32 +89,10 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         max_positions=64,
         seed=cfg.trainer.seed,
     )
-    check_engine(cfg, str(init_dir))
-    tok = load_tokenizer(init_dir)
-    model = load_causal_lm(init_dir)
-    losses = []
-    if t.sft_steps:
-        losses = sft_train(
-            model,
-            tok,
-            load_sft(cfg, paths["sft"], tok, 40),
-            steps=t.sft_steps,
-            lr=t.sft_lr,
-            batch_size=t.sft_batch_size,
-            seed=cfg.trainer.seed,
-            warmup_steps=min(20, t.sft_steps // 10),
-        )
-    model.save_pretrained(folder / "sft")
-    tok.save_pretrained(folder / "sft")
+    losses = warm_start(cfg, folder, init_dir, paths["sft"], 40)
     changes = {
         "model.actor_path": str(folder / "sft"),
         "data.train_path": str(paths["train"]),
         "data.eval_path": str(paths["eval"]),
     }
-    return cfg.replace(changes), {
-        "name": t.name,
-        "sft_steps": len(losses),
-        "sft_final_loss": losses[-1] if losses else None,
-        "sft_seconds": time.perf_counter() - start,
-        "files": {k: str(v) for k, v in paths.items()},
-    }
+    return cfg.replace(changes), task_info(cfg, losses, start, paths)
