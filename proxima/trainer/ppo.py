@@ -38,6 +38,8 @@ from proxima.rollout.collect import (
     Rollout,
     cat_rollouts,
     generate_rollout,
+    rollout_from_state,
+    rollout_state,
     score_rollout,
     select_groups,
 )
@@ -99,6 +101,16 @@ def _informative_groups(ro: Rollout) -> list[bool]:
     return out
 
 
+def staleness_stats(ro: Rollout, trained_at: int) -> dict[str, float]:
+    """How many weight versions behind the trained weights (`trained_at`) each sample of
+    `ro` was generated (`Rollout.versions`): mean and max over the batch."""
+    stale = (trained_at - ro.versions).float()
+    return {
+        "rollout/staleness_mean": float(stale.mean()),
+        "rollout/staleness_max": float(stale.max()),
+    }
+
+
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
@@ -136,6 +148,12 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
+        # actor updates over the whole run (resumed with it): the version of the policy that
+        # each sample is stamped with (`Rollout.versions`) and trained at (staleness)
+        self.policy_version = 0
+        # rollout.asynchronous: the next iteration's scored batch and its sampling stats,
+        # generated during this one from the weights before its update
+        self.pending: tuple[Rollout, dict[str, float]] | None = None
         if plan is None:  # before the engine is built: a plan that cannot be fails first
             name = engine.name if engine is not None else cfg.rollout.name
             plan = plan_scoring(cfg, name, base_model(roles.actor).generation_config)
@@ -191,7 +209,9 @@ class PPOTrainer:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
         self.timer.new_iteration()
         t = self.timer
-        ro, sampling_stats = self.sample()  # 1. the actor writes responses, 2. they are scored
+        # 1. the actor writes responses, 2. they are scored (asynchronous: also the next batch)
+        ro, sampling_stats, ahead = self.sample_batches()
+        trained_at = self.policy_version  # staleness: against the weights the batch trains
         scores = ro.scores
         with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
             exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
@@ -209,9 +229,27 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
+        if ahead is not None:
+            metrics.update(staleness_stats(ro, trained_at))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
+        self.pending = ahead  # only now: a step that raised leaves the old one for its retry
         self.iteration += 1
         return metrics, ro
+
+    def sample_batches(self) -> tuple[Rollout, dict[str, float], tuple | None]:
+        """Phases 1-2 of this iteration: (its scored batch, sampling stats, the next
+        iteration's batch with its stats, or None). Synchronous: `sample()` from the current
+        weights. `rollout.asynchronous` (verl's one-step off-policy pipeline): the batch
+        generated during the previous iteration, from the weights before that iteration's
+        update (the first iteration has none: it samples now); and the next one, sampled
+        now from the current weights, which the update below is about to replace. Every
+        batch but the first is thus trained one weight version after it was sampled; here
+        the two generations run one after the other (the hf engine serves the actor itself,
+        and on a CPU they would share its cores with the update anyway)."""
+        if not self.cfg.rollout.asynchronous:
+            return (*self.sample(), None)
+        ro, stats = self.pending if self.pending is not None else self.sample()
+        return ro, stats, self.sample()
 
     def sample(self) -> tuple[Rollout, dict[str, float]]:
         """Phases 1-2: a scored rollout of this rank's share of the batch. With
@@ -393,7 +431,7 @@ class PPOTrainer:
         greedy response each (ReMax's baseline)."""
         items = self.next_prompts() if items is None else items
         try:
-            return generate_rollout(
+            ro = generate_rollout(
                 self.synced_engine(),
                 self.roles.tokenizer,
                 items,
@@ -408,6 +446,9 @@ class PPOTrainer:
             if "inf" in str(err) and "nan" in str(err):
                 raise NonFiniteOutputsError(f"sampling failed: {err}") from err
             raise
+        # the engine holds the actor's current weights (synced above): this policy version
+        stamp = torch.full((len(ro.prompts),), self.policy_version, dtype=torch.long)
+        return replace(ro, versions=stamp)
 
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
@@ -500,6 +541,7 @@ class PPOTrainer:
             stats.update({k if "/" in k else f"{name}/{k}": v for k, v in out.items()})
         if not warmup:
             self.weight_version += 1
+            self.policy_version += 1
         return stats
 
     def _ptx_loss(self) -> PtxLoss | None:
@@ -589,6 +631,7 @@ class PPOTrainer:
         states of all ranks are gathered); rank 0's copy is the one written."""
         return {
             "iteration": int(self.iteration),
+            "policy_version": int(self.policy_version),
             "roles": {name: role.state_dict() for name, role in self.trained.items()},
             "kl_coef": float(self.kl_ctl.value),
             "score_moments": self.score_moments.state_dict(),
@@ -597,6 +640,11 @@ class PPOTrainer:
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
             "rng": self.dist.all_gather_object(rng_state()),  # one per rank
+            # rollout.asynchronous: the batch sampled from the previous weights (they are
+            # not saved, so it could not be sampled again); single process only
+            "pending": None
+            if self.pending is None
+            else {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -617,6 +665,11 @@ class PPOTrainer:
             self.sft_loader.load_state_dict(state["sft_loader"])
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])
+        self.policy_version = int(state.get("policy_version", 0))
+        pending = state.get("pending")  # absent from the checkpoints of older versions
+        self.pending = None
+        if pending is not None:
+            self.pending = (rollout_from_state(pending["rollout"], self.device), pending["stats"])
         rngs = state["rng"]
         if len(rngs) == self.dist.world_size:
             set_rng_state(rngs[self.dist.rank])
