@@ -615,6 +615,16 @@ class PPOTrainer:
         fixes = ["algorithm.rollout_correction=token"]
         if engine == "vllm":
             fixes.append("rollout.vllm.dtype=float32")
+        if self.cfg.rollout.asynchronous:  # the gap includes one update: expected
+            return (
+                f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
+                f"rollout.logprob_diff_warn={limit} at iteration {self.iteration + 1}: with "
+                "rollout.asynchronous the samples come from the weights before the last "
+                "update, so the gap includes that update (rollout/is_weight_mean and "
+                "rollout/is_truncated_frac show what the correction does with it). A smaller "
+                "actor.optim.lr narrows it; raise rollout.logprob_diff_warn (0 disables) to "
+                "silence this."
+            )
         return (
             f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
             f"rollout.logprob_diff_warn={limit} at iteration {self.iteration + 1}: the "

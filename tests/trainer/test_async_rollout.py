@@ -11,6 +11,7 @@ import torch
 
 from proxima.algos import truncated_is_weights
 from proxima.config import ConfigError, load_config
+from proxima.rng import seed_everything
 from proxima.rollout.collect import rollout_from_state, rollout_state
 from proxima.rollout.generate import Generation
 from proxima.rollout.plan import plan_scoring
@@ -157,3 +158,53 @@ def test_config_defaults_and_refusals(files, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="rollout.asynchronous=true.*torchrun"):
         load_config(None, [*base, ASYNC])
+
+
+def _comparable(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.startswith(("time/", "tokens_per_s"))}
+
+
+def test_a_failed_iteration_keeps_the_pending_batch_and_replays_exactly(files):
+    seed_everything(0)
+    a = nano_trainer(files, ASYNC)
+    want = [_comparable(a.step()[0]) for _ in range(2)]
+    seed_everything(0)
+    b = nano_trainer(files, ASYNC)
+    assert _comparable(b.step()[0]) == want[0]
+    pending, update = b.pending, b.update
+
+    def fail(exp):
+        raise RuntimeError("boom")
+
+    b.update = fail
+    with pytest.raises(RuntimeError, match="boom"):
+        b.step()
+    assert b.undo_iteration()
+    assert b.pending is pending  # the batch sampled during iteration 0 is still next
+    b.update = update
+    assert _comparable(b.step()[0]) == want[1]
+
+
+def test_dynamic_sampling_keeps_each_samples_version(files):
+    # DAPO's rounds are cut and concatenated by group: the versions travel with the rows
+    trainer = nano_trainer(
+        files,
+        ASYNC,
+        f"reward.function={REWARD}:even_first_digit_varies",
+        "algorithm.adv_estimator=grpo",
+        "rollout.n=2",
+        "algorithm.filter_groups=true",
+    )
+    got = [trainer.step() for _ in range(2)]
+    assert got[0][1].versions.tolist() == [0] * 16
+    assert got[1][1].versions.tolist() == [0] * 16
+    assert [m["rollout/staleness_max"] for m, _ in got] == [0.0, 1.0]
+    assert trainer.pending[0].versions.tolist() == [1] * 16
+
+
+def test_a_critic_on_the_actor_takes_its_values_from_the_trainers_pass(files):
+    trainer = nano_trainer(files, ASYNC, "critic.shared_backbone=true")
+    assert (trainer.plan.old_logprobs, trainer.plan.values) == ("actor", "actor")
+    got = [trainer.step()[0] for _ in range(2)]
+    assert got[1]["rollout/staleness_mean"] == 1.0
+    assert all(torch.isfinite(torch.tensor(m["critic/explained_variance"])) for m in got)
