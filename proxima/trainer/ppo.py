@@ -243,9 +243,11 @@ class PPOTrainer:
         generated during the previous iteration, from the weights before that iteration's
         update (the first iteration has none: it samples now); and the next one, sampled
         now from the current weights, which the update below is about to replace. Every
-        batch but the first is thus trained one weight version after it was sampled; here
-        the two generations run one after the other (the hf engine serves the actor itself,
-        and on a CPU they would share its cores with the update anyway)."""
+        batch but the first is thus trained one policy version after it was sampled. The
+        two generations run one after the other, not in a thread beside the update: HF
+        generate samples from torch's process-wide generator, which a concurrent update
+        (dropout) would draw from in an order that varies, and on a CPU both would share
+        the same cores."""
         if not self.cfg.rollout.asynchronous:
             return (*self.sample(), None)
         ro, stats = self.pending if self.pending is not None else self.sample()
@@ -675,8 +677,11 @@ class PPOTrainer:
             self.sft_loader.load_state_dict(state["sft_loader"])
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])
-        self.policy_version = int(state.get("policy_version", 0))
-        pending = state.get("pending")  # absent from the checkpoints of older versions
+        # absent from older checkpoints: the actor is updated once per iteration after the
+        # critic's warm-up, so the count follows from the iteration
+        done = self.iteration - self.cfg.critic.warmup_iterations
+        self.policy_version = int(state.get("policy_version", max(0, done)))
+        pending = state.get("pending")  # absent from older checkpoints too
         self.pending = None
         if pending is not None:
             self.pending = (rollout_from_state(pending["rollout"], self.device), pending["stats"])

@@ -208,3 +208,15 @@ def test_a_critic_on_the_actor_takes_its_values_from_the_trainers_pass(files):
     got = [trainer.step()[0] for _ in range(2)]
     assert got[1]["rollout/staleness_mean"] == 1.0
     assert all(torch.isfinite(torch.tensor(m["critic/explained_variance"])) for m in got)
+
+
+def test_an_older_checkpoint_without_the_version_counts_it_from_the_iteration(files):
+    trainer = nano_trainer(files, "critic.warmup_iterations=1")
+    for _ in range(3):
+        trainer.step()
+    assert trainer.policy_version == 2  # iteration 0 warmed the critic up only
+    state = trainer.state_dict()
+    del state["policy_version"], state["pending"]
+    fresh = nano_trainer(files, "critic.warmup_iterations=1")
+    fresh.load_state_dict(state)
+    assert (fresh.iteration, fresh.policy_version, fresh.pending) == (3, 2, None)
