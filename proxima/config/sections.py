@@ -201,10 +201,10 @@ class RolloutConfig:
         False,
         "One-step asynchronous rollouts (verl's one-step off-policy mode, OpenRLHF's async): "
         "the samples of iteration k+1 are generated during iteration k from its weights "
-        "before the update, so every sample after the first batch is exactly one weight "
-        "version stale (rollout/staleness_*). The old log-probs are then always recomputed, "
-        "and algorithm.rollout_correction defaults to token (unless set). Single process "
-        "only. (`async` is a Python keyword, hence the name.)",
+        "before the update, so every sample after the first batch is exactly one policy "
+        "version (actor update) stale (rollout/staleness_*). The old log-probs are then "
+        "always recomputed, and algorithm.rollout_correction defaults to token (unless "
+        "set). Single process only. (`async` is a Python keyword, hence the name.)",
         fixed=True,
     )
     logprob_diff_warn: float = _f(

@@ -111,17 +111,17 @@ def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str
                 "Use rollout.old_logprobs=auto or recompute."
             )
         return "actor", f"{name} needs the actor's logits (sum of pi^2)"
-    if mode == "engine" and cfg.algorithm.rollout_correction:
-        raise ConfigError(
-            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
-            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
-            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
-        )
     if mode == "engine" and cfg.rollout.asynchronous:
         raise ConfigError(
             "`rollout.old_logprobs=engine` with `rollout.asynchronous=true` would take the "
             "log-probs of weights one version behind as PPO's old policy. Use "
             "rollout.old_logprobs=auto or recompute (the trainer's pass at its current weights)."
+        )
+    if mode == "engine" and cfg.algorithm.rollout_correction:
+        raise ConfigError(
+            "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
+            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
+            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
         )
     if mode != "auto":
         return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"

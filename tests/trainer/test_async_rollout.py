@@ -149,8 +149,9 @@ def test_config_defaults_and_refusals(files, monkeypatch):
     plan = plan_scoring(off, "hf")
     assert plan.old_logprobs == "actor" and "asynchronous" in plan.why
     assert plan_scoring(load_config(None, base), "hf").old_logprobs == "engine"
-    with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*asynchronous"):
-        plan_scoring(off.replace({"rollout.old_logprobs": "engine"}), "hf")
+    for cfg in (off, seq):  # named for the stale weights, whatever the correction
+        with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*asynchronous"):
+            plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), "hf")
     with pytest.raises(ConfigError, match="Did you mean `rollout.asynchronous`"):
         load_config(None, [*base, "rollout.async=true"])
     monkeypatch.setenv("RANK", "0")
