@@ -16,6 +16,7 @@ from proxima.rollout.collect import rollout_from_state, rollout_state
 from proxima.rollout.generate import Generation
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import sequence_logprobs
+from tests.rollout.scripted import spec
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 ASYNC = "rollout.asynchronous=true"
@@ -221,3 +222,24 @@ def test_an_older_checkpoint_without_the_version_counts_it_from_the_iteration(fi
     fresh = nano_trainer(files, "critic.warmup_iterations=1")
     fresh.load_state_dict(state)
     assert (fresh.iteration, fresh.policy_version, fresh.pending) == (3, 2, None)
+
+
+def test_multi_turn_episodes_and_lora_ride_in_the_pending_batch(files, tmp_path):
+    # an episode's record (turns, end, return) is plain data: it survives weights_only
+    trainer = nano_trainer(
+        files,
+        ASYNC,
+        f"rollout.env={spec('Never')}",
+        "rollout.max_turns=2",
+        "rollout.max_turn_tokens=3",
+        "rollout.max_episode_tokens=10",
+        "model.lora_rank=4",
+    )
+    got = [trainer.step() for _ in range(2)]
+    assert [m["rollout/staleness_max"] for m, _ in got] == [0.0, 1.0]
+    assert got[1][0]["env/turns"] == 2.0
+    torch.save(trainer.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    back = rollout_from_state(state["pending"]["rollout"], "cpu")
+    assert back.episodes == trainer.pending[0].episodes and len(back.episodes) == 8
+    assert torch.equal(back.gen.turn_rewards, trainer.pending[0].gen.turn_rewards)
