@@ -204,7 +204,7 @@ class RolloutConfig:
         "before the update, so every sample after the first batch is exactly one policy "
         "version (actor update) stale (rollout/staleness_*). The old log-probs are then "
         "always recomputed, and algorithm.rollout_correction defaults to token (unless "
-        "set). Single process only. (`async` is a Python keyword, hence the name.)",
+        "set). (`async` is a Python keyword, hence the name.)",
         fixed=True,
     )
     logprob_diff_warn: float = _f(

@@ -447,12 +447,6 @@ def _check_processes(cfg: Config) -> None:
             "`rollout.name=vllm` in a multi-process (torchrun) job is not supported yet: use "
             "rollout.name=hf with several processes, or vllm in a single process."
         )
-    if cfg.rollout.asynchronous and world > 1:
-        raise ConfigError(
-            "`rollout.asynchronous=true` in a multi-process (torchrun) job is not supported "
-            "yet (the pending batch of each rank is not gathered into the checkpoint): set "
-            "rollout.asynchronous=false with several processes, or run a single process."
-        )
     _check_batch_sizes(cfg, world)
 
 

@@ -101,10 +101,10 @@ def _informative_groups(ro: Rollout) -> list[bool]:
     return out
 
 
-def staleness_stats(ro: Rollout, trained_at: int) -> dict[str, float]:
-    """How many weight versions behind the trained weights (`trained_at`) each sample of
-    `ro` was generated (`Rollout.versions`): mean and max over the batch."""
-    stale = (trained_at - ro.versions).float()
+def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]:
+    """How many policy versions behind the trained weights (`trained_at`) the samples were
+    generated ([B] `Rollout.versions`): mean and max over the batch."""
+    stale = (trained_at - versions).float()
     return {
         "rollout/staleness_mean": float(stale.mean()),
         "rollout/staleness_max": float(stale.max()),
@@ -229,8 +229,8 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
-        if ahead is not None:
-            metrics.update(staleness_stats(ro, trained_at))
+        if ahead is not None:  # over the whole batch (every rank's rows)
+            metrics.update(staleness_stats(self.dist.gather_rows(ro.versions), trained_at))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.pending = ahead  # only now: a step that raised leaves the old one for its retry
         self.iteration += 1
@@ -617,22 +617,19 @@ class PPOTrainer:
         fixes = ["algorithm.rollout_correction=token"]
         if engine == "vllm":
             fixes.append("rollout.vllm.dtype=float32")
-        if self.cfg.rollout.asynchronous:  # the gap includes one update: expected
-            return (
-                f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
-                f"rollout.logprob_diff_warn={limit} at iteration {self.iteration + 1}: with "
-                "rollout.asynchronous the samples come from the weights before the last "
-                "update, so the gap includes that update (rollout/is_weight_mean and "
-                "rollout/is_truncated_frac show what the correction does with it). A smaller "
-                "actor.optim.lr narrows it; raise rollout.logprob_diff_warn (0 disables) to "
-                "silence this."
+        also = ""
+        if self.cfg.rollout.asynchronous:  # the gap includes one update: expected there
+            also = (
+                " With rollout.asynchronous it also includes the last update (the samples "
+                "come from the weights before it); rollout/is_weight_mean and "
+                "rollout/is_truncated_frac show what the correction makes of it."
             )
         return (
             f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
             f"rollout.logprob_diff_warn={limit} at iteration {self.iteration + 1}: the "
             f"{engine} engine's log-probs differ from the trainer's (dtype or kernels, "
             "top_p / top_k renormalisation, or stale weights). PPO's ratio uses the "
-            f"trainer's; consider {', '.join(fixes)}, or a higher threshold."
+            f"trainer's; consider {', '.join(fixes)}, or a higher threshold.{also}"
         )
 
     # ------------------------------------------------------------------ state
@@ -652,12 +649,17 @@ class PPOTrainer:
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
             "rng": self.dist.all_gather_object(rng_state()),  # one per rank
-            # rollout.asynchronous: the batch sampled from the previous weights (they are
-            # not saved, so it could not be sampled again); single process only
-            "pending": None
-            if self.pending is None
-            else {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])},
+            # rollout.asynchronous: each rank's share of the batch sampled from the
+            # previous weights (they are not saved, so it could not be sampled again)
+            "pending": self.dist.all_gather_object(self._pending_state())
+            if self.cfg.rollout.asynchronous
+            else None,
         }
+
+    def _pending_state(self) -> dict | None:
+        if self.pending is None:
+            return None
+        return {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`. The KL coefficient is restored for an adaptive controller
@@ -681,10 +683,11 @@ class PPOTrainer:
         # critic's warm-up, so the count follows from the iteration
         done = self.iteration - self.cfg.critic.warmup_iterations
         self.policy_version = int(state.get("policy_version", max(0, done)))
-        pending = state.get("pending")  # absent from older checkpoints too
-        self.pending = None
-        if pending is not None:
-            self.pending = (rollout_from_state(pending["rollout"], self.device), pending["stats"])
+        self.pending = None  # none kept (older checkpoints), or of another number of ranks:
+        pending = state.get("pending") or []  # the next iteration samples its own batch
+        if len(pending) == self.dist.world_size and pending[self.dist.rank] is not None:
+            mine = pending[self.dist.rank]
+            self.pending = (rollout_from_state(mine["rollout"], self.device), mine["stats"])
         rngs = state["rng"]
         if len(rngs) == self.dist.world_size:
             set_rng_state(rngs[self.dist.rank])
