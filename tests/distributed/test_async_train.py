@@ -29,10 +29,12 @@ def test_two_processes_give_the_metrics_of_one(make_model, fast_overrides, tmp_p
     assert [b[s]["rollout/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
 
 
-def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_path, strategy):
     model = make_model("llama")
     a, b = tmp_path / "a", tmp_path / "b"
     base = [*ASYNC, "trainer.save_every=2", "trainer.keep_checkpoints=0"]
+    base.append(f"trainer.strategy={strategy}")
     torchrun(["-m", "proxima", "train", *fast_overrides(model, a, 4, *base)])
     resume = f"trainer.resume_from={a / 'checkpoints' / 'iter_2'}"
     torchrun(["-m", "proxima", "train", *fast_overrides(model, b, 4, *base, resume)])
