@@ -210,6 +210,7 @@ class PPOTrainer:
         self.timer.new_iteration()
         t = self.timer
         # 1. the actor writes responses, 2. they are scored (asynchronous: also the next batch)
+        sampled_now = self.pending is None  # asynchronous: this batch is generated now too
         ro, sampling_stats, ahead = self.sample_batches()
         trained_at = self.policy_version  # staleness: against the weights the batch trains
         scores = ro.scores
@@ -229,12 +230,24 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
-        if ahead is not None:  # over the whole batch (every rank's rows)
-            metrics.update(staleness_stats(self.dist.gather_rows(ro.versions), trained_at))
+        if ahead is not None:
+            made = [ahead[0], ro] if sampled_now else [ahead[0]]
+            metrics.update(self._async_stats(ro, made, trained_at))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.pending = ahead  # only now: a step that raised leaves the old one for its retry
         self.iteration += 1
         return metrics, ro
+
+    def _async_stats(self, ro: Rollout, made: list[Rollout], trained_at: int) -> dict:
+        """rollout.asynchronous: the staleness of the batch `ro` trained at `trained_at`,
+        and the generation speed of the rollouts `made` this iteration (the time of
+        `generate` is theirs: the batch sampled ahead, and the first iteration's own), over
+        every rank's rows."""
+        stats = staleness_stats(self.dist.gather_rows(ro.versions), trained_at)
+        tokens = sum(float(r.gen.response_mask.sum()) for r in made)
+        tokens = float(self.dist.all_reduce_sum(torch.tensor(tokens)))
+        stats["tokens_per_s"] = tokens / max(self.timer.last["generate"], 1e-9)
+        return stats
 
     def sample_batches(self) -> tuple[Rollout, dict[str, float], tuple | None]:
         """Phases 1-2 of this iteration: (its scored batch, sampling stats, the next

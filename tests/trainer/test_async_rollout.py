@@ -59,6 +59,12 @@ def test_staleness_is_exactly_one_version_after_the_first_batch(files):
     # during k - 1 from version k - 1, trained at version k
     for k, (metrics, ro) in enumerate(rows):
         assert ro.versions.tolist() == [max(k - 1, 0)] * 8, k
+        # tokens generated this iteration: the batch sampled ahead (and, first, its own)
+        made = trainer.pending[0] if k == 2 else rows[k + 1][1]
+        tokens = float(made.gen.response_mask.sum())
+        tokens += float(ro.gen.response_mask.sum()) if k == 0 else 0.0
+        speed = tokens / metrics["time/generate"]
+        assert metrics["tokens_per_s"] == pytest.approx(speed, rel=1e-12)
         assert metrics["rollout/staleness_mean"] == (0.0 if k == 0 else 1.0)
         assert metrics["rollout/staleness_max"] == (0.0 if k == 0 else 1.0)
 
