@@ -214,6 +214,18 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _async_defaults(cfg: Config, tree: dict) -> Config:
+    """With rollout.asynchronous the engine samples from weights one version behind the
+    trainer's: the truncated importance weights pi_old / mu correct for it (verl's rollout_is
+    in its one-step off-policy mode), on per token unless the YAML or an override set
+    algorithm.rollout_correction (also to empty: off)."""
+    algorithm = tree.get("algorithm")
+    chosen = isinstance(algorithm, dict) and "rollout_correction" in algorithm
+    if cfg.rollout.asynchronous and not chosen:
+        return cfg.replace({"algorithm.rollout_correction": "token"})
+    return cfg
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -233,6 +245,7 @@ def load_config(
         tree = read_yaml(path)
     tree = _merge(tree, parse_overrides(overrides or []))
     cfg = _build(Config, tree, "")
+    cfg = _async_defaults(cfg, tree)
     validate(cfg)
     if command != "train" or not cfg.task.name:  # a task names its sources when prepared
         check_sources(cfg, command)

@@ -197,6 +197,16 @@ class RolloutConfig:
         "option in the actor's generation_config; else recompute). "
         "actor/first_logratio_abs shows the gap on the first mini-batch.",
     )
+    asynchronous: bool = _f(
+        False,
+        "One-step asynchronous rollouts (verl's one-step off-policy mode, OpenRLHF's async): "
+        "the samples of iteration k+1 are generated during iteration k from its weights "
+        "before the update, so every sample after the first batch is exactly one policy "
+        "version (actor update) stale (rollout/staleness_*). The old log-probs are then "
+        "always recomputed, and algorithm.rollout_correction defaults to token (unless "
+        "set). (`async` is a Python keyword, hence the name.)",
+        fixed=True,
+    )
     logprob_diff_warn: float = _f(
         0.05,
         "Warn when rollout/logprob_diff_mean (mean |engine log-prob - trainer log-prob| over "

@@ -7,7 +7,7 @@ KL) is `algos.shape_rewards`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
@@ -33,6 +33,9 @@ class Rollout:
     components: torch.Tensor | None = None
     # multi-turn episodes (rollout.env): each one's turns, end and return; else None
     episodes: list[dict] | None = None
+    # [B] int64: the policy version (actor updates so far in the run) each row was sampled
+    # with, set by the trainer (rollout.asynchronous trains it one version later)
+    versions: torch.Tensor | None = None
 
     def total_rewards(self) -> torch.Tensor:
         """[B] what a sample earned: its score, plus its turn rewards in an episode."""
@@ -50,6 +53,7 @@ class Rollout:
             scores=move(self.scores),
             baselines=move(self.baselines),
             components=move(self.components),
+            versions=move(self.versions),
         )
 
 
@@ -75,6 +79,7 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         cat("baselines"),
         cat("components"),
         None if parts[0].episodes is None else [x for ro in parts for x in ro.episodes],
+        cat("versions"),
     )
 
 
@@ -94,6 +99,7 @@ def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
         torch.tensor(new_ids, dtype=ro.group_ids.dtype),
         *(None if t is None else t[index.to(t.device)] for t in (ro.scores, ro.baselines)),
         episodes=None if ro.episodes is None else [ro.episodes[i] for i in rows],
+        versions=None if ro.versions is None else ro.versions[index.to(ro.versions.device)],
     )
 
 
@@ -184,3 +190,18 @@ def collect(
     (evaluation; training times the two phases apart)."""
     ro = generate_rollout(engine, tokenizer, items, cfg, device, greedy=greedy, n=n)
     return replace(ro, scores=score_rollout(ro, reward))
+
+
+def rollout_state(ro: Rollout) -> dict:
+    """`ro` as plain tensors, lists and dicts (on the CPU): what `torch.load(weights_only=
+    True)` reads back, for a checkpoint (rollout.asynchronous keeps a generated batch
+    between iterations)."""
+    ro = ro.to("cpu")
+    state = {f.name: getattr(ro, f.name) for f in fields(ro) if f.name != "gen"}
+    return {**state, "gen": asdict(ro.gen)}
+
+
+def rollout_from_state(state: dict, device: torch.device | str) -> Rollout:
+    """The rollout `rollout_state` wrote, on `device`."""
+    rest = {k: v for k, v in state.items() if k != "gen"}
+    return Rollout(gen=Generation(**state["gen"]), **rest).to(device)

@@ -7,8 +7,10 @@ quantity, the scoring forward pass of the actor is skipped (`rollout.old_logprob
 `hf` engine serves the actor itself, in float32 without autocast, samples with no truncation
 (top_k=0, top_p=1) and the actor's generation_config adds no logits processor (e.g.
 suppress_tokens, repetition_penalty). They then differ only by the KV-cached decode's float
-rounding (~1e-7). A critic on the actor's backbone gives its values from the same pass as the
-old log-probs: from the actor's scoring pass, or from the generation itself.
+rounding (~1e-7). With `rollout.asynchronous` they never are: the samples come from the
+weights one version behind the trainer's. A critic on the actor's backbone gives its values
+from the same pass as the old log-probs: from the actor's scoring pass, or from the
+generation itself.
 """
 
 from __future__ import annotations
@@ -109,6 +111,12 @@ def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str
                 "Use rollout.old_logprobs=auto or recompute."
             )
         return "actor", f"{name} needs the actor's logits (sum of pi^2)"
+    if mode == "engine" and cfg.rollout.asynchronous:
+        raise ConfigError(
+            "`rollout.old_logprobs=engine` with `rollout.asynchronous=true` would take the "
+            "log-probs of weights one version behind as PPO's old policy. Use "
+            "rollout.old_logprobs=auto or recompute (the trainer's pass at its current weights)."
+        )
     if mode == "engine" and cfg.algorithm.rollout_correction:
         raise ConfigError(
             "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
@@ -117,6 +125,8 @@ def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str
         )
     if mode != "auto":
         return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"
+    if cfg.rollout.asynchronous:  # the engine's log-probs are of the previous weights
+        return "actor", "auto: rollout.asynchronous, the engine's weights are one version old"
     why_not = engine_logprobs_differ(cfg, engine, generation_config)
     if why_not:
         return "actor", f"auto: {why_not}"

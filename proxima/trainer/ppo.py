@@ -38,6 +38,8 @@ from proxima.rollout.collect import (
     Rollout,
     cat_rollouts,
     generate_rollout,
+    rollout_from_state,
+    rollout_state,
     score_rollout,
     select_groups,
 )
@@ -99,6 +101,16 @@ def _informative_groups(ro: Rollout) -> list[bool]:
     return out
 
 
+def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]:
+    """How many policy versions behind the trained weights (`trained_at`) the samples were
+    generated ([B] `Rollout.versions`): mean and max over the batch."""
+    stale = (trained_at - versions).float()
+    return {
+        "rollout/staleness_mean": float(stale.mean()),
+        "rollout/staleness_max": float(stale.max()),
+    }
+
+
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
@@ -136,6 +148,12 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
+        # actor updates over the whole run (resumed with it): the version of the policy that
+        # each sample is stamped with (`Rollout.versions`) and trained at (staleness)
+        self.policy_version = 0
+        # rollout.asynchronous: the next iteration's scored batch and its sampling stats,
+        # generated during this one from the weights before its update
+        self.pending: tuple[Rollout, dict[str, float]] | None = None
         if plan is None:  # before the engine is built: a plan that cannot be fails first
             name = engine.name if engine is not None else cfg.rollout.name
             plan = plan_scoring(cfg, name, base_model(roles.actor).generation_config)
@@ -191,7 +209,10 @@ class PPOTrainer:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
         self.timer.new_iteration()
         t = self.timer
-        ro, sampling_stats = self.sample()  # 1. the actor writes responses, 2. they are scored
+        # 1. the actor writes responses, 2. they are scored (asynchronous: also the next batch)
+        sampled_now = self.pending is None  # asynchronous: this batch is generated now too
+        ro, sampling_stats, ahead = self.sample_batches()
+        trained_at = self.policy_version  # staleness: against the weights the batch trains
         scores = ro.scores
         with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
             exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
@@ -209,9 +230,41 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
+        if ahead is not None:
+            made = [ahead[0], ro] if sampled_now else [ahead[0]]
+            metrics.update(self._async_stats(ro, made, trained_at))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
+        self.pending = ahead  # only now: a step that raised leaves the old one for its retry
         self.iteration += 1
         return metrics, ro
+
+    def _async_stats(self, ro: Rollout, made: list[Rollout], trained_at: int) -> dict:
+        """rollout.asynchronous: the staleness of the batch `ro` trained at `trained_at`,
+        and the generation speed of the rollouts `made` this iteration (the time of
+        `generate` is theirs: the batch sampled ahead, and the first iteration's own), over
+        every rank's rows."""
+        stats = staleness_stats(self.dist.gather_rows(ro.versions), trained_at)
+        tokens = sum(float(r.gen.response_mask.sum()) for r in made)
+        tokens = float(self.dist.all_reduce_sum(torch.tensor(tokens)))
+        stats["tokens_per_s"] = tokens / max(self.timer.last["generate"], 1e-9)
+        return stats
+
+    def sample_batches(self) -> tuple[Rollout, dict[str, float], tuple | None]:
+        """Phases 1-2 of this iteration: (its scored batch, sampling stats, the next
+        iteration's batch with its stats, or None). Synchronous: `sample()` from the current
+        weights. `rollout.asynchronous` (verl's one-step off-policy pipeline): the batch
+        generated during the previous iteration, from the weights before that iteration's
+        update (the first iteration has none: it samples now); and the next one, sampled
+        now from the current weights, which the update below is about to replace. Every
+        batch but the first is thus trained one policy version after it was sampled. The
+        two generations run one after the other, not in a thread beside the update: HF
+        generate samples from torch's process-wide generator, which a concurrent update
+        (dropout) would draw from in an order that varies, and on a CPU both would share
+        the same cores."""
+        if not self.cfg.rollout.asynchronous:
+            return (*self.sample(), None)
+        ro, stats = self.pending if self.pending is not None else self.sample()
+        return ro, stats, self.sample()
 
     def sample(self) -> tuple[Rollout, dict[str, float]]:
         """Phases 1-2: a scored rollout of this rank's share of the batch. With
@@ -393,7 +446,7 @@ class PPOTrainer:
         greedy response each (ReMax's baseline)."""
         items = self.next_prompts() if items is None else items
         try:
-            return generate_rollout(
+            ro = generate_rollout(
                 self.synced_engine(),
                 self.roles.tokenizer,
                 items,
@@ -408,6 +461,9 @@ class PPOTrainer:
             if "inf" in str(err) and "nan" in str(err):
                 raise NonFiniteOutputsError(f"sampling failed: {err}") from err
             raise
+        # the engine holds the actor's current weights (synced above): this policy version
+        stamp = torch.full((len(ro.prompts),), self.policy_version, dtype=torch.long)
+        return replace(ro, versions=stamp)
 
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
@@ -500,6 +556,7 @@ class PPOTrainer:
             stats.update({k if "/" in k else f"{name}/{k}": v for k, v in out.items()})
         if not warmup:
             self.weight_version += 1
+            self.policy_version += 1
         return stats
 
     def _ptx_loss(self) -> PtxLoss | None:
@@ -573,12 +630,19 @@ class PPOTrainer:
         fixes = ["algorithm.rollout_correction=token"]
         if engine == "vllm":
             fixes.append("rollout.vllm.dtype=float32")
+        also = ""
+        if self.cfg.rollout.asynchronous:  # the gap includes one update: expected there
+            also = (
+                " With rollout.asynchronous it also includes the last update (the samples "
+                "come from the weights before it); rollout/is_weight_mean and "
+                "rollout/is_truncated_frac show what the correction makes of it."
+            )
         return (
             f"rollout/logprob_diff_mean={m['rollout/logprob_diff_mean']:.3g} exceeds "
             f"rollout.logprob_diff_warn={limit} at iteration {self.iteration + 1}: the "
             f"{engine} engine's log-probs differ from the trainer's (dtype or kernels, "
             "top_p / top_k renormalisation, or stale weights). PPO's ratio uses the "
-            f"trainer's; consider {', '.join(fixes)}, or a higher threshold."
+            f"trainer's; consider {', '.join(fixes)}, or a higher threshold.{also}"
         )
 
     # ------------------------------------------------------------------ state
@@ -589,6 +653,7 @@ class PPOTrainer:
         states of all ranks are gathered); rank 0's copy is the one written."""
         return {
             "iteration": int(self.iteration),
+            "policy_version": int(self.policy_version),
             "roles": {name: role.state_dict() for name, role in self.trained.items()},
             "kl_coef": float(self.kl_ctl.value),
             "score_moments": self.score_moments.state_dict(),
@@ -597,7 +662,17 @@ class PPOTrainer:
             "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
             "generator": self.generator.get_state(),
             "rng": self.dist.all_gather_object(rng_state()),  # one per rank
+            # rollout.asynchronous: each rank's share of the batch sampled from the
+            # previous weights (they are not saved, so it could not be sampled again)
+            "pending": self.dist.all_gather_object(self._pending_state())
+            if self.cfg.rollout.asynchronous
+            else None,
         }
+
+    def _pending_state(self) -> dict | None:
+        if self.pending is None:
+            return None
+        return {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`. The KL coefficient is restored for an adaptive controller
@@ -617,6 +692,15 @@ class PPOTrainer:
             self.sft_loader.load_state_dict(state["sft_loader"])
         self.generator.set_state(state["generator"])
         self.iteration = int(state["iteration"])
+        # absent from older checkpoints: the actor is updated once per iteration after the
+        # critic's warm-up, so the count follows from the iteration
+        done = self.iteration - self.cfg.critic.warmup_iterations
+        self.policy_version = int(state.get("policy_version", max(0, done)))
+        self.pending = None  # none kept (older checkpoints), or of another number of ranks:
+        pending = state.get("pending") or []  # the next iteration samples its own batch
+        if len(pending) == self.dist.world_size and pending[self.dist.rank] is not None:
+            mine = pending[self.dist.rank]
+            self.pending = (rollout_from_state(mine["rollout"], self.device), mine["stats"])
         rngs = state["rng"]
         if len(rngs) == self.dist.world_size:
             set_rng_state(rngs[self.dist.rank])
