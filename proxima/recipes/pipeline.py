@@ -128,6 +128,13 @@ class Pipeline:
                 "of pipeline.prompts; lower it or set pipeline.heldout to a file of held-out "
                 "prompts."
             )
+        train = count if p.heldout else count - p.heldout_size
+        if train < self.cfg.data.train_batch_size:
+            raise ConfigError(
+                f"{train} training prompts in pipeline.prompts (after the held-out ones) are "
+                f"fewer than `data.train_batch_size`={self.cfg.data.train_batch_size}, the "
+                "prompts of one PPO iteration: lower it, or add prompts."
+            )
 
     def _write_status(self, failed: str | None = None) -> None:
         status = {"finished": list(self.seconds), "stage_seconds": self.seconds}

@@ -142,6 +142,10 @@ def test_your_prompts_and_gold_without_a_model(tmp_path, keep_threads):
             r"`pipeline.heldout_size`=64 would hold out all 3 prompts",
         ),
         (["pipeline.prompts=PROMPTS", "pipeline.gold=nowhere.py:gold"], r"pipeline.gold"),
+        (
+            ["pipeline.prompts=PROMPTS", "pipeline.gold=GOLD", "pipeline.heldout_size=1"],
+            r"2 training prompts .* fewer than `data.train_batch_size`=32",
+        ),
     ],
 )
 def test_bad_input_is_named_before_any_folder_is_made(tmp_path, capsys, args, message):
