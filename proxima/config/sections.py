@@ -121,8 +121,8 @@ class VLLMConfig:
 
     tensor_model_parallel_size: int = _f(
         1,
-        "GPUs one vLLM engine shards the model over; > 1 needs a torchrun launch with that "
-        "many processes (vLLM's external_launcher).",
+        "GPUs one vLLM engine shards the model over. Only 1 for now: under torchrun every "
+        "process runs an engine of its own on its share of the prompts (data parallel).",
     )
     gpu_memory_utilization: float = _f(
         0.5,

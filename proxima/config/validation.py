@@ -442,11 +442,6 @@ def _check_processes(cfg: Config) -> None:
             "trainer.strategy=ddp for LoRA (its adapters are small), or model.lora_rank=0."
         )
     world = world_size()
-    if cfg.rollout.name == "vllm" and world > 1:
-        raise ConfigError(
-            "`rollout.name=vllm` in a multi-process (torchrun) job is not supported yet: use "
-            "rollout.name=hf with several processes, or vllm in a single process."
-        )
     _check_batch_sizes(cfg, world)
 
 

@@ -80,6 +80,14 @@ def _saved_names(model: nn.Module) -> dict[str, str]:
     return names
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A whole tensor: an FSDP2 shard (DTensor) gathered from every rank (a collective: every
+    rank exports, in the same order), any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def export_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights `save_role` would write, as (name, tensor) pairs in memory: what a rollout
     engine loads after each update. LoRA adapters are merged into a copy (costs one model
@@ -89,7 +97,7 @@ def export_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     both names, as the same tensor. Lazy: nothing is copied until the pairs are read."""
     if is_lora(model):
         model = merged_copy(model)
-    own = {k: v.detach() for k, v in model.state_dict().items()}
+    own = {k: _full(v.detach()) for k, v in model.state_dict().items()}
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers 4.x: state_dict names are the saved names

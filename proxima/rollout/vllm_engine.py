@@ -85,18 +85,17 @@ def _head_size(model_path: str) -> int | None:
 
 def check_engine(cfg: Config, model_path: str | None = None) -> None:
     """Stop early when `rollout.name=vllm` cannot run: vLLM missing, a tensor-parallel size
-    without the processes for it, or (vLLM's CPU build) an attention head size its kernels
-    lack. Cheap: reads the model's config.json, builds nothing."""
+    other than 1, or (vLLM's CPU build) an attention head size its kernels lack. Cheap:
+    reads the model's config.json, builds nothing."""
     if cfg.rollout.name != "vllm":
         return
     _import_vllm()
     v = cfg.rollout.vllm
-    world = env.world_size()
-    if v.tensor_model_parallel_size > world:
+    if v.tensor_model_parallel_size != 1:
         raise ConfigError(
-            f"`rollout.vllm.tensor_model_parallel_size`={v.tensor_model_parallel_size} needs "
-            f"as many processes (torchrun --nproc-per-node {v.tensor_model_parallel_size}); "
-            f"this run has {world}. Set it to 1 or launch with torchrun."
+            f"`rollout.vllm.tensor_model_parallel_size`={v.tensor_model_parallel_size}: one "
+            "engine sharded over several processes is not supported yet; every process runs "
+            "an engine of its own (data parallel). Set it to 1."
         )
     path = model_path or cfg.model.actor_path
     if not path:
@@ -162,6 +161,9 @@ class VLLMEngine:
             load_format="dummy",  # the trainer pushes the actor's weights before any rollout
             distributed_executor_backend="external_launcher",
             tensor_parallel_size=v.tensor_model_parallel_size,
+            # under torchrun: an engine per process, each on its own share of the prompts
+            # (vLLM's data parallelism with an external launcher: no load balancing of its own)
+            data_parallel_size=env.world_size(),
             gpu_memory_utilization=v.gpu_memory_utilization,
             enable_prefix_caching=v.enable_prefix_caching,
             enable_sleep_mode=self.sleep_mode,

@@ -206,3 +206,50 @@ def test_eval_with_vllm_answers_as_hf(make_model, prompt_file, reward_spec, tmp_
         results[name] = json.loads(out.read_text())["greedy"]
     assert results["vllm"]["samples"] == results["hf"]["samples"]
     assert results["vllm"]["mean_reward"] == results["hf"]["mean_reward"]
+
+
+@pytest.mark.vllm
+def test_one_engine_over_several_processes_is_refused(make_model, fast_overrides, tmp_path):
+    argv = fast_overrides(make_model("llama", "small"), tmp_path / "run", 1, "rollout.name=vllm")
+    cfg = load_config(None, [*argv, "rollout.vllm.tensor_model_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size`=2: .*Set it to 1"):
+        check_engine(cfg)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_vllm_on_every_process(make_model, fast_overrides, tmp_path, strategy):
+    """`torchrun --nproc_per_node 2 ... rollout.name=vllm`: each process runs its own engine
+    on its share of the prompts (vLLM's data parallelism under an external launcher) and
+    gets the actor's weights after every update (FSDP2: gathered from the shards). The
+    greedy evaluation before training equals one process's, and every engine's log-probs
+    stay within float32 noise of the trainer's while the actor moves."""
+    import subprocess
+    import sys
+
+    model = make_model("llama", "small")
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(10)))
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"run{nproc}"
+        argv = fast_overrides(
+            model,
+            out,
+            3,
+            "rollout.name=vllm",
+            f"trainer.strategy={strategy if nproc == 2 else 'auto'}",
+            f"data.eval_path={eval_file}",
+            "trainer.threads=1",
+            "algorithm.kl_penalty=full",
+        )
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launch += ["--nproc_per_node", str(nproc), "-m", "proxima", "train", *argv]
+        proc = subprocess.run(launch, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[nproc] = json.loads((out / "summary.json").read_text())
+        rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_max" in r]
+        assert len(rows) == 3 and max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
+        assert rows[-1]["kl"] > 0.0  # the actor moved, and the engines followed it
+    assert runs[2]["world_size"] == 2
+    assert runs[2]["eval_before"]["samples"] == runs[1]["eval_before"]["samples"]
