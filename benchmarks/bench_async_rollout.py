@@ -20,62 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-PHASES = ("time/generate", "time/reward", "time/score", "time/advantages", "time/update")
+from phase_runs import PHASES, alternate, print_table, train_rows
 
 
-def reward(prompts: list[str], responses: list[str], **_: list) -> list[float]:
-    """A score that varies (the share of digits), so the advantages are not all 0."""
-    return [sum(c.isdigit() for c in r) / max(1, len(r)) for r in responses]
-
-
-def _setup(folder: Path) -> tuple[Path, Path]:
-    model = folder / "model"
-    subprocess.run(
-        [sys.executable, "-m", "proxima", "init-model", "--out", str(model), "--size", "tiny",
-         "--alphabet", "0123456789+=", "--max-positions", "64"],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    rows = [{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)]
-    prompts = folder / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return model, prompts
-
-
-def _run(folder: Path, model: Path, prompts: Path, asynchronous: bool, args) -> dict:
-    out = folder / "run"
-    cmd = [
-        sys.executable, "-m", "proxima", "train",
-        f"model.actor_path={model}",
-        f"data.train_path={prompts}",
-        f"reward.function={HERE}:reward",
-        "data.train_batch_size=16",
-        "rollout.n=4",
+def _run(args, folder: Path, model: Path, prompts: Path, name: str) -> dict:
+    extra = [
         "rollout.max_response_length=32",
-        "actor.ppo_mini_batch_size=64",
-        "actor.ppo_micro_batch_size=64",
-        "critic.ppo_mini_batch_size=64",
-        "critic.ppo_micro_batch_size=64",
         "critic.warmup_iterations=0",
-        f"rollout.asynchronous={str(asynchronous).lower()}",
-        f"trainer.iterations={args.iterations}",
-        f"trainer.threads={args.threads}",
-        "trainer.save_every=0",
-        "trainer.log_samples=0",
+        f"rollout.asynchronous={str(name == 'async').lower()}",
         "eval.every=0",
-        f"trainer.output_dir={out}",
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/update" in r][2:]
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    for r in rows:
-        r["time/iteration"] = sum(r.get(k, 0.0) for k in PHASES)
+    ]
+    rows = train_rows(folder, model, prompts, args, extra)
     result = {k: statistics.median(r[k] for r in rows) for k in (*PHASES, "time/iteration")}
     result["response_length"] = statistics.median(r["response_length"] for r in rows)
     result["staleness_mean"] = statistics.mean(r.get("rollout/staleness_mean", 0.0) for r in rows)
@@ -88,21 +46,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
-    runs: dict[str, list[dict]] = {"sync": [], "async": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        model, prompts = _setup(folder)
-        for _ in range(args.repeats):
-            for name in runs:
-                runs[name].append(_run(folder, model, prompts, name == "async", args))
-    med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
-    }
-    keys = ["time/iteration", *PHASES, "response_length", "staleness_mean"]
-    print("| | " + " | ".join(keys) + " |")
-    print("|---" * (len(keys) + 1) + "|")
-    for name, m in med.items():
-        print(f"| {name} | " + " | ".join(f"{m[k]:.4f}" for k in keys) + " |")
+    runs, med = alternate(["sync", "async"], args.repeats, "0123456789+=", 64, partial(_run, args))
+    print_table(med, ["time/iteration", *PHASES, "response_length", "staleness_mean"], 4)
     ratio = med["async"]["time/iteration"] / med["sync"]["time/iteration"]
     print(f"async / sync, seconds per iteration: {ratio:.2f}x")
     print(json.dumps({"runs": runs, "median": med}, indent=2))

@@ -146,18 +146,8 @@ def generate_rollout(
     try:
         if cfg.env:  # multi-turn episodes, the prompts repeated n times
             rows = [it for it in items for _ in range(n)]
-            stops = list(sampling.stop_ids)
-            gen, episodes = play_episodes(
-                engine,
-                tokenizer,
-                rows,
-                cfg,
-                device,
-                stops,
-                greedy=greedy,
-                logprobs=logprobs,
-                values=values,
-            )
+            turn = replace(sampling, n=1)
+            gen, episodes = play_episodes(engine, tokenizer, rows, cfg, device, turn)
         else:
             gen = engine.generate(ids, mask, sampling).to(device)
     finally:

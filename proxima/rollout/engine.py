@@ -68,8 +68,11 @@ class Sampling:
         logprobs: bool,
         values: bool = False,
     ) -> Sampling:
+        """The rollout section's sampling; with `rollout.env`, that of one turn of an
+        episode (its action budget and stop strings)."""
+        episode = bool(cfg.env)
         return cls(
-            max_new_tokens=cfg.max_response_length,
+            max_new_tokens=(cfg.max_turn_tokens if episode else 0) or cfg.max_response_length,
             stop_ids=tuple(stop_ids),
             greedy=greedy,
             temperature=cfg.temperature,
@@ -78,6 +81,7 @@ class Sampling:
             n=n,
             logprobs=logprobs,
             values=values,
+            stop_strings=tuple(cfg.turn_stop) if episode else (),
         )
 
 

@@ -90,15 +90,13 @@ def play_episodes(
     items: list,
     cfg: RolloutConfig,
     device: torch.device,
-    stop_ids: list[int],
-    *,
-    greedy: bool,
-    logprobs: bool,
-    values: bool,
+    sampling: Sampling,
 ) -> tuple[Generation, list[dict]]:
-    """One episode per item (repeat an item for several samples): the rows as a
-    `Generation` (see the module's docstring) and each episode's record (turns with their
-    action, observation, reward and error; why it ended; its return)."""
+    """One episode per item (repeat an item for several samples), each turn sampled with
+    `sampling` (one sample per row; `Sampling.from_config` gives a turn's budget and stop
+    strings): the rows as a `Generation` (see the module's docstring) and each episode's
+    record (turns with their action, observation, reward and error; why it ended; its
+    return)."""
     env_cls = load_env_class(cfg.env)
     episodes = [Episode(item) for item in items]
     made = run_calls(
@@ -106,24 +104,13 @@ def play_episodes(
     )
     for e, res in zip(episodes, made, strict=True):
         e.env, e.failed = (res.value, None) if res.ok else (None, res)
-    sampling = Sampling(
-        max_new_tokens=cfg.max_turn_tokens or cfg.max_response_length,
-        stop_ids=tuple(stop_ids),
-        greedy=greedy,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
-        logprobs=logprobs,
-        values=values,
-        stop_strings=tuple(cfg.turn_stop),
-    )
     for turn in range(cfg.max_turns):
         live = [e for e in episodes if not e.end]
         if not live:
             break
         _act(engine, tokenizer, live, sampling, cfg, device)
         _step(live, tokenizer, cfg, last_turn=turn + 1 == cfg.max_turns)
-    return _rows(episodes, tokenizer.pad_token_id, device, logprobs, values), [
+    return _rows(episodes, tokenizer.pad_token_id, device, sampling.logprobs, sampling.values), [
         e.record() for e in episodes
     ]
 

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import init_model
 from proxima.rewards import FunctionReward
-from proxima.tasks.common import task_info, warm_start, write_jsonl
+from proxima.tasks.common import task_info, task_model, warm_start, write_jsonl
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.setup import load_prompts
 
@@ -99,14 +98,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     start = time.perf_counter()
     sizes = {"eval": t.n_eval, "val": VAL_SIZE, "sft": t.n_sft, "train": t.n_train}
     paths = write_data(folder, make_splits(t.digits, sizes, cfg.trainer.seed))
-    init_dir = init_model(
-        folder / "init",
-        arch=t.arch,
-        size=t.size,
-        alphabet=ALPHABET,
-        max_positions=64,
-        seed=cfg.trainer.seed,
-    )
+    init_dir = task_model(cfg, folder, ALPHABET)
     history: list[tuple[int, float]] = []
 
     def stop(model, tok):

@@ -9,10 +9,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import load_causal_lm, load_tokenizer
+from proxima.models import init_model, load_causal_lm, load_tokenizer
 from proxima.rollout.engines import check_engine
 from proxima.trainer.setup import load_sft
 from proxima.trainer.sft import sft_train
+
+
+def task_model(cfg: Config, folder: Path, alphabet: str) -> Path:
+    """The task's tiny model (task.arch, task.size, seeded by trainer.seed) with a character
+    tokenizer over `alphabet`, built in folder/init."""
+    t = cfg.task
+    return init_model(
+        folder / "init",
+        arch=t.arch,
+        size=t.size,
+        alphabet=alphabet,
+        max_positions=64,
+        seed=cfg.trainer.seed,
+    )
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -24,8 +24,7 @@ import random
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import init_model
-from proxima.tasks.common import write_jsonl
+from proxima.tasks.common import task_model, write_jsonl
 
 LETTERS = "abcdefghij"
 ALPHABET = LETTERS + ":"
@@ -88,9 +87,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         "heldout": write_jsonl(folder / "heldout.jsonl", [{"prompt": p} for p in heldout]),
         "sft_data": write_jsonl(folder / "sft.jsonl", demos),
     }
-    init = init_model(
-        folder / "init", arch=t.arch, size=t.size, alphabet=ALPHABET, max_positions=64, seed=seed
-    )
+    init = task_model(cfg, folder, ALPHABET)
     changes = {f"pipeline.{k}": str(v) for k, v in paths.items()}
     changes["pipeline.gold"] = GOLD_FN
     changes["model.actor_path"] = str(init)

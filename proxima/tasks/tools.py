@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from proxima.config import Config
-from proxima.models import init_model
 from proxima.tasks.arithmetic import VAL_SIZE, make_splits
-from proxima.tasks.common import task_info, warm_start, write_jsonl
+from proxima.tasks.common import task_info, task_model, warm_start, write_jsonl
 
 ALPHABET = "0123456789*=[];"
 ENV = "proxima.tasks.tools:Calculator"
@@ -81,14 +80,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     start = time.perf_counter()
     sizes = {"eval": t.n_eval, "val": VAL_SIZE, "sft": t.n_sft, "train": t.n_train}
     paths = write_data(folder, make_splits(t.digits, sizes, cfg.trainer.seed), cfg.trainer.seed)
-    init_dir = init_model(
-        folder / "init",
-        arch=t.arch,
-        size=t.size,
-        alphabet=ALPHABET,
-        max_positions=64,
-        seed=cfg.trainer.seed,
-    )
+    init_dir = task_model(cfg, folder, ALPHABET)
     losses = warm_start(cfg, folder, init_dir, paths["sft"], 40)
     changes = {
         "model.actor_path": str(folder / "sft"),

@@ -1,0 +1,91 @@
+"""What the A/B phase benchmarks share (bench_async_rollout.py, bench_multiturn.py): a tiny
+Llama and 64 prompts built once, `proxima train` runs of 64 sequences per iteration whose
+per-iteration phase seconds are read back (the first two iterations left out as warm-up),
+the configurations run alternately, and a table of the medians over runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+PHASES = ("time/generate", "time/reward", "time/score", "time/advantages", "time/update")
+SEQUENCES = 64  # 16 prompts x 4 samples per iteration
+
+
+def reward(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """A score that varies (the share of digits), so the advantages are not all 0."""
+    return [sum(c.isdigit() for c in r) / max(1, len(r)) for r in responses]
+
+
+def setup(folder: Path, alphabet: str, max_positions: int) -> tuple[Path, Path]:
+    """A tiny Llama over `alphabet` and 64 prompts "a+b=" in `folder`."""
+    model = folder / "model"
+    subprocess.run(
+        [sys.executable, "-m", "proxima", "init-model", "--out", str(model), "--size", "tiny",
+         "--alphabet", alphabet, "--max-positions", str(max_positions)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    rows = [{"prompt": f"{a}+{b}="} for a in range(8) for b in range(8)]
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return model, prompts
+
+
+def train_rows(folder: Path, model: Path, prompts: Path, args, extra: list[str]) -> list[dict]:
+    """The metrics rows of one PPO run with a critic (`extra`: its own overrides) after its
+    first two iterations, each with `time/iteration`, the sum of its phases."""
+    out = folder / "run"
+    cmd = [
+        sys.executable, "-m", "proxima", "train",
+        f"model.actor_path={model}",
+        f"data.train_path={prompts}",
+        f"reward.function={HERE}:reward",
+        "data.train_batch_size=16",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=64",
+        "actor.ppo_micro_batch_size=64",
+        "critic.ppo_mini_batch_size=64",
+        "critic.ppo_micro_batch_size=64",
+        f"trainer.iterations={args.iterations}",
+        f"trainer.threads={args.threads}",
+        "trainer.save_every=0",
+        "trainer.log_samples=0",
+        f"trainer.output_dir={out}",
+        *extra,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/update" in r][2:]
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    for r in rows:
+        r["time/iteration"] = sum(r.get(k, 0.0) for k in PHASES)
+    return rows
+
+
+def alternate(
+    names: list[str], repeats: int, alphabet: str, max_positions: int, run: Callable
+) -> tuple[dict[str, list[dict]], dict[str, dict[str, float]]]:
+    """`run(folder, model, prompts, name)` -> a result dict, for every name, `repeats` times
+    in turn on one model; returns ({name: the results}, {name: their medians})."""
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        model, prompts = setup(folder, alphabet, max_positions)
+        for _ in range(repeats):
+            for name in names:
+                runs[name].append(run(folder, model, prompts, name))
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    return runs, med
+
+
+def print_table(med: dict[str, dict[str, float]], keys: list[str], digits: int) -> None:
+    print("| | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for name, m in med.items():
+        print(f"| {name} | " + " | ".join(f"{m[k]:.{digits}f}" for k in keys) + " |")
