@@ -29,4 +29,4 @@ for strategy in ("ddp", "fsdp2"):
             out[(strategy, role, mode)] = grads
 if dist.is_main and int(os.environ["RANK"]) == 0:
     torch.save(out, sys.argv[1])
-shutdown()
+shutdown(finished=True)  # every rank returned: meet before the teardown

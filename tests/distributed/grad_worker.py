@@ -43,4 +43,4 @@ for strategy in strategies:
             out[(strategy, role, mode)] = grads
 if dist.is_main:
     torch.save(out, sys.argv[1])
-shutdown()
+shutdown(finished=True)  # every rank returned: meet before the teardown
