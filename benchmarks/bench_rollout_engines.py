@@ -69,7 +69,7 @@ def main() -> None:
     sampling = Sampling(args.new_tokens, (len(tok) + 10,), temperature=1.0, logprobs=True)
     tokens = args.batch * args.new_tokens
     rows = {}
-    hf = HFEngine(model, tok.pad_token_id, micro_batch_size=args.batch)
+    hf = HFEngine(model, tok.pad_token_id, args.batch)
     rows["hf"] = _time(hf, ids, mask, sampling, args.repeats)
     sampling = replace(sampling, stop_ids=())
     with tempfile.TemporaryDirectory() as folder:
@@ -102,7 +102,7 @@ def main() -> None:
         f"{args.repeats}:"
     )
     for name, (seconds, gen) in rows.items():
-        want = sequence_logprobs(model, gen, 1.0, micro_batch_size=args.batch)
+        want = sequence_logprobs(model, gen, 1.0, args.batch)
         diff = (gen.logprobs - want).abs()[gen.response_mask.bool()]
         print(
             f"  {name:5s}: {seconds:.3f} s  {tokens / seconds:9.0f} tokens/s   "

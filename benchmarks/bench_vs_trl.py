@@ -81,12 +81,16 @@ class Workload:
     heads: int
     intermediate: int
     prompts: int  # prompts per iteration (1 sample each)
-    response: int  # sampled tokens per response, exactly
+    response: int  # sampled tokens per response: exactly, or at most with stop_at_eos
     # rough seconds per iteration of TRL fp32 on a quiet 2-core machine, only for
     # the time estimate printed before the run: rollout (generate + score), train per epoch
     est_rollout: float
     est_train: float
     vocab: int = VOCAB  # tokens of the byte-level BPE all four models share
+    # prompt lengths in tokens (W1/W2: exactly PROMPT_LEN); responses stop at EOS (W3) or
+    # are exactly `response` tokens long (EOS and pad suppressed)
+    prompt_lengths: tuple[int, int] = (PROMPT_LEN, PROMPT_LEN)
+    stop_at_eos: bool = False
 
     @property
     def head_dim(self) -> int:  # the workload's own, whatever the size preset says
@@ -101,6 +105,14 @@ WORKLOADS = {
     "W1": Workload("W1", 256, 4, 4, 1024, 64, 48, est_rollout=1.2, est_train=1.2),
     "W2": Workload("W2", 512, 8, 8, 2048, 64, 48, est_rollout=6.0, est_train=7.1),
     "smoke": Workload("smoke", 64, 2, 2, 256, 8, 8, est_rollout=0.05, est_train=0.05),
+    # W2's models with a 32,000-token vocabulary, prompts of 16-128 tokens and responses
+    # sampled until EOS (at most 128 tokens): the lengths vary as real ones do
+    "W3": Workload(
+        "W3", 512, 8, 8, 2048, 64, 128, 20.0, 20.0, GPU_VOCAB, (16, 128), stop_at_eos=True
+    ),
+    "w3smoke": Workload(
+        "w3smoke", 64, 2, 2, 256, 8, 24, 0.1, 0.1, GPU_VOCAB, (4, 16), stop_at_eos=True
+    ),
     # --device cuda: about 0.27B and 0.78B parameters per model, a 32,000-token vocabulary
     # (timing estimates for one H100)
     "G1": Workload("G1", 1024, 16, 16, 2816, 64, 128, 4.0, 1.0, vocab=GPU_VOCAB),
@@ -179,19 +191,57 @@ def _corpus(path: Path, rng: random.Random, vocab: int) -> list[str]:
     return words
 
 
-def _prompts(tok, words: list[str], rng: random.Random, n: int) -> list[dict]:
-    """`n` texts that each tokenize (proxima's rule: no special tokens) to PROMPT_LEN ids."""
+def _prompts(tok, words: list[str], rng: random.Random, n: int, lo: int, hi: int) -> list[dict]:
+    """`n` texts that each tokenize (proxima's rule: no special tokens) to `lo`-`hi` ids (a
+    length drawn uniformly per text, overshot by at most a word)."""
     from proxima.data.prompts import tokenize_text
 
     out = []
     while len(out) < n:
+        target = lo if lo == hi else rng.randint(lo, hi)
         text = rng.choice(words)
-        while len(tokenize_text(text, tok)) < PROMPT_LEN:
+        while len(tokenize_text(text, tok)) < target:
             text += " " + rng.choice(words)
         ids = tokenize_text(text, tok)
-        if len(ids) == PROMPT_LEN:
+        if lo <= len(ids) <= hi:
             out.append({"prompt": text, "ids": ids})
     return out
+
+
+EOS_RATE = 1 / 40  # W3's mean probability of EOS per sampled token (lengths ~ geometric)
+
+
+def add_eos_bias(actor, eos_id: int, rate: float = EOS_RATE, seed: int = 0) -> float:
+    """Make a random Llama stop: EOS gets a logit that varies from token to token around a
+    level where its mean probability (at TEMPERATURE, over random contexts) is `rate`.
+
+    Feature 0 of the residual stream is held at a constant (every embedding's feature 0 set,
+    no attention or MLP output written to it), so after the final RMSNorm it is
+    c / rms(residual): positive, varying with the context. Only EOS's row of the LM head reads
+    it, with a weight found by bisection. The models keep their shapes and parameter count;
+    both systems load the same folder. Returns the weight."""
+    import torch
+
+    m = actor.model
+    with torch.no_grad():
+        m.embed_tokens.weight[:, 0] = 0.05
+        for layer in m.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        actor.lm_head.weight[:, 0] = 0.0
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, actor.config.vocab_size, (16, 96), generator=g)
+        hidden = m(input_ids=ids).last_hidden_state  # feature 0 does not depend on the head
+        base = actor.lm_head(hidden) / TEMPERATURE
+        lo, hi = 0.0, 1000.0
+        for _ in range(40):
+            b = (lo + hi) / 2
+            logits = base.clone()
+            logits[..., eos_id] += b * hidden[..., 0] / TEMPERATURE
+            p = torch.softmax(logits, -1)[..., eos_id].mean().item()
+            lo, hi = (b, hi) if p < rate else (lo, b)
+        actor.lm_head.weight[eos_id, 0] = b
+    return b
 
 
 def build_assets(root: Path, names: list[str]) -> dict:
@@ -210,10 +260,15 @@ def build_assets(root: Path, names: list[str]) -> dict:
         tok = build_bpe_tokenizer(sub / "corpus.txt", vocab)
         assert len(tok) == vocab, (len(tok), vocab)
         tok.model_max_length = 256
-        prompt_files[vocab] = sub / "prompts.jsonl"
-        with prompt_files[vocab].open("w") as f:
-            for rec in _prompts(tok, words, rng, N_PROMPTS_FILE):
-                f.write(json.dumps(rec) + "\n")
+        # one prompt file per range of prompt lengths (the fixed one first: the same file
+        # as ever for W1/W2 and the GPU workloads)
+        ranges = {WORKLOADS[n].prompt_lengths for n in names if WORKLOADS[n].vocab == vocab}
+        for lo, hi in sorted(ranges, key=lambda r: (r[0] != r[1], r)):
+            path = sub / ("prompts.jsonl" if lo == hi == PROMPT_LEN else f"prompts_{lo}-{hi}.jsonl")
+            with path.open("w") as f:
+                for rec in _prompts(tok, words, rng, N_PROMPTS_FILE, lo, hi):
+                    f.write(json.dumps(rec) + "\n")
+            prompt_files[vocab, lo, hi] = path
         toks[vocab] = tok
     info: dict = {"workloads": {}}
     for name in names:
@@ -228,9 +283,13 @@ def build_assets(root: Path, names: list[str]) -> dict:
             "intermediate_size": w.intermediate,
         }
         actor = build_tiny_model("llama", tok, "tiny", max_positions=256, seed=0, **dims)
-        # both systems sample exactly w.response tokens: EOS (and pad, which TRL would read as
-        # the end of a response) can never be drawn
-        actor.generation_config.suppress_tokens = [tok.eos_token_id, tok.pad_token_id]
+        assert not actor.config.tie_word_embeddings
+        extra = {}
+        if w.stop_at_eos:  # responses end at EOS; pad (which TRL reads as the end) never drawn
+            extra["eos_weight"] = add_eos_bias(actor, tok.eos_token_id)
+            actor.generation_config.suppress_tokens = [tok.pad_token_id]
+        else:  # both systems sample exactly w.response tokens: EOS and pad can never be drawn
+            actor.generation_config.suppress_tokens = [tok.eos_token_id, tok.pad_token_id]
         rm = build_tiny_reward_model("llama", tok, "tiny", seed=1, max_positions=256, **dims)
         folders = {"actor": root / name / "actor", "reward": root / name / "reward"}
         with quiet_transformers():
@@ -245,7 +304,8 @@ def build_assets(root: Path, names: list[str]) -> dict:
             **{k: str(v) for k, v in folders.items()},
             "params": counts,
             "vocab": len(tok),
-            "prompt_file": str(prompt_files[w.vocab]),
+            "prompt_file": str(prompt_files[(w.vocab, *w.prompt_lengths)]),
+            **extra,
         }
         del actor, rm
     return info
@@ -274,7 +334,7 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
         f"model.device={spec['device']}",
         f"data.train_path={spec['prompt_file']}",
         f"data.train_batch_size={w.prompts}",
-        f"data.max_prompt_length={PROMPT_LEN}",
+        f"data.max_prompt_length={w.prompt_lengths[1]}",
         "rollout.n=1",
         f"rollout.max_response_length={w.response}",
         f"rollout.temperature={TEMPERATURE}",
@@ -303,7 +363,8 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
     device = torch.device(spec["device"])
     roles = load_roles(cfg, device)
     prompts = load_prompts(cfg, spec["prompt_file"], roles.tokenizer)
-    assert all(len(prompts[i].ids) == PROMPT_LEN for i in range(len(prompts)))
+    lo, hi = w.prompt_lengths
+    assert all(lo <= len(prompts[i].ids) <= hi for i in range(len(prompts)))
     trainer = PPOTrainer(cfg, roles, prompts, device)
     records = []
     for _ in range(iterations):
@@ -388,6 +449,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     # is what `accelerate launch --mixed_precision bf16` sets; the cell reports the mode used.
     os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if bf16 else "no"
     tok = AutoTokenizer.from_pretrained(a["actor"])
+    tok.padding_side = "left"  # prompts of different lengths: TRL generates after left padding
     args = PPOConfig(
         output_dir=str(workdir / "trl_out"),
         per_device_train_batch_size=w.prompts,
@@ -397,6 +459,9 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
         num_ppo_epochs=spec["epochs"],
         response_length=w.response,
         temperature=TEMPERATURE,
+        # W3: a response ends at its first EOS (TRL pads after it; generation stops when
+        # every row has one); W1/W2 suppress EOS, so no stop token
+        stop_token="eos" if w.stop_at_eos else None,
         total_episodes=w.prompts * iterations,
         kl_coef=KL_COEF,
         learning_rate=LR,
@@ -786,12 +851,15 @@ def plan(args) -> list[tuple[tuple[str, int, str], list[tuple[int, str]]]]:
     """Groups (workload, epochs, precision), each with its (round, system) cells in order."""
     groups = []
     for wname in args.workloads:
+        # the floor does fixed lengths only (no padding, no masks): not at W3
+        eos = WORKLOADS[wname].stop_at_eos
+        systems = [s for s in args.systems if not (s == "floor" and eos)]
         for epochs in args.epochs:
             for precision in args.precisions:
                 g = len(groups)
                 cells = []
                 for r in range(args.rounds):
-                    order = list(args.systems)
+                    order = list(systems)
                     if (g + r) % 2:  # ABBA within a group, and flipped from group to group
                         order.reverse()
                     cells += [(r, s) for s in order]

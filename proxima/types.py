@@ -94,22 +94,15 @@ class Experience:
     def trimmed(self, keep_response_width: bool = False) -> Experience:
         """The same rows without the padding columns every row has: the prompt columns no
         row attends to (left padding) and, unless `keep_response_width`, the response
-        columns after the last real response token of any row. Positions are counted from
-        each row's first real token and attention is causal, so every real token's
-        log-prob and value are unchanged (`seq-mean-token-sum-norm` divides by the
-        response width: keep it there)."""
+        columns no row has a real response token in. Positions are counted from each row's
+        first real token and attention is causal, so every real token's log-prob and value
+        are unchanged (`seq-mean-token-sum-norm` divides by the response width: keep it
+        there)."""
         r = self.response_mask.shape[1]
-        p = self.prompt_length
-        real = self.attention_mask[:, :p].bool().any(dim=0)
-        start = int(real.float().argmax()) if bool(real.any()) else p
-        width = r
-        if not keep_response_width:  # at least one column: an all-masked micro-batch still
-            # goes through the model, its loss 0 with a zero gradient (every rank backwards)
-            cols = self.response_mask.bool().any(dim=0).nonzero()
-            width = int(cols.max()) + 1 if cols.numel() else min(1, r)
-        if start == 0 and width == r:
+        start, lo, hi = shared_padding(self.attention_mask, self.response_mask, keep_response_width)
+        if start == 0 and (lo, hi) == (0, r):
             return self
-        keep = slice(start, p + width)
+        keep = slice(start, self.prompt_length + hi)
         changed = {
             "input_ids": self.input_ids[:, keep],
             "attention_mask": self.attention_mask[:, keep],
@@ -117,7 +110,27 @@ class Experience:
         for name in PER_TOKEN:
             value = getattr(self, name)
             if value is not None:
-                changed[name] = value[:, :width]
+                changed[name] = value[:, lo:hi]
+        return dataclasses.replace(self, **changed)
+
+    def right_aligned(self) -> Experience:
+        """Every row moved right until its last real token is in the last column (its
+        right padding moved to the left, before its prompt), the [B, R] fields with it:
+        a group of rows then needs only its longest row's width (`trimmed`), not the
+        longest prompt plus the longest response. Each row keeps its tokens in order, its
+        positions (from the mask) and its causal context, so no log-prob or value changes;
+        response token t of a row with n response tokens sits at column R - n + t."""
+        shift = right_shifts(self.attention_mask)
+        if not bool(shift.any()):
+            return self
+        changed = {
+            "input_ids": roll_rows(self.input_ids, shift),
+            "attention_mask": roll_rows(self.attention_mask, shift),
+        }
+        for name in PER_TOKEN:
+            value = getattr(self, name)
+            if value is not None:
+                changed[name] = roll_rows(value, shift)
         return dataclasses.replace(self, **changed)
 
     def split(self, size: int) -> list[Experience]:
@@ -126,3 +139,62 @@ class Experience:
             self.select(torch.arange(i, min(i + size, self.batch_size)))
             for i in range(0, self.batch_size, size)
         ]
+
+
+def shared_padding(
+    attention_mask: torch.Tensor, response_mask: torch.Tensor, keep_response_width: bool = False
+) -> tuple[int, int, int]:
+    """(start, lo, hi) of rows laid out as `Experience`'s: the response columns [lo, hi)
+    some row has a real response token in (at least one column: an all-masked batch still
+    goes through the model; all of them with `keep_response_width`), and the first column
+    any row attends to (the padding before it is every row's), at the latest the one
+    before the response columns (whose logits give the first response token's)."""
+    r = response_mask.shape[1]
+    p = attention_mask.shape[1] - r
+    cols = response_mask.bool().any(dim=0).nonzero()
+    if keep_response_width:
+        lo, hi = 0, r
+    elif not cols.numel():
+        lo, hi = 0, min(1, r)
+    else:
+        lo, hi = int(cols.min()), int(cols.max()) + 1
+    real = attention_mask.bool().any(dim=0)
+    first = int(real.float().argmax()) if bool(real.any()) else p
+    return max(0, min(first, p + lo - 1)), lo, hi
+
+
+def right_shifts(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B] how far each row moves right to put its last attended column last (0 for a row
+    that attends to nothing)."""
+    n = attention_mask.shape[1]
+    cols = torch.arange(n, device=attention_mask.device)
+    last = torch.where(attention_mask.bool(), cols, -1).amax(dim=1)
+    return torch.where(last >= 0, n - 1 - last, 0)
+
+
+def roll_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Row b of `x` [B, ..., N] rolled right by shift[b] (circularly) along the last dim."""
+    n = x.shape[-1]
+    shift = shift.to(x.device).view(-1, *([1] * (x.dim() - 1)))
+    idx = (torch.arange(n, device=x.device) - shift) % n
+    return x.gather(-1, idx.expand_as(x))
+
+
+def token_budget_groups(attention_mask: torch.Tensor, budget: int) -> list[list[int]]:
+    """Row indices in groups by a token budget (verl's dynamic batch size): rows sorted by
+    how many columns they attend to, longest first; each group as many rows as fit in
+    `budget` padded tokens once the rows are right-aligned (`Experience.right_aligned`):
+    rows x its longest row; a row longer than the budget alone."""
+    attended = attention_mask.bool()
+    cols = torch.arange(attended.shape[1], device=attended.device)
+    first = torch.where(attended, cols, attended.shape[1]).amin(dim=1)
+    last = torch.where(attended, cols, -1).amax(dim=1)
+    span = (last + 1 - first).clamp(min=0).tolist()
+    order = sorted(range(len(span)), key=lambda i: -span[i])
+    groups: list[list[int]] = []
+    for i in order:  # longest first: a group's first row is its longest
+        if groups and (len(groups[-1]) + 1) * span[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups

@@ -188,6 +188,13 @@ class RolloutConfig:
     micro_batch_size: int = _f(
         64, "Sequences per generation call (hf engine) and per scoring forward pass."
     )
+    max_tokens_per_micro: int = _f(
+        0,
+        "Scoring forward passes (old log-probs, reference, values) by a token budget instead "
+        "(as actor.ppo_max_tokens_per_micro): rows sorted by length, as many per pass as fit "
+        "in this many padded tokens, the padding they share trimmed; never changes the "
+        "result. 0 = micro_batch_size rows.",
+    )
     old_logprobs: str = _f(
         "auto",
         "PPO's old log-probs: recompute (an actor forward pass over the rollout), engine (the "
@@ -472,6 +479,11 @@ class RewardConfig:
     )
     model_path: str = _f("", "Reward model folder (sequence classification, one label).")
     batch_size: int = _f(64, "Sequences per reward model forward.")
+    max_tokens_per_micro: int = _f(
+        0,
+        "Reward model forwards by a token budget instead (as rollout.max_tokens_per_micro); "
+        "0 = batch_size sequences.",
+    )
     sources: list = _f(
         [],
         "Several reward sources, the score their weighted sum: a list of {name, weight, one of "

@@ -82,6 +82,8 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "reward.overlong_buffer_len",
     "actor.ppo_max_tokens_per_micro",
     "critic.ppo_max_tokens_per_micro",
+    "rollout.max_tokens_per_micro",
+    "reward.max_tokens_per_micro",
     "guard.patience",
     "guard.min_entropy",
     "guard.max_kl_per_token",

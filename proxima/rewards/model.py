@@ -18,6 +18,7 @@ import torch
 from proxima.algos import last_token_index
 from proxima.data.preferences import reward_input_ids
 from proxima.rewards.function import RewardError
+from proxima.types import right_shifts, roll_rows, token_budget_groups
 
 ScoreFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -51,6 +52,7 @@ class ModelReward:
         max_length: int | None = None,
         name: str = "a reward model",
         normalization: tuple[float, float] | None = None,
+        max_tokens: int = 0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1 for reward-model scoring.")
@@ -59,6 +61,7 @@ class ModelReward:
         self.score_fn = score_fn
         self.device = torch.device(device)
         self.batch_size = batch_size
+        self.max_tokens = max_tokens  # > 0: forwards by a token budget (token_budget_groups)
         self.max_length = max_length
         self.normalization = normalization  # (mean, std): scores become (s - mean) / std
         # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
@@ -128,15 +131,29 @@ class ModelReward:
 
     @torch.no_grad()
     def _score_in_chunks(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = []
-        for start in range(0, input_ids.shape[0], self.batch_size):
-            ids = input_ids[start : start + self.batch_size].to(self.device)
-            m = mask[start : start + self.batch_size].to(self.device)
-            chunk = self.score_fn(self.model, ids, m)
+        """`batch_size` consecutive rows per forward, or groups by a token budget, each
+        right-aligned and cut to the columns its rows attend to (positions come from the
+        mask, the score is read at the last real token: no score changes)."""
+        n = input_ids.shape[0]
+        if self.max_tokens:
+            chunks = [torch.tensor(g) for g in token_budget_groups(mask, self.max_tokens)]
+        else:
+            chunks = [
+                torch.arange(i, min(i + self.batch_size, n)) for i in range(0, n, self.batch_size)
+            ]
+        out = torch.zeros(n)
+        for rows in chunks:
+            ids, m = input_ids[rows], mask[rows]
+            if self.max_tokens:
+                shift = right_shifts(m)
+                ids, m = roll_rows(ids, shift), roll_rows(m, shift)
+                start = int(m.bool().any(dim=0).float().argmax())
+                ids, m = ids[:, start:], m[:, start:]
+            chunk = self.score_fn(self.model, ids.to(self.device), m.to(self.device))
             if chunk.shape != (ids.shape[0],):
                 raise RewardError(
                     f"score_fn returned shape {tuple(chunk.shape)} for {ids.shape[0]} sequences; "
                     "it must return one score per sequence [b]."
                 )
-            out.append(chunk.detach().float().cpu())
-        return torch.cat(out)
+            out[rows] = chunk.detach().float().cpu()
+        return out

@@ -9,6 +9,7 @@ correction's importance weights.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,60 +25,103 @@ from proxima.models.critic import Critic
 from proxima.models.forward import response_logits, response_logits_values, response_values
 from proxima.rollout.generate import Generation
 from proxima.rollout.plan import ScoringPlan
-from proxima.types import Experience
+from proxima.types import (
+    Experience,
+    right_shifts,
+    roll_rows,
+    shared_padding,
+    token_budget_groups,
+)
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """How a scoring pass splits the batch: `size` consecutive rows in the batch's layout,
+    or (`max_tokens` > 0) groups of rows by a token budget (`types.token_budget_groups`),
+    each right-aligned and trimmed of the padding its rows share (as the update's
+    micro-batches); the result is the same either way."""
+
+    size: int
+    max_tokens: int = 0
+
+    @classmethod
+    def of(cls, rollout: RolloutConfig) -> Chunks:
+        return cls(rollout.micro_batch_size, rollout.max_tokens_per_micro)
+
+
+PassFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @torch.no_grad()
-def _in_chunks(fn: Callable[[slice], torch.Tensor], n: int, size: int) -> torch.Tensor:
-    return torch.cat([fn(slice(i, i + size)) for i in range(0, n, size)], dim=0)
+def _in_chunks(fn: PassFn, gen: Generation, chunks: Chunks | int) -> torch.Tensor:
+    """fn(input_ids, attention_mask, response_ids) -> [b, ..., r] (r = response_ids' width)
+    over the batch in `chunks` (an int: that many rows at a time), put together as
+    [B, ..., R] (zero past a group's width)."""
+    chunks = Chunks(chunks) if isinstance(chunks, int) else chunks
+    ids, attn, response = gen.input_ids, gen.attention_mask, gen.response_ids
+    n, r = response.shape
+    if not chunks.max_tokens:
+        parts = [
+            fn(ids[i : i + chunks.size], attn[i : i + chunks.size], response[i : i + chunks.size])
+            for i in range(0, n, chunks.size)
+        ]
+        return torch.cat(parts, dim=0)
+    p, out = ids.shape[1] - r, None
+    for group in token_budget_groups(attn, chunks.max_tokens):
+        rows = torch.tensor(group, device=ids.device)
+        shift = right_shifts(attn[rows])  # right-aligned as the update's micro-batches
+        g_ids, g_attn = roll_rows(ids[rows], shift), roll_rows(attn[rows], shift)
+        start, lo, hi = shared_padding(g_attn, roll_rows(gen.response_mask[rows], shift))
+        part = fn(g_ids[:, start : p + hi], g_attn[:, start : p + hi], g_ids[:, p + lo : p + hi])
+        if out is None:
+            out = part.new_zeros((n, *part.shape[1:-1], r))
+        aligned = part.new_zeros((len(group), *part.shape[1:-1], r))
+        aligned[..., lo:hi] = part
+        out[rows] = roll_rows(aligned, -shift)  # back to each row's own columns
+    return out
 
 
 @torch.no_grad()
 def sequence_logprobs(
-    model: torch.nn.Module, gen: Generation, temperature: float, micro_batch_size: int
+    model: torch.nn.Module, gen: Generation, temperature: float, chunks: Chunks | int
 ) -> torch.Tensor:
     """[B, R] log-probs of the response tokens under `model`, zero where masked."""
-    r = gen.response_mask.shape[1]
 
-    def one(s: slice) -> torch.Tensor:
-        logits = response_logits(model, gen.input_ids[s], gen.attention_mask[s], r, temperature)
-        return logprobs_from_logits(logits, gen.response_ids[s])
+    def one(ids, attn, response) -> torch.Tensor:
+        logits = response_logits(model, ids, attn, response.shape[1], temperature)
+        return logprobs_from_logits(logits, response)
 
-    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+    return _in_chunks(one, gen, chunks) * gen.response_mask
 
 
 @torch.no_grad()
 def sequence_logprobs_sum_pi_squared(
-    model: torch.nn.Module, gen: Generation, temperature: float, micro_batch_size: int
+    model: torch.nn.Module, gen: Generation, temperature: float, chunks: Chunks | int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, R] log-probs of the response tokens and [B, R] sum over the vocabulary of pi^2 at
     each of them (pi = softmax(logits / temperature)), from one pass; zero where masked."""
-    r = gen.response_mask.shape[1]
 
-    def one(s: slice) -> torch.Tensor:
-        logits = response_logits(model, gen.input_ids[s], gen.attention_mask[s], r, temperature)
-        lp = logprobs_from_logits(logits, gen.response_ids[s])
+    def one(ids, attn, response) -> torch.Tensor:
+        logits = response_logits(model, ids, attn, response.shape[1], temperature)
+        lp = logprobs_from_logits(logits, response)
         return torch.stack([lp, sum_pi_squared(logits)], dim=1)
 
-    both = _in_chunks(one, gen.input_ids.shape[0], micro_batch_size)  # [B, 2, R]
+    both = _in_chunks(one, gen, chunks)  # [B, 2, R]
     return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
 
 
 @torch.no_grad()
 def sequence_logprobs_values(
-    model: torch.nn.Module, gen: Generation, temperature: float, micro_batch_size: int
+    model: torch.nn.Module, gen: Generation, temperature: float, chunks: Chunks | int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The scoring pass of an actor that carries the critic: [B, R] log-probs and values
     from one pass, zero where masked."""
-    r = gen.response_mask.shape[1]
 
-    def one(s: slice) -> torch.Tensor:
-        logits, values = response_logits_values(
-            model, gen.input_ids[s], gen.attention_mask[s], r, temperature
-        )
-        return torch.stack([logprobs_from_logits(logits, gen.response_ids[s]), values], dim=1)
+    def one(ids, attn, response) -> torch.Tensor:
+        logits, values = response_logits_values(model, ids, attn, response.shape[1], temperature)
+        return torch.stack([logprobs_from_logits(logits, response), values], dim=1)
 
-    both = _in_chunks(one, gen.input_ids.shape[0], micro_batch_size)  # [B, 2, R]
+    both = _in_chunks(one, gen, chunks)  # [B, 2, R]
     return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
 
 
@@ -87,37 +131,33 @@ def sequence_kl_full(
     reference: torch.nn.Module,
     gen: Generation,
     temperature: float,
-    micro_batch_size: int,
+    chunks: Chunks | int,
 ) -> torch.Tensor:
     """[B, R] exact KL(actor || reference) over the vocabulary at each response token."""
-    r = gen.response_mask.shape[1]
 
-    def one(s: slice) -> torch.Tensor:
-        ids, attn = gen.input_ids[s], gen.attention_mask[s]
+    def one(ids, attn, response) -> torch.Tensor:
+        r = response.shape[1]
         return kl_full(
             response_logits(actor, ids, attn, r, temperature),
             response_logits(reference, ids, attn, r, temperature),
         )
 
-    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+    return _in_chunks(one, gen, chunks) * gen.response_mask
 
 
 @torch.no_grad()
-def sequence_values(
-    critic: torch.nn.Module, gen: Generation, micro_batch_size: int
-) -> torch.Tensor:
+def sequence_values(critic: torch.nn.Module, gen: Generation, chunks: Chunks | int) -> torch.Tensor:
     """[B, R] critic values of the response states, zero where masked."""
-    r = gen.response_mask.shape[1]
 
-    def one(s: slice) -> torch.Tensor:
-        return response_values(critic, gen.input_ids[s], gen.attention_mask[s], r)
+    def one(ids, attn, response) -> torch.Tensor:
+        return response_values(critic, ids, attn, response.shape[1])
 
-    return _in_chunks(one, gen.input_ids.shape[0], micro_batch_size) * gen.response_mask
+    return _in_chunks(one, gen, chunks) * gen.response_mask
 
 
 def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
     """(old log-probs, values that came with them or None), as the plan says."""
-    t, size = rollout.temperature, rollout.micro_batch_size
+    t, chunks = rollout.temperature, Chunks.of(rollout)
     if plan.old_from_engine:
         if gen.logprobs is None:
             raise ValueError("the plan takes the engine's log-probs but the engine gave none")
@@ -126,15 +166,16 @@ def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
             raise ValueError("the plan takes the values from the generation, which gave none")
         return gen.logprobs.float() * gen.response_mask, values
     if plan.values == "actor":
-        return sequence_logprobs_values(actor, gen, t, size)
-    return sequence_logprobs(actor, gen, t, size), None
+        return sequence_logprobs_values(actor, gen, t, chunks)
+    return sequence_logprobs(actor, gen, t, chunks), None
 
 
 def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
     """(old log-probs, values or None, sum pi^2 or None), as the plan says."""
     if plan.sum_pi_squared:  # the plan recomputes: no critic-free estimator has values
-        t, size = rollout.temperature, rollout.micro_batch_size
-        old, spsq = sequence_logprobs_sum_pi_squared(actor, gen, t, size)
+        old, spsq = sequence_logprobs_sum_pi_squared(
+            actor, gen, rollout.temperature, Chunks.of(rollout)
+        )
         return old, None, spsq
     return (*_old_logprobs(gen, plan, actor, rollout), None)
 
@@ -159,15 +200,15 @@ def build_experience(
     they are not the old log-probs, travel as `rollout_logprobs`, with the truncated
     importance weights old / engine of `algorithm.rollout_correction`.
     """
-    t, size = rollout.temperature, rollout.micro_batch_size
+    t, chunks = rollout.temperature, Chunks.of(rollout)
     old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
-    ref = sequence_logprobs(reference, gen, t, size) if reference is not None else None
+    ref = sequence_logprobs(reference, gen, t, chunks) if reference is not None else None
     if plan.values == "critic":
-        values = sequence_values(critic.model, gen, size)
+        values = sequence_values(critic.model, gen, chunks)
     if reference is None:
         kl = torch.zeros_like(old)
     elif plan.kl == "full":
-        kl = sequence_kl_full(actor, reference, gen, t, size)
+        kl = sequence_kl_full(actor, reference, gen, t, chunks)
     else:
         kl = kl_penalty(old, ref, plan.kl) * gen.response_mask
     engine_lp = None

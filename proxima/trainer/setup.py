@@ -162,6 +162,7 @@ def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) 
         batch_size=batch_size,
         name=f"the reward model {folder}",
         normalization=score_normalization(folder),
+        max_tokens=cfg.reward.max_tokens_per_micro,
     )
 
 

@@ -33,7 +33,7 @@ from proxima.models.critic import Critic
 from proxima.models.forward import response_logits, response_logits_values, response_values
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
-from proxima.types import Experience
+from proxima.types import Experience, token_budget_groups
 
 FIRST_STATS = ("logratio_abs",)  # also reported for the first mini-batch alone
 
@@ -66,27 +66,13 @@ def token_micro_batches(
     mini: Experience, budget: int, keep_response_width: bool = False
 ) -> list[Experience]:
     """This process's share of a mini-batch as micro-batches formed by a token budget
-    (verl's dynamic batch size): rows sorted by real length, longest first, each micro-batch
-    as many rows as fit in `budget` padded tokens (rows x (longest prompt + longest
-    response), the layout after trimming; a row longer than the budget alone), each
-    trimmed of the padding all its rows share
-    (`Experience.trimmed`). The loss weights (`micro_weight`) make the gradient that of
-    the whole mini-batch, as with fixed micro-batches."""
-    p = mini.prompt_length
-    prompt = mini.attention_mask[:, :p].sum(dim=1).tolist()
-    response = mini.attention_mask[:, p:].sum(dim=1).tolist()
-    order = sorted(range(mini.batch_size), key=lambda i: -(prompt[i] + response[i]))
-    groups: list[list[int]] = []
-    width = (0, 0)  # the current group's longest prompt and response
-    for i in order:  # longest first
-        grown = (max(width[0], prompt[i]), max(width[1], response[i]))
-        if groups and (len(groups[-1]) + 1) * sum(grown) <= budget:
-            groups[-1].append(i)
-            width = grown
-        else:
-            groups.append([i])
-            width = (prompt[i], response[i])
-    return [mini.select(g).trimmed(keep_response_width) for g in groups]
+    (`types.token_budget_groups`), each with its rows right-aligned and trimmed of the
+    padding they then share (`Experience.right_aligned`, `Experience.trimmed`): a
+    micro-batch computes its longest row's width, not the longest prompt plus the longest
+    response. The loss weights (`micro_weight`) make the gradient that of the whole
+    mini-batch, as with fixed micro-batches."""
+    groups = token_budget_groups(mini.attention_mask, budget)
+    return [mini.select(g).right_aligned().trimmed(keep_response_width) for g in groups]
 
 
 def _even_out(micros: list[Experience], count: int) -> list[Experience]:

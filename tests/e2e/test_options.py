@@ -170,5 +170,7 @@ def test_token_budget_micro_batches_train(fast_overrides, make_model, tmp_path):
         tmp_path,
         "actor.ppo_max_tokens_per_micro=24",
         "critic.ppo_max_tokens_per_micro=24",
+        "rollout.max_tokens_per_micro=24",
+        "rollout.old_logprobs=recompute",  # the actor's scoring pass runs by the budget too
     )
     assert rows[-1]["actor/optimizer_steps"] == 1 and "critic/vf_loss" in rows[-1]

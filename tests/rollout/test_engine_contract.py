@@ -217,7 +217,7 @@ def test_logprobs_of_a_truncated_distribution(engine, tok, models):
     torch.manual_seed(0)
     gen = engine.generate(ids, mask, Sampling(MAX_NEW, (tok.eos_token_id,), top_k=1, logprobs=True))
     assert gen.logprobs.abs().max() < 1e-5
-    trainer = sequence_logprobs(models[0], gen, 1.0, micro_batch_size=8)
+    trainer = sequence_logprobs(models[0], gen, 1.0, 8)
     assert (trainer * gen.response_mask).abs().max() > 0.1
 
 
@@ -228,7 +228,7 @@ def test_logprobs_match_the_trainers_within_tolerance(engine, tok, models, tempe
     torch.manual_seed(0)
     sampling = Sampling(MAX_NEW, (tok.eos_token_id,), temperature=temperature, n=2, logprobs=True)
     gen = engine.generate(ids, mask, sampling)
-    want = sequence_logprobs(models[1], gen, temperature, micro_batch_size=8)
+    want = sequence_logprobs(models[1], gen, temperature, 8)
     assert gen.logprobs.shape == want.shape
     assert (gen.logprobs[gen.response_mask == 0] == 0).all()
     diff = (gen.logprobs - want).abs() * gen.response_mask

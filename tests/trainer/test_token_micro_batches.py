@@ -27,17 +27,29 @@ def test_rows_are_packed_longest_first_under_the_budget_and_trimmed():
     lengths = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS, strict=True)]
     # (prompt, response) by row: (3,5) (2,4) (4,5) (1,3) (2,1) (3,2) (1,1) (4,2); longest
     # first: 9 (4,5), 8 (3,5), 6 (2,4), 6 (4,2), 5 (3,2), 4 (1,3), 3 (2,1), 2 (1,1).
-    # Budget 18 in rows x (longest prompt + longest response): [9, 8] = 2 x 9;
-    # [6, 6] = 2 x (4 + 4) = 16, a third (3,2) would make 3 x 8 = 24; [5, 4, 3] =
-    # 3 x (3 + 3) = 18, a fourth would make 24; [2] alone
+    # Budget 18 in rows x the group's longest row (rows right-aligned): [9, 8] = 2 x 9, a
+    # third would make 27; [6, 6, 5] = 3 x 6, a fourth would make 24; [4, 3, 2] = 3 x 4.
+    # (Left-padded prompts and right-padded responses would need rows x (longest prompt +
+    # longest response): [6, 6] alone would be 2 x (4 + 4) = 16.)
     micros = token_micro_batches(exp, 18)
     got = [m.attention_mask.sum(1).tolist() for m in micros]
-    assert got == [[9, 8], [6, 6], [5, 4, 3], [2]]
+    assert got == [[9, 8], [6, 6, 5], [4, 3, 2]]
     for m in micros:
-        # trimmed: every remaining prompt column and the last response column hold a real token
-        assert bool(m.attention_mask[:, : m.prompt_length].any(dim=0).all())
-        assert bool(m.response_mask[:, -1].any())
+        # right-aligned and trimmed: every row ends in the last column, the longest row
+        # fills the width, and the response columns start where the longest response does
+        assert bool(m.attention_mask[:, -1].all())
+        assert m.input_ids.shape[1] == int(m.attention_mask.sum(1).max())
+        assert bool(m.response_mask[:, 0].any())
         assert m.batch_size * m.input_ids.shape[1] <= 18
+    # a row's response tokens keep their order, right-aligned: row (4,2) of [6, 6, 5]
+    six = micros[1]
+    row = int((six.response_mask.sum(1) == 2).nonzero()[0])
+    assert six.response_mask[row].tolist() == [0, 0, 1, 1]
+    original = int(
+        ((exp.response_mask.sum(1) == 2) & (exp.attention_mask.sum(1) == 6)).nonzero()[0]
+    )
+    assert six.response_ids[row, 2:].tolist() == exp.response_ids[original, :2].tolist()
+    assert six.old_logprobs[row, 2:].tolist() == exp.old_logprobs[original, :2].tolist()
     assert sum(m.batch_size for m in micros) == exp.batch_size
     assert max(lengths) == 9
 
