@@ -2,7 +2,8 @@
 
     .venv-trl/bin/python benchmarks/bench_vs_trl.py --out runs/bench_vs_trl.jsonl
 
-Runs the W1/W2 matrix with one command: for each workload (--workloads, default W1 W2) x
+Runs the W1/W2 matrix with one command (W3, the realistic one, with `--workloads W3`): for
+each workload (--workloads, default W1 W2) x
 PPO epochs (--epochs, default 1 4) x precision (fp32 and each system's best), three systems:
 
 - trl: TRL 1.12's `PPOTrainer.train()`; fp32, and for its best cell `bf16=True` (accelerate
@@ -29,7 +30,9 @@ prompt file and the same model folders): four separate Llama models (actor, refe
 weights, critic initialised from the reward model, reward model), prompts of exactly 16 tokens,
 exactly `response` sampled tokens (temperature 0.7, top-k/top-p off, EOS and pad suppressed
 through the actor folder's generation_config.json), 4 mini-batches (one optimizer step each for
-actor and critic per mini-batch and epoch), lr 3e-6, no gradient clipping, CPU.
+actor and critic per mini-batch and epoch), lr 3e-6, no gradient clipping, CPU. W3: a
+32,000-token vocabulary, prompts of 16-128 tokens (left-padded) and responses that stop at EOS
+(at most 128 tokens; the actor is built to stop, `add_eos_bias`); the floor sits it out.
 
 Every cell runs in a fresh subprocess (so its peak RSS is its own), builds its trainer, runs one
 warm-up iteration (dropped) and --repeats timed ones, and prints one JSON line. Within each
@@ -1001,7 +1004,7 @@ def main() -> None:
     n_cells = sum(len(c) for _, c in groups)
     est = estimate_seconds(args, groups)
     print(
-        f"{len(groups)} groups x {len(args.systems)} systems x {args.rounds} round(s) = {n_cells} "
+        f"{len(groups)} groups x {args.rounds} round(s) of {'/'.join(args.systems)} = {n_cells} "
         f"cells, each 1 warm-up + {args.repeats} timed iterations in a fresh process, "
         f"{args.threads} threads; estimated {est / 60:.0f} min on a quiet machine "
         f"({est:.0f} s)",
