@@ -44,6 +44,7 @@ VARIANTS = {
     # one pass of the actor gives the old log-probs and the values (this engine is not hf)
     "shared": ("critic.shared_backbone=true", "actor.optim.lr=1e-2"),
 }
+LORA_SHARED = ("model.lora_rank=4", "model.lora_alpha=8", "critic.shared_backbone=true")
 
 
 @pytest.mark.parametrize("variant", ["full", "lora", "shared"])
@@ -141,14 +142,25 @@ def test_vllm_engine_refuses_a_head_size_its_cpu_kernels_lack(make_model, fast_o
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("variant", ["full", "lora", "shared"])
-def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, variant):
+@pytest.mark.parametrize("variant", ["full", "lora", "shared", "lora_shared"])
+def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, monkeypatch, variant):
     """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning,
-    LoRA (merged weights pushed) and the shared-backbone actor-critic: runs, and vLLM's
-    log-probs stay within float32 noise of the trainer's every iteration, so every push
-    landed (stale weights would differ by far more once the actor moved)."""
+    LoRA (base + adapter pushed, no merged copy), the shared-backbone actor-critic, and both:
+    runs, and vLLM's log-probs stay within float32 noise of the trainer's every iteration,
+    so every push landed (stale weights would differ by far more once the actor moved)."""
+    from proxima.rollout.vllm_engine import VLLMEngine
+
+    pushes = []
+    for method in ("update_weights", "update_adapter"):
+        original = getattr(VLLMEngine, method)
+
+        def record(self, *args, _method=method, _original=original):
+            pushes.append((_method, args[-1]))
+            return _original(self, *args)
+
+        monkeypatch.setattr(VLLMEngine, method, record)
     out = tmp_path / "run"
-    extra = VARIANTS[variant]
+    extra = VARIANTS.get(variant, LORA_SHARED + ("actor.optim.lr=1e-2",))
     argv = fast_overrides(
         make_model("llama", "small"),
         out,
@@ -165,6 +177,8 @@ def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, varian
     assert rows[0]["kl"] == 0.0 and rows[2]["kl"] > 0.0  # the actor did move
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
+    push = "update_adapter" if variant.startswith("lora") else "update_weights"
+    assert pushes == [(push, v) for v in range(4)]  # before the first rollout, after each update
 
 
 def test_the_vllm_context_length_is_what_check_lengths_allows(make_model, fast_overrides, tmp_path):
