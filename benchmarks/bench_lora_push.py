@@ -90,7 +90,7 @@ def _one_way(args) -> dict:
     cfg = Config().replace(settings)
     actor = add_lora(model, cfg.model, "CAUSAL_LM").eval()
     adapters = [p for n, p in actor.named_parameters() if "lora_B" in n]
-    # the merged way: an engine without LoRA support, fed the merged copy as before
+    # the merged way: an engine without LoRA support, fed the merged copy as full weights
     engine_cfg = cfg if args.way == "adapter" else cfg.replace({"model.lora_rank": 0})
     engine = VLLMEngine(engine_cfg, tok, torch.device("cpu"))
     ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]])

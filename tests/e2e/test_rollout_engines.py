@@ -231,13 +231,14 @@ def test_one_engine_over_several_processes_is_refused(make_model, fast_overrides
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp+lora"])
 def test_vllm_on_every_process(make_model, fast_overrides, tmp_path, strategy):
     """`torchrun --nproc_per_node 2 ... rollout.name=vllm`: each process runs its own engine
     on its share of the prompts (vLLM's data parallelism under an external launcher) and
-    gets the actor's weights after every update (FSDP2: gathered from the shards). The
-    greedy evaluation before training equals one process's, and every engine's log-probs
-    stay within float32 noise of the trainer's while the actor moves."""
+    gets the actor's weights after every update (FSDP2: gathered from the shards; a LoRA
+    actor: base once, then its adapter, each process from its own folder). The greedy
+    evaluation before training equals one process's, and every engine's log-probs stay
+    within float32 noise of the trainer's while the actor moves."""
     import subprocess
     import sys
 
@@ -252,15 +253,17 @@ def test_vllm_on_every_process(make_model, fast_overrides, tmp_path, strategy):
             out,
             3,
             "rollout.name=vllm",
-            f"trainer.strategy={strategy if nproc == 2 else 'auto'}",
+            f"trainer.strategy={strategy.split('+')[0] if nproc == 2 else 'auto'}",
             f"data.eval_path={eval_file}",
             "trainer.threads=1",
             "algorithm.kl_penalty=full",
+            *(VARIANTS["lora"] if strategy.endswith("+lora") else ()),
         )
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         launch += ["--nproc_per_node", str(nproc), "-m", "proxima", "train", *argv]
         proc = subprocess.run(launch, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "merged copy instead" not in proc.stderr  # a LoRA actor went as its adapter
         runs[nproc] = json.loads((out / "summary.json").read_text())
         rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_max" in r]
         assert len(rows) == 3 and max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3
