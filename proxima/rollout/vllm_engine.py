@@ -36,6 +36,7 @@ import shutil
 import socket
 import tempfile
 import typing
+import warnings
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -140,7 +141,9 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
 
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks, if it moved
 
-log = logging.getLogger(__name__)
+
+class MergedLoraPushWarning(UserWarning):
+    """vLLM cannot apply the LoRA actor's adapter: the actor is pushed merged into a copy."""
 
 
 def _lora_ranks() -> tuple[int, ...]:
@@ -215,9 +218,12 @@ class VLLMEngine:
         # a LoRA actor: base weights once, then adapters (module doc); else merged pushes
         self.lora_rank, why_not = adapter_rank(cfg)
         if why_not:
-            log.warning(
-                "rollout.name=vllm: %s; the LoRA actor is pushed as a merged copy instead.",
-                why_not,
+            warnings.warn(
+                MergedLoraPushWarning(
+                    f"rollout.name=vllm: {why_not}; the LoRA actor is pushed as a merged copy "
+                    "instead."
+                ),
+                stacklevel=2,
             )
         lora = {"enable_lora": True, "max_lora_rank": self.lora_rank, "max_loras": 1}
         self.adapters = bool(self.lora_rank)  # LoRA pushes come as base + adapter
@@ -341,10 +347,12 @@ class VLLMEngine:
         (`models.lora.adapter_problem`; said once, then merged pushes)."""
         problem = adapter_problem(model) if self.adapters else None
         if problem:
-            log.warning(
-                "rollout.name=vllm: vLLM cannot apply the LoRA actor's adapter (%s); it is "
-                "pushed as a merged copy instead.",
-                problem,
+            warnings.warn(
+                MergedLoraPushWarning(
+                    f"rollout.name=vllm: vLLM cannot apply the LoRA actor's adapter ({problem}); "
+                    "it is pushed as a merged copy instead."
+                ),
+                stacklevel=2,
             )
             self.adapters = False
         return self.adapters
