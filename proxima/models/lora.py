@@ -14,8 +14,10 @@ peft is imported only when LoRA is used: a full fine-tuning run never pays for i
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +137,60 @@ def merged_copy(model: nn.Module) -> PreTrainedModel:
     restore the base weights bit for bit, and they are the reference. Costs one model copy
     while it lives."""
     return copy.deepcopy(model).merge_and_unload()
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA model's adapter as peft saves it, in memory: what a rollout engine that applies
+    adapters itself (vLLM with `enable_lora`) takes instead of a merged copy of the model."""
+
+    config: dict  # adapter_config.json
+    tensors: dict[str, torch.Tensor]  # adapter_model.safetensors (peft's names)
+
+    @property
+    def rank(self) -> int:
+        return max([self.config["r"], *(self.config.get("rank_pattern") or {}).values()])
+
+    def save(self, folder: Path) -> None:
+        """Write the peft adapter folder (adapter_config.json, adapter_model.safetensors)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "adapter_config.json").write_text(json.dumps(self.config, indent=2))
+        save_file(self.tensors, str(folder / "adapter_model.safetensors"))
+
+
+def export_adapter(model: nn.Module) -> Adapter:
+    """The adapter of a LoRA model, copied to CPU (an FSDP2 shard would be gathered first;
+    LoRA runs use DDP): the A and B matrices only, a few MiB where the model has GiB."""
+    from peft.utils import get_peft_model_state_dict
+
+    config = model.peft_config[model.active_adapter].to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    tensors = {
+        k: v.detach().to("cpu", copy=True).contiguous()
+        for k, v in get_peft_model_state_dict(model).items()
+    }
+    return Adapter(json.loads(json.dumps(config, default=str)), tensors)
+
+
+def adapter_problem(model: nn.Module) -> str | None:
+    """Why this LoRA model's adapter cannot be served on its own by an engine that applies
+    adapters to the backbone's linear layers only (vLLM), or None when it can: adapters on
+    an embedding or on the LM head, or fully trained modules (`modules_to_save`)."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    config = model.peft_config[model.active_adapter]
+    if config.modules_to_save:
+        return f"it trains whole modules too (modules_to_save={sorted(config.modules_to_save)})"
+    inner = model.get_base_model()
+    head = inner.get_output_embeddings()
+    for name, module in inner.named_modules():
+        if isinstance(module, LoraLayer) and (not isinstance(module, LoraLinear) or module is head):
+            return f"{name} is not a linear layer of the backbone"
+    return None
 
 
 def load_adapter_weights(model: nn.Module, folder: Path, role: str) -> None:

@@ -106,6 +106,24 @@ def export_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from revert_weight_conversion(model, own).items()
 
 
+def export_base_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LoRA model's frozen base weights, as `export_weights` names them, without a copy
+    and without the adapters (peft's `base_layer` wrappers looked through): the model its
+    adapters apply to, for an engine that applies them itself. Lazy, like `export_weights`."""
+    inner = model.get_base_model()
+    own = {
+        k.replace(".base_layer.", "."): _full(v.detach())
+        for k, v in inner.state_dict().items()
+        if ".lora_" not in k
+    }
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4.x: state_dict names are the saved names
+        yield from own.items()
+        return
+    yield from revert_weight_conversion(inner, own).items()
+
+
 def load_named_weights(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], where: str):
     """Copy (saved name, tensor) pairs, as `export_weights` gives or a saved folder holds,
     into an already-built plain HF model, in place. Raises ValueError naming `where` when the

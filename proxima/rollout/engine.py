@@ -16,6 +16,12 @@ colocated vLLM mode.
 This module is the contract only (`Sampling`, `RolloutEngine`); `proxima.rollout.engines`
 builds the engine `rollout.name` names.
 
+A LoRA actor can reach an engine as its frozen base and its adapter instead of a merged copy
+of the whole model: an engine that applies adapters itself also has `takes_adapter(model)`
+and `update_adapter(base, adapter, version)` (vLLM built with LoRA support: the base is read
+once, each push after that carries the adapter alone); `engines.sync_weights` uses them when
+the engine has them and takes that actor's adapter, `update_weights` otherwise.
+
 An engine counts the weights it holds by the trainer's `weight_version`: the trainer pushes
 whenever its actor is newer, so a rollout never samples from stale weights (tested with a
 fake engine that serves from its own copy).
@@ -101,7 +107,8 @@ class RolloutEngine(Protocol):
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         """Serve these weights (HF checkpoint names, `models.saving.export_weights`) from now
-        on. The iterable is lazy: an engine that serves the actor itself never reads it."""
+        on, and no adapter on them. The iterable is lazy: an engine that serves the actor
+        itself never reads it."""
         ...
 
     def sleep(self) -> None:

@@ -8,7 +8,8 @@ import torch
 
 from proxima.config import Config, RolloutConfig
 from proxima.models.critic import policy_of
-from proxima.models.saving import export_weights
+from proxima.models.lora import export_adapter, is_lora
+from proxima.models.saving import export_base_weights, export_weights
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.hf_engine import HFEngine
 
@@ -41,8 +42,16 @@ def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:
 
 def sync_weights(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> RolloutEngine:
     """`engine`, holding the weights of `actor` at `version`: pushed unless it holds them
-    already (`models.saving.export_weights`: HF names, LoRA merged into a copy; the `hf`
-    engine serves the actor itself and never reads them; an actor's value head stays)."""
-    if engine.weight_version != version:
-        engine.update_weights(export_weights(policy_of(actor)), version)
+    already. A LoRA policy goes as its frozen base and its adapter to an engine that takes
+    adapters (`takes_adapter`, `update_adapter`: vLLM built with LoRA support); any other
+    as whole weights (`models.saving.export_weights`: HF names, LoRA merged into a copy; the
+    `hf` engine serves the actor itself and never reads them). An actor's value head stays."""
+    if engine.weight_version == version:
+        return engine
+    policy = policy_of(actor)
+    takes_adapter = getattr(engine, "takes_adapter", None)
+    if is_lora(policy) and takes_adapter is not None and takes_adapter(policy):
+        engine.update_adapter(export_base_weights(policy), export_adapter(policy), version)
+    else:
+        engine.update_weights(export_weights(policy), version)
     return engine

@@ -9,6 +9,16 @@ vLLM's in-place `reload_weights`, which takes HF checkpoint names and handles ti
 and fused projections), and the prefix cache is reset. Between rollouts the KV cache is
 released (`sleep`) where the platform supports sleep mode (CUDA; vLLM's CPU build ignores it).
 
+A LoRA actor (`model.lora_rank` > 0) reaches vLLM as base + adapter, without a merged copy:
+the engine is built with vLLM's LoRA support (`enable_lora`, one adapter slot, `max_lora_rank`
+the run's rank rounded up to one vLLM accepts), the frozen base weights are pushed once
+(`update_adapter`, the same in-place reload), and every push after that writes only the
+adapter (a peft folder of a few MiB in a temporary directory) and serves it under a new
+`LoRARequest` id, the previous adapter removed first, so one adapter is loaded at any time
+and no cached older one is ever served. Where vLLM cannot apply the adapter (a model class
+without vLLM LoRA support, adapters on embeddings or the LM head, a rank above vLLM's
+largest) the engine says so in one line and takes merged pushes as for full fine-tuning.
+
 Log-probs are vLLM's `processed_logprobs` (after temperature, top-k, top-p): the distribution
 each token was sampled from, the behaviour policy that `algorithm.rollout_correction` needs.
 
@@ -18,16 +28,25 @@ the GPU wheel `vllm`); it is imported only when this engine is built.
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
+import typing
+import warnings
+import weakref
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
 from proxima import env
 from proxima.config import Config, ConfigError
 from proxima.models.loading import config_positions
+from proxima.models.lora import Adapter, adapter_problem
 from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation
 
@@ -120,6 +139,46 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
         )
 
 
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks, if it moved
+
+
+class MergedLoraPushWarning(UserWarning):
+    """vLLM cannot apply the LoRA actor's adapter: the actor is pushed merged into a copy."""
+
+
+def _lora_ranks() -> tuple[int, ...]:
+    """The `max_lora_rank` values this vLLM accepts."""
+    try:
+        from vllm.config.lora import MaxLoRARanks
+
+        return tuple(sorted(typing.get_args(MaxLoRARanks))) or _LORA_RANKS
+    except ImportError:
+        return _LORA_RANKS
+
+
+def adapter_rank(cfg: Config) -> tuple[int, str | None]:
+    """(vLLM's `max_lora_rank` for this run's adapters, None) when a LoRA actor can reach
+    vLLM as base + adapter; (0, why not) otherwise (a full fine-tuning run: (0, None)).
+    Reads the model's config.json and vLLM's model registry; builds nothing."""
+    rank = cfg.model.lora_rank
+    if rank <= 0:
+        return 0, None
+    fits = [r for r in _lora_ranks() if r >= rank]
+    if not fits:
+        return 0, f"vLLM's LoRA takes ranks up to {max(_lora_ranks())}, and model.lora_rank={rank}"
+    config = json.loads((Path(cfg.model.actor_path) / "config.json").read_text())
+    archs = config.get("architectures") or []
+    try:  # vLLM's own registry: the model class it would build, and its LoRA support
+        from vllm.model_executor.models import ModelRegistry, supports_lora
+
+        classes = [ModelRegistry._try_load_model_cls(a) for a in archs]
+    except (ImportError, AttributeError) as err:
+        return 0, f"vLLM's model registry could not be asked about LoRA support ({err})"
+    if not any(c is not None and supports_lora(c) for c in classes):
+        return 0, f"vLLM has no LoRA support for {'/'.join(archs) or 'this model'}"
+    return fits[0], None
+
+
 def _context_length(cfg: Config) -> int:
     """vLLM's max_model_len: a prompt of data.max_prompt_length and a whole response (a whole
     episode, observations included, with rollout.env), within the model's positions (the
@@ -156,6 +215,22 @@ class VLLMEngine:
         self.sleep_mode = v.enable_sleep_mode and current_platform.is_sleep_mode_available()
         self.asleep: set[str] = set()  # the parts released by sleep(): weights, kv_cache
         rank = env.rank()
+        # a LoRA actor: base weights once, then adapters (module doc); else merged pushes
+        self.lora_rank, why_not = adapter_rank(cfg)
+        if why_not:
+            warnings.warn(
+                MergedLoraPushWarning(
+                    f"rollout.name=vllm: {why_not}; the LoRA actor is pushed as a merged copy "
+                    "instead."
+                ),
+                stacklevel=2,
+            )
+        lora = {"enable_lora": True, "max_lora_rank": self.lora_rank, "max_loras": 1}
+        self.adapters = bool(self.lora_rank)  # LoRA pushes come as base + adapter
+        self.adapter = None  # the LoRARequest generation runs with (None: the pushed weights)
+        self.base_loaded = False  # the base of the adapters is what vLLM holds
+        self._adapter_ids = itertools.count(1)
+        self._adapter_root: Path | None = None
         self.llm = vllm.LLM(
             model=cfg.model.actor_path,
             load_format="dummy",  # the trainer pushes the actor's weights before any rollout
@@ -173,6 +248,7 @@ class VLLMEngine:
             max_model_len=_context_length(cfg),
             logprobs_mode="processed_logprobs",
             generation_config="vllm",  # sampling is ours; not the model folder's defaults
+            **(lora if self.lora_rank else {}),
         )
         # the in-place reload warns about modules without checkpoint weights (rotary caches)
         # on every push; they are rebuilt from the config, nothing is lost
@@ -220,7 +296,7 @@ class VLLMEngine:
         seeds = torch.randint(0, 2**31 - 1, (len(rows) * n,)).tolist()
         requests = [TokensPrompt(prompt_token_ids=r) for r in rows for _ in range(n)]
         params = [self._params(sampling, s) for s in seeds]
-        outs = self.llm.generate(requests, params, use_tqdm=False)
+        outs = self.llm.generate(requests, params, lora_request=self.adapter, use_tqdm=False)
         return self._to_generation(
             [o.outputs[0] for o in outs],
             prompt_ids.repeat_interleave(n, 0),
@@ -259,9 +335,66 @@ class VLLMEngine:
         """Load the actor's weights (HF names) in place; then forget cached prefixes, whose
         KV entries were computed with the old weights."""
         self._wake(["weights"])
+        self._drop_adapter()
+        self.base_loaded = False
         self.llm.collective_rpc(_reload, args=(named_tensors,))
         self.llm.reset_prefix_cache()
         self.weight_version = version
+
+    def takes_adapter(self, model: torch.nn.Module) -> bool:
+        """Whether pushes of the LoRA policy `model` come as base + adapter (`update_adapter`):
+        the engine was built for adapters and `model`'s have nothing vLLM cannot apply
+        (`models.lora.adapter_problem`; said once, then merged pushes)."""
+        problem = adapter_problem(model) if self.adapters else None
+        if problem:
+            warnings.warn(
+                MergedLoraPushWarning(
+                    f"rollout.name=vllm: vLLM cannot apply the LoRA actor's adapter ({problem}); "
+                    "it is pushed as a merged copy instead."
+                ),
+                stacklevel=2,
+            )
+            self.adapters = False
+        return self.adapters
+
+    def update_adapter(
+        self, base: Iterable[tuple[str, torch.Tensor]], adapter: Adapter, version: int
+    ) -> None:
+        """Serve `adapter` on `base` (the frozen weights it applies to, HF names, read only
+        when vLLM does not hold them yet: the first push). The adapter is written to a new
+        folder and loaded under a new LoRARequest id, the previous one removed first."""
+        if adapter.rank > self.lora_rank:
+            raise ValueError(
+                f"an adapter of rank {adapter.rank} on an engine built for {self.lora_rank}"
+            )
+        self._wake(["weights"])
+        if not self.base_loaded:
+            self.llm.collective_rpc(_reload, args=(base,))
+            self.base_loaded = True
+        from vllm.lora.request import LoRARequest
+
+        if self._adapter_root is None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="proxima-vllm-lora-"))
+            weakref.finalize(self, shutil.rmtree, self._adapter_root, ignore_errors=True)
+        self._drop_adapter()
+        key = next(self._adapter_ids)
+        folder = self._adapter_root / f"v{version}-{key}"
+        adapter.save(folder)
+        request = LoRARequest(f"actor-v{version}-{key}", key, str(folder))
+        self.llm.llm_engine.add_lora(request)  # loaded now: a bad adapter fails at the push
+        self.adapter = request
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
+
+    def loaded_adapters(self) -> set[int]:
+        """The ids of the adapters vLLM holds (one at most)."""
+        return set(self.llm.llm_engine.list_loras()) if self.lora_rank else set()
+
+    def _drop_adapter(self) -> None:
+        if self.adapter is not None:
+            self.llm.llm_engine.remove_lora(self.adapter.lora_int_id)
+            shutil.rmtree(self.adapter.lora_path, ignore_errors=True)
+            self.adapter = None
 
     def _wake(self, tags: list[str]) -> None:
         tags = [t for t in tags if t in self.asleep]
@@ -284,3 +417,5 @@ class VLLMEngine:
         finaliser would tear down a process group already destroyed by then ("Invalid process
         group specified" when a command goes on after training, as `proxima pipeline`)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)

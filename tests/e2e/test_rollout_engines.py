@@ -44,6 +44,7 @@ VARIANTS = {
     # one pass of the actor gives the old log-probs and the values (this engine is not hf)
     "shared": ("critic.shared_backbone=true", "actor.optim.lr=1e-2"),
 }
+LORA_SHARED = ("model.lora_rank=4", "model.lora_alpha=8", "critic.shared_backbone=true")
 
 
 @pytest.mark.parametrize("variant", ["full", "lora", "shared"])
@@ -141,14 +142,25 @@ def test_vllm_engine_refuses_a_head_size_its_cpu_kernels_lack(make_model, fast_o
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("variant", ["full", "lora", "shared"])
-def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, variant):
+@pytest.mark.parametrize("variant", ["full", "lora", "shared", "lora_shared"])
+def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, monkeypatch, variant):
     """`proxima train rollout.name=vllm` on a small Llama (head size 32), full fine-tuning,
-    LoRA (merged weights pushed) and the shared-backbone actor-critic: runs, and vLLM's
-    log-probs stay within float32 noise of the trainer's every iteration, so every push
-    landed (stale weights would differ by far more once the actor moved)."""
+    LoRA (base + adapter pushed, no merged copy), the shared-backbone actor-critic, and both:
+    runs, and vLLM's log-probs stay within float32 noise of the trainer's every iteration,
+    so every push landed (stale weights would differ by far more once the actor moved)."""
+    from proxima.rollout.vllm_engine import VLLMEngine
+
+    pushes = []
+    for method in ("update_weights", "update_adapter"):
+        original = getattr(VLLMEngine, method)
+
+        def record(self, *args, _method=method, _original=original):
+            pushes.append((_method, args[-1]))
+            return _original(self, *args)
+
+        monkeypatch.setattr(VLLMEngine, method, record)
     out = tmp_path / "run"
-    extra = VARIANTS[variant]
+    extra = VARIANTS.get(variant, LORA_SHARED + ("actor.optim.lr=1e-2",))
     argv = fast_overrides(
         make_model("llama", "small"),
         out,
@@ -165,6 +177,8 @@ def test_train_with_the_vllm_engine(make_model, fast_overrides, tmp_path, varian
     assert rows[0]["kl"] == 0.0 and rows[2]["kl"] > 0.0  # the actor did move
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 3 and summary["config"]["rollout"]["name"] == "vllm"
+    push = "update_adapter" if variant.startswith("lora") else "update_weights"
+    assert pushes == [(push, v) for v in range(4)]  # before the first rollout, after each update
 
 
 def test_the_vllm_context_length_is_what_check_lengths_allows(make_model, fast_overrides, tmp_path):
@@ -217,13 +231,14 @@ def test_one_engine_over_several_processes_is_refused(make_model, fast_overrides
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp+lora"])
 def test_vllm_on_every_process(make_model, fast_overrides, tmp_path, strategy):
     """`torchrun --nproc_per_node 2 ... rollout.name=vllm`: each process runs its own engine
     on its share of the prompts (vLLM's data parallelism under an external launcher) and
-    gets the actor's weights after every update (FSDP2: gathered from the shards). The
-    greedy evaluation before training equals one process's, and every engine's log-probs
-    stay within float32 noise of the trainer's while the actor moves."""
+    gets the actor's weights after every update (FSDP2: gathered from the shards; a LoRA
+    actor: base once, then its adapter, each process from its own folder). The greedy
+    evaluation before training equals one process's, and every engine's log-probs stay
+    within float32 noise of the trainer's while the actor moves."""
     import subprocess
     import sys
 
@@ -238,15 +253,17 @@ def test_vllm_on_every_process(make_model, fast_overrides, tmp_path, strategy):
             out,
             3,
             "rollout.name=vllm",
-            f"trainer.strategy={strategy if nproc == 2 else 'auto'}",
+            f"trainer.strategy={strategy.split('+')[0] if nproc == 2 else 'auto'}",
             f"data.eval_path={eval_file}",
             "trainer.threads=1",
             "algorithm.kl_penalty=full",
+            *(VARIANTS["lora"] if strategy.endswith("+lora") else ()),
         )
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         launch += ["--nproc_per_node", str(nproc), "-m", "proxima", "train", *argv]
         proc = subprocess.run(launch, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "merged copy instead" not in proc.stderr  # a LoRA actor went as its adapter
         runs[nproc] = json.loads((out / "summary.json").read_text())
         rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_max" in r]
         assert len(rows) == 3 and max(r["rollout/logprob_diff_max"] for r in rows) < 1e-3

@@ -16,13 +16,15 @@ from proxima.models import build_char_tokenizer, build_tiny_model, load_critic
 from proxima.models.forward import _accepts_logits_to_keep, response_logits, response_values
 from proxima.models.lora import (
     AdapterDisabled,
+    adapter_problem,
     add_lora,
     backbone_linear_names,
+    export_adapter,
     is_lora,
     load_adapter_weights,
     merged_copy,
 )
-from proxima.models.saving import save_role
+from proxima.models.saving import export_base_weights, export_weights, save_role
 from proxima.rollout.generate import generate_responses
 
 ALPHABET = "0123456789+="
@@ -221,6 +223,39 @@ def test_save_role_writes_merged_folder_and_adapter_that_load_back(tok, tmp_path
         load_adapter_weights(fresh, out / f"{name}_adapter", name)
         a, b = saved.state_dict(), fresh.state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_base_and_adapter_exports_rebuild_the_actor(tok, arch, tmp_path):
+    """What an engine that applies adapters gets: the base weights under the plain model's
+    names (the same tensors, no copy) and the adapter as peft saves it, which loads back
+    onto a fresh actor bit for bit."""
+    actor = _actor(tok, arch)
+    _perturb(actor)
+    base = dict(export_base_weights(actor))
+    plain = dict(export_weights(_base(tok, arch)))
+    assert base.keys() == plain.keys() and all(torch.equal(base[k], plain[k]) for k in base)
+    inner = actor.get_base_model().state_dict()
+    assert any(base[k].data_ptr() == v.data_ptr() for k in base for v in inner.values())
+    adapter = export_adapter(actor)
+    assert adapter.rank == 4 and adapter.tensors and all(".lora_" in k for k in adapter.tensors)
+    assert sorted(adapter.config["target_modules"]) == backbone_linear_names(_base(tok, arch))
+    adapter.save(tmp_path / "adapter")
+    fresh = _actor(tok, arch, seed=5)
+    load_adapter_weights(fresh, tmp_path / "adapter", "actor")
+    a, b = actor.state_dict(), fresh.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert adapter_problem(actor) is None
+
+
+@pytest.mark.filterwarnings("ignore:Model .*tie_word_embeddings:UserWarning")
+def test_adapter_problem_names_what_an_engine_cannot_apply(tok):
+    on_head = add_lora(_base(tok), ModelConfig(lora_rank=4, lora_target_modules=["lm_head"]),
+                       "CAUSAL_LM")  # fmt: skip
+    assert adapter_problem(on_head) == "lm_head is not a linear layer of the backbone"
+    on_embedding = ModelConfig(lora_rank=4, lora_target_modules=["embed_tokens", "q_proj"])
+    problem = adapter_problem(add_lora(_base(tok), on_embedding, "CAUSAL_LM"))
+    assert problem == "model.embed_tokens is not a linear layer of the backbone"
 
 
 def test_load_adapter_weights_errors_name_the_fix(tok, tmp_path):
