@@ -111,7 +111,7 @@ WORKLOADS = {
     # W2's models with a 32,000-token vocabulary, prompts of 16-128 tokens and responses
     # sampled until EOS (at most 128 tokens): the lengths vary as real ones do
     "W3": Workload(
-        "W3", 512, 8, 8, 2048, 64, 128, 20.0, 20.0, GPU_VOCAB, (16, 128), stop_at_eos=True
+        "W3", 512, 8, 8, 2048, 64, 128, 45.0, 60.0, GPU_VOCAB, (16, 128), stop_at_eos=True
     ),
     "w3smoke": Workload(
         "w3smoke", 64, 2, 2, 256, 8, 24, 0.1, 0.1, GPU_VOCAB, (4, 16), stop_at_eos=True
