@@ -124,7 +124,7 @@ def test_logprobs_equal_the_trainers(engine, tok, model_dir):
     torch.manual_seed(0)
     gen = engine.generate(ids, mask, Sampling(MAX_NEW, (tok.eos_token_id,), n=2, logprobs=True))
     with torch.no_grad():
-        trainer = sequence_logprobs(actor, gen, temperature=1.0, micro_batch_size=4)
+        trainer = sequence_logprobs(actor, gen, temperature=1.0, chunks=4)
     assert (gen.logprobs - trainer).abs().max().item() < LOGPROB_TOL
     assert gen.response_mask.sum() > len(gen.response_mask)  # more than one token each
 
