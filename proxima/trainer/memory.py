@@ -24,6 +24,7 @@ resident set (VmHWM). On a GPU the figures are device memory.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from contextlib import nullcontext
@@ -190,9 +191,10 @@ def lora_parameters(folder: str, kind: str, rank: int, targets: tuple[str, ...])
 
 def _dims(config) -> dict[str, int]:
     """Layers, widths, KV heads and vocabulary of an HF config (Llama, Qwen, GPT-2 names)."""
-    get = lambda *names, default=0: next(  # noqa: E731
-        (getattr(config, n) for n in names if getattr(config, n, None)), default
-    )
+
+    def get(*names: str, default: int = 0) -> int:
+        return next((getattr(config, n) for n in names if getattr(config, n, None)), default)
+
     hidden = get("hidden_size", "n_embd", "d_model")
     heads = get("num_attention_heads", "n_head", default=1)
     return {
@@ -209,14 +211,13 @@ def model_shape(folder: str, kind: str, dtype: torch.dtype, trainable: str, cfg:
     """The Shape of a role's model. trainable: "all", "lora" or "none"."""
     params = count_parameters(folder, kind)
     n_train = {"all": params, "none": 0}.get(trainable)
+    dims = _dims(_hf_config(folder, kind))
     if n_train is None:
         m = cfg.model
-        n_train = lora_parameters(folder, kind, m.lora_rank, tuple(m.lora_target_modules))
-        if kind == "value":
-            n_train += _dims(_hf_config(folder, kind))["hidden"] + 1  # the head stays trained
-        params += n_train
-    bytes_ = torch.empty(0, dtype=dtype).element_size()
-    return Shape(params, n_train, bytes_, **_dims(_hf_config(folder, kind)))
+        adapters = lora_parameters(folder, kind, m.lora_rank, tuple(m.lora_target_modules))
+        params += adapters
+        n_train = adapters + (dims["hidden"] + 1 if kind == "value" else 0)  # + the value head
+    return Shape(params, n_train, torch.empty(0, dtype=dtype).element_size(), **dims)
 
 
 # --------------------------------------------------------------------------- activations
@@ -267,13 +268,11 @@ def _saved_bytes(folder, kind, rows, length, response, checkpointing, bf16, temp
         amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
             if kind == "causal_lm":
-                out = model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    use_cache=False,
-                    logits_to_keep=response + 1,
-                )
+                keep = {}  # only the response's logits, where the model can (models.forward)
+                if "logits_to_keep" in inspect.signature(model.forward).parameters:
+                    keep["logits_to_keep"] = response + 1
+                inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+                out = model(**inputs, use_cache=False, **keep)
                 logits = out.logits[:, -response - 1 : -1]
                 if temperature != 1.0:
                     logits = logits / temperature

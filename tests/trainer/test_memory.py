@@ -127,6 +127,7 @@ def test_plan_under_lora_and_mixed_precision(llama):
     assert plan.roles["actor"]["weights"] == 4 * (CAUSAL_LM + 8192)
     assert plan.roles["actor"]["optimizer"] == 8 * 8192  # the adapters only
     assert "reference" not in plan.roles  # the actor with its adapters off
+    assert plan.roles["critic"]["weights"] == 4 * (VALUE + 8192)
     assert plan.roles["critic"]["optimizer"] == 8 * (8192 + 65)  # adapters + the value head
     bf16 = plan_memory(_cfg(llama, "model.mixed_precision=bf16"), torch.device("cpu"), baseline=0)
     assert bf16.roles["reference"] == {"weights": 2 * CAUSAL_LM}  # frozen roles in bf16
