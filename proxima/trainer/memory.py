@@ -573,18 +573,17 @@ def _update(
 
 # --------------------------------------------------------------------------- the check
 
+MICRO = "actor.ppo_micro_batch_size / critic.ppo_micro_batch_size (or *.ppo_max_tokens_per_micro)"
+LORA = "model.lora_rank=16 (only adapters trained; the reference is the actor without them)"
 FIXES = {  # what lowers each part of a phase, by the part's name
-    "activations": "actor.ppo_micro_batch_size / critic.ppo_micro_batch_size (or "
-    "*.ppo_max_tokens_per_micro), model.gradient_checkpointing=true",
-    "logits": "rollout.micro_batch_size (scoring), actor.ppo_micro_batch_size",
-    "kv cache": "rollout.micro_batch_size (rows per generation call), rollout.max_response_length",
-    "optimizer": "model.lora_rank=16 (trains adapters only), critic.shared_backbone=true "
-    "(no value model of its own)",
-    "weights": "model.lora_rank=16 (the reference is then the actor without its adapters), "
-    "model.mixed_precision=bf16 (frozen roles in bfloat16), a smaller model",
-    "vllm": "VLLM_CPU_KVCACHE_SPACE (GiB) / rollout.vllm.gpu_memory_utilization, or "
-    "rollout.name=hf",
-    "forward": "reward.batch_size, rollout.micro_batch_size",
+    "activations": (MICRO, "model.gradient_checkpointing=true"),
+    "backward": (MICRO,),
+    "logits": ("rollout.micro_batch_size (scoring)", "actor.ppo_micro_batch_size"),
+    "kv cache": ("rollout.micro_batch_size (rows per generation)", "rollout.max_response_length"),
+    "optimizer": (LORA, "critic.shared_backbone=true (no value model of its own)"),
+    "weights": (LORA, "model.mixed_precision=bf16 (frozen roles in bfloat16)"),
+    "vllm": ("VLLM_CPU_KVCACHE_SPACE / rollout.vllm.gpu_memory_utilization", "rollout.name=hf"),
+    "forward": ("reward.batch_size", "rollout.micro_batch_size"),
 }
 
 
@@ -599,9 +598,8 @@ def check_memory(plan: MemoryPlan, mode: str = "error") -> str | None:
     top = ", ".join(f"{k} {_gib(v)}" for k, v in _largest(parts, 4))
     fixes = []
     for part, _ in _largest(parts, len(parts)):
-        for key, fix in FIXES.items():
-            if key in part and fix not in fixes:
-                fixes.append(fix)
+        for key, keys in FIXES.items():
+            fixes += [k for k in keys if key in part and k not in fixes]
     where = "free on this machine (MemAvailable, or the cgroup's limit)"
     if plan.device.startswith("cuda"):
         where = f"free on {plan.device} (torch.cuda.mem_get_info)"
@@ -610,7 +608,7 @@ def check_memory(plan: MemoryPlan, mode: str = "error") -> str | None:
         f"the memory plan predicts a peak of {_gib(plan.peak)} in {plan.peak_phase} "
         f"({top}): {_gib(plan.needed)} more{procs} than this process holds now, but "
         f"{_gib(plan.available)} are {where}. Fix: lower what dominates: "
-        + "; ".join(fixes[:4])
+        + "; ".join(fixes[:5])
         + ". Or trainer.memory_check=warn to start anyway."
     )
     if mode == "warn":
