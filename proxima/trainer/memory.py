@@ -519,12 +519,17 @@ def _score(cfg: Config, roles: list[_Role], lengths: tuple[int, int], world: int
         rows = min(cfg.rollout.micro_batch_size, per_process)
         if r.kind == "reward":
             rows = min(cfg.reward.batch_size, per_process)
-        parts = {"forward": forward_bytes(rows, prompt + after, r.shape, width)}
+        # the layers' intermediates are freed before the logits are made: one or the other
+        part = ("forward", forward_bytes(rows, prompt + after, r.shape, width))
         if r.kind == "causal_lm":
-            parts["logits"] = logits_bytes(rows, after, r.shape.vocab, bf16)
-        if sum(parts.values()) > sum(best.values()):
-            best = {f"{r.name} {k}": v for k, v in parts.items()}
+            part = max(part, ("logits", logits_bytes(rows, after, r.shape.vocab, bf16)), key=_size)
+        if part[1] > sum(best.values()):
+            best = {f"{r.name} {part[0]}": part[1]}
     return best
+
+
+def _size(part: tuple[str, int]) -> int:
+    return part[1]
 
 
 def _update(
