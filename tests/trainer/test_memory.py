@@ -118,6 +118,9 @@ def test_plan_roles_weights_grads_and_adamw(llama):
     assert plan.held["actor optimizer"] == 8 * CAUSAL_LM
     assert plan.phases["generate"]["kv cache"] == 8 * 24 * 2 * 2 * 2 * 16 * 4
     assert set(plan.phases) == {"generate", "score", "update actor", "update critic"}
+    # scoring: the larger of a layer's intermediates (8 rows x 24 tokens x (3 x 128 MLP +
+    # 6 x 64) floats) and the logits (logits_bytes(8, 8, 100) = 105,600)
+    assert plan.phases["score"] == {"actor forward": 8 * 24 * (3 * 128 + 6 * 64) * 4}
     assert plan.peak == max(plan.phase_total(p) for p in plan.phases)
 
 
