@@ -20,4 +20,5 @@ PREFERENCE_OVERLONG = ("error", "drop")
 KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 SCHEDULES = ("constant", "cosine")  # actor.optim.schedule, critic.optim.schedule
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")  # trainer.strategy
+MEMORY_CHECKS = ("error", "warn", "off")  # trainer.memory_check
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # trainer.loggers (proxima.trackers)

@@ -547,6 +547,14 @@ class TrainerConfig:
     )
     run_name: str = _f("", "Name of the run in W&B and MLflow; empty = the run folder's name.")
     threads: int = _f(0, "torch CPU threads per process (0 = torch's default).")
+    memory_check: str = _f(
+        "error",
+        "The memory plan (peak memory per role and phase, predicted from the config and the "
+        "models' config.json before any model loads, printed with the batch plan): error "
+        "stops a run whose peak does not fit the free memory (CPU: MemAvailable or the "
+        "cgroup's limit; GPU: torch.cuda.mem_get_info) before it loads | warn says so and "
+        "starts | off plans nothing.",
+    )
     strategy: str = _f(
         "auto",
         "Data parallelism across the processes torchrun starts: auto (none for one process, "

@@ -21,6 +21,7 @@ from proxima.config.choices import (
     ENGINES,
     KL_CONTROLLERS,
     LOGGERS,
+    MEMORY_CHECKS,
     MIXED_PRECISION,
     OLD_LOGPROBS,
     OVERLONG_MODES,
@@ -46,6 +47,7 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "critic.optim.schedule": SCHEDULES,
     "rm.overlong": PREFERENCE_OVERLONG,
     "trainer.strategy": STRATEGIES,
+    "trainer.memory_check": MEMORY_CHECKS,
     "fsdp.param_dtype": DTYPE_NAMES,
     "fsdp.reduce_dtype": DTYPE_NAMES,
 }

@@ -55,6 +55,7 @@ from proxima.trainer.guard import (
     non_finite_divergence,
     should_stop,
 )
+from proxima.trainer.memory import check_memory, plan_memory
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, resolve_device
@@ -148,6 +149,7 @@ class PPORecipe:
         seed_everything(cfg.trainer.seed + self.dist.rank)
         inputs = prepare_inputs(cfg)  # folders, vocabularies, plan, data, reward
         self.eval_items = inputs.eval_items
+        self.memory = self._plan_memory(inputs, device)  # a run that cannot fit stops here
         roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
         self.trainer = PPOTrainer(
             cfg, roles, inputs.prompts, device, inputs.sft, self.dist, plan=inputs.plan
@@ -156,8 +158,9 @@ class PPORecipe:
             load_checkpoint(self.resume, self.trainer)
             self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
+        memory = f"\n{self.memory.describe()}" if self.memory is not None else ""
         self._say(
-            f"{batch_plan(cfg, self.dist.world_size)}\nroles:\n{roles.report()}\n"
+            f"{batch_plan(cfg, self.dist.world_size)}{memory}\nroles:\n{roles.report()}\n"
             f"{self.trainer.plan.describe()}"
         )
         if self.resume is not None:
@@ -177,6 +180,21 @@ class PPORecipe:
             self.run_dir, tensorboard="tensorboard" in names, enabled=main, trackers=trackers
         )
         self.logger.log_config(cfg.to_dict())
+
+    def _plan_memory(self, inputs, device):
+        """The memory plan (`trainer.memory.plan_memory`) from the config, the models'
+        config.json and the longest prompt; a run it says cannot fit stops before any
+        model loads (trainer.memory_check)."""
+        mode = self.cfg.trainer.memory_check
+        if mode == "off":
+            return None
+        items = [*inputs.prompts, *inputs.eval_items]
+        longest = max((len(item.ids) for item in items), default=None)
+        plan = plan_memory(self.cfg, device, self.dist.world_size, prompt_length=longest)
+        warning = check_memory(plan, mode)
+        if warning:
+            self._say(f"warning: {warning}")
+        return plan
 
     def _open_run_dir(self) -> None:
         """The run folder (a new one unless given), its config.json; leftovers of killed
@@ -204,6 +222,8 @@ class PPORecipe:
         }
         if main:
             (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+            if self.memory is not None:
+                self.memory.write(self.run_dir / "memory_plan.json")
 
     # ------------------------------------------------------------------ train
 

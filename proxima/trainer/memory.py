@@ -1,0 +1,631 @@
+"""The memory plan: the peak memory of a PPO run per role and phase, predicted from the config
+and the models' config.json files before any model loads, and a run that would not fit
+stopped before it starts (`trainer.memory_check`).
+
+What is counted, per process:
+
+- weights of every loaded role (actor, reference, critic, reward models; the LoRA reference
+  is the actor with its adapters off, a shared-backbone critic a head on the actor), counted
+  exactly from a model built on the meta device; gradients and AdamW's two states of what is
+  trained (the adapters only under LoRA), in the parameter's dtype;
+- activations kept for the backward pass of one training micro-batch, with or without
+  `model.gradient_checkpointing`: measured by running the model's forward and the loss's
+  log-softmax on fake tensors (no memory, no compute) and summing the tensors autograd saves;
+- the logits of a scoring or training micro-batch (rows x response x vocabulary floats) and
+  their log-softmax temporaries; the KV cache of a generation call; the vLLM engine's
+  weights and KV-cache reservation;
+- under torchrun: DDP keeps full copies per process, FSDP2 a shard of weights, gradients and
+  optimizer state.
+
+On a CPU the plan adds the process's resident memory at planning time (interpreter, torch,
+transformers, data) as its baseline: its figures are then those of the process's peak
+resident set (VmHWM). On a GPU the figures are device memory.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from proxima.config import Config, ConfigError, reward_model_paths
+from proxima.models import DTYPES
+from proxima.models.critic import critic_source
+from proxima.models.loading import checkpoint_activations, quiet_transformers
+
+GiB, MiB = 2**30, 2**20
+# allocator slack, autograd's engine and the optimizer's step temporaries on top of the
+# counted tensors (CPU), measured with benchmarks/bench_memory_plan.py
+RUNTIME_OVERHEAD = 64 * MiB
+# chunked log-softmax: about this many float32 elements per chunk (algos._checks)
+CHUNK_ELEMENTS = 2**24
+# vLLM's CPU backend reserves this many GiB for its KV cache unless VLLM_CPU_KVCACHE_SPACE says
+VLLM_CPU_KV_GIB = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs of one model, read from its config.json."""
+
+    params: int
+    trainable: int  # parameters trained (0 for a frozen role; LoRA: the adapters)
+    dtype_bytes: int
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.dtype_bytes
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per role (weights, gradients, optimizer state), what is held through the whole
+    run (`held`: the baseline, every role's weights and optimizer state, a vLLM engine),
+    what each phase adds on top of it, and what is available."""
+
+    device: str
+    baseline: int  # the process's resident memory at planning time (CPU), else 0
+    roles: dict[str, dict[str, int]] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> part -> bytes
+    processes: int = 1  # processes on this machine sharing its memory
+    available: int | None = None  # bytes free for this run on this machine
+    notes: list[str] = field(default_factory=list)
+
+    def phase_total(self, phase: str) -> int:
+        """The process's peak during `phase`: what is held plus the phase's own parts."""
+        return sum(self.held.values()) + sum(self.phases[phase].values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_total)
+
+    @property
+    def peak(self) -> int:
+        return self.phase_total(self.peak_phase)
+
+    @property
+    def needed(self) -> int:
+        """Bytes the run adds on this machine: the peak above the baseline, times the
+        processes that share the machine."""
+        return (self.peak - self.baseline) * self.processes
+
+    def describe(self) -> str:
+        """The few lines start-up prints under the batch plan."""
+        per = ", per process" if self.processes > 1 else ""
+        lines = [f"memory plan ({self.device}{per}; predicted before loading):"]
+        for role, parts in self.roles.items():
+            lines.append(f"  {role:14s}: " + ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()))
+        held = ", ".join(f"{k} {_gib(v)}" for k, v in _largest(self.held, 4))
+        lines.append(f"  {'held':14s}: {_gib(sum(self.held.values()))} ({held})")
+        for phase, parts in self.phases.items():
+            adds = ", ".join(f"{k} {_gib(v)}" for k, v in _largest(parts, 3))
+            lines.append(f"  {phase:14s}: {_gib(self.phase_total(phase))} (+ {adds})")
+        total = f"  {'peak':14s}: {_gib(self.peak)} in {self.peak_phase}"
+        if self.available is not None:
+            total += f"; {_gib(self.available)} available"
+        lines.append(total)
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(peak=self.peak, peak_phase=self.peak_phase, needed=self.needed)
+        out["phase_totals"] = {p: self.phase_total(p) for p in self.phases}
+        return out
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+
+
+def _largest(parts: dict[str, int], n: int) -> list[tuple[str, int]]:
+    return sorted(((k, v) for k, v in parts.items() if v), key=lambda kv: -kv[1])[:n]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+# --------------------------------------------------------------------------- the models
+
+
+def _hf_config(folder: str, kind: str):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if kind != "causal_lm":
+        config.num_labels = 1
+    return config
+
+
+def _auto_class(kind: str):
+    import transformers
+
+    return {
+        "causal_lm": transformers.AutoModelForCausalLM,
+        "value": transformers.AutoModelForTokenClassification,
+        "reward": transformers.AutoModelForSequenceClassification,
+    }[kind]
+
+
+@lru_cache(maxsize=16)
+def count_parameters(folder: str, kind: str = "causal_lm") -> int:
+    """Parameters of the model in `folder` built as `kind` (causal_lm, value: one label per
+    token, reward: one label per sequence), exactly, from its config on the meta device
+    (nothing allocated; shared tensors, like tied embeddings, counted once)."""
+    config = _hf_config(folder, kind)
+    with torch.device("meta"), quiet_transformers():
+        model = _auto_class(kind).from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@lru_cache(maxsize=16)
+def lora_parameters(folder: str, kind: str, rank: int, targets: tuple[str, ...]) -> int:
+    """Parameters of LoRA adapters of rank `rank` on the model in `folder`: r x (in + out)
+    for each targeted Linear (every Linear of the backbone when `targets` is empty, as
+    peft's all-linear: the output head left out)."""
+    config = _hf_config(folder, kind)
+    with torch.device("meta"), quiet_transformers():
+        model = _auto_class(kind).from_config(config)
+    head = model.get_output_embeddings() if kind == "causal_lm" else None
+    total = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if (targets and leaf in targets) or (not targets and leaf not in ("score", "classifier")):
+            total += rank * (module.in_features + module.out_features)
+    return total
+
+
+def _dims(config) -> dict[str, int]:
+    """Layers, widths, KV heads and vocabulary of an HF config (Llama, Qwen, GPT-2 names)."""
+
+    def get(*names: str, default: int = 0) -> int:
+        return next((getattr(config, n) for n in names if getattr(config, n, None)), default)
+
+    hidden = get("hidden_size", "n_embd", "d_model")
+    heads = get("num_attention_heads", "n_head", default=1)
+    return {
+        "layers": get("num_hidden_layers", "n_layer"),
+        "hidden": hidden,
+        "kv_heads": get("num_key_value_heads", default=heads),
+        "head_dim": get("head_dim", default=hidden // heads),
+        "intermediate": get("intermediate_size", "n_inner", default=4 * hidden),
+        "vocab": get("vocab_size"),
+    }
+
+
+def model_shape(folder: str, kind: str, dtype: torch.dtype, trainable: str, cfg: Config) -> Shape:
+    """The Shape of a role's model. trainable: "all", "lora" or "none"."""
+    params = count_parameters(folder, kind)
+    n_train = {"all": params, "none": 0}.get(trainable)
+    dims = _dims(_hf_config(folder, kind))
+    if n_train is None:
+        m = cfg.model
+        adapters = lora_parameters(folder, kind, m.lora_rank, tuple(m.lora_target_modules))
+        params += adapters
+        n_train = adapters + (dims["hidden"] + 1 if kind == "value" else 0)  # + the value head
+    return Shape(params, n_train, torch.empty(0, dtype=dtype).element_size(), **dims)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def saved_activation_bytes(
+    folder: str,
+    kind: str,
+    rows: int,
+    length: int,
+    response: int,
+    *,
+    checkpointing: bool = False,
+    bf16: bool = False,
+    temperature: float = 1.0,
+) -> int:
+    """Bytes autograd keeps for the backward pass of one training micro-batch: the model's
+    forward over rows x length tokens (a causal LM's logits for the last response + 1
+    positions, divided by the temperature, and their log-softmax as the policy loss takes
+    it; a value model's values), traced on fake tensors. Each saved storage counted once."""
+    return _saved_bytes(
+        folder, kind, rows, length, response, checkpointing, bf16, float(temperature)
+    )
+
+
+@lru_cache(maxsize=32)
+def _saved_bytes(folder, kind, rows, length, response, checkpointing, bf16, temperature) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from proxima.algos import logprobs_from_logits
+
+    config = _hf_config(folder, kind)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[storage._cdata] = storage.nbytes()
+        return t
+
+    with FakeTensorMode(), quiet_transformers():
+        model = _auto_class(kind).from_config(config)
+        if checkpointing:
+            checkpoint_activations(model)  # as the run checkpoints its trained models
+        model.train()
+        ids = torch.zeros(rows, length, dtype=torch.long)
+        mask = torch.ones(rows, length, dtype=torch.long)
+        positions = torch.arange(length).expand(rows, length)
+        amp = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
+            if kind == "causal_lm":
+                keep = {}  # only the response's logits, where the model can (models.forward)
+                if "logits_to_keep" in inspect.signature(model.forward).parameters:
+                    keep["logits_to_keep"] = response + 1
+                inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions)
+                out = model(**inputs, use_cache=False, **keep)
+                logits = out.logits[:, -response - 1 : -1]
+                if temperature != 1.0:
+                    logits = logits / temperature
+                logprobs_from_logits(logits, ids[:, -response:]).sum()
+            else:
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+                out.logits[:, -response - 1 : -1, 0].float().sum()
+    return sum(seen.values())
+
+
+def logits_bytes(rows: int, response: int, vocab: int, bf16: bool = False) -> int:
+    """The logits of a scoring or training micro-batch ([rows, response + 1, vocab], in
+    bfloat16 under autocast) plus a float32 copy of the response positions (the division by
+    the temperature, or the upcast) and the chunked log-softmax's temporaries."""
+    raw = rows * (response + 1) * vocab * (2 if bf16 else 4)
+    scaled = rows * response * vocab * 4
+    chunk = min(rows * response, max(1, CHUNK_ELEMENTS // vocab)) * vocab * 4
+    return raw + scaled + 2 * chunk
+
+
+def kv_cache_bytes(rows: int, length: int, shape: Shape, dtype_bytes: int) -> int:
+    """A generation call's KV cache: rows x positions x layers x (K and V) x KV heads x
+    head_dim elements."""
+    return rows * length * shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+
+
+def forward_bytes(rows: int, length: int, shape: Shape, dtype_bytes: int) -> int:
+    """Transient memory of a forward pass without autograd: one decoder layer's largest
+    intermediates (the MLP's three, the residual stream and its normed copy, the attention's
+    query, key, value and output) on rows x length tokens."""
+    return rows * length * (3 * shape.intermediate + 6 * shape.hidden) * dtype_bytes
+
+
+# --------------------------------------------------------------------------- available memory
+
+
+def cpu_available() -> int | None:
+    """Bytes this process may still take: MemAvailable, or less under a cgroup limit."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            cap = Path(limit).read_text().strip()
+            if cap != "max" and int(cap) < 2**60:
+                found.append(int(cap) - int(Path(usage).read_text()))
+                break
+        except (OSError, ValueError):
+            continue
+    return min(found) if found else None
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (VmRSS), 0 where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def device_available(device: torch.device) -> tuple[int | None, int | None]:
+    """(free, total) bytes of a CUDA device; (None, None) elsewhere."""
+    if device.type != "cuda":
+        return None, None
+    free, total = torch.cuda.mem_get_info(device)
+    return free, total
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class _Role:
+    name: str
+    folder: str
+    kind: str
+    shape: Shape
+    trained: bool
+    section: object = None  # its ActorConfig / CriticConfig when trained
+
+
+def _roles(cfg: Config) -> list[_Role]:
+    """Every model the run loads, with its own weights (the LoRA reference and a
+    shared-backbone critic have none)."""
+    m, lora = cfg.model, cfg.model.lora_rank > 0
+    dtype = DTYPES[m.dtype]
+    frozen = torch.bfloat16 if m.mixed_precision == "bf16" else dtype
+    out = [
+        _Role(
+            "actor",
+            m.actor_path,
+            "causal_lm",
+            model_shape(m.actor_path, "causal_lm", dtype, "lora" if lora else "all", cfg),
+            True,
+            cfg.actor,
+        )
+    ]
+    if (cfg.kl_in_reward or cfg.actor.use_kl_loss) and (m.reference_path or not lora):
+        folder = m.reference_path or m.actor_path
+        shape = model_shape(folder, "causal_lm", frozen, "none", cfg)
+        out.append(_Role("reference", folder, "causal_lm", shape, False))
+    if cfg.uses_critic and not cfg.critic_on_actor:
+        folder = critic_source(cfg)
+        mode = "lora" if lora and m.critic_lora else "all"
+        shape = model_shape(folder, "value", dtype, mode, cfg)
+        out.append(_Role("critic", folder, "value", shape, True, cfg.critic))
+    for i, folder in enumerate(reward_model_paths(cfg)):
+        shape = model_shape(folder, "reward", frozen, "none", cfg)
+        out.append(_Role("reward" if i == 0 else f"reward{i}", folder, "reward", shape, False))
+    return out
+
+
+def _place(cfg: Config, world: int) -> tuple[str, int]:
+    """(strategy, shards): data parallelism under torchrun and over how many processes
+    FSDP2 shards the model states."""
+    strategy = cfg.trainer.strategy
+    if strategy == "auto":
+        strategy = "ddp" if world > 1 else "none"
+    return strategy, (world if strategy == "fsdp2" else 1)
+
+
+def plan_memory(
+    cfg: Config,
+    device: torch.device,
+    world: int = 1,
+    prompt_length: int | None = None,
+    baseline: int | None = None,
+) -> MemoryPlan:
+    """The run's memory plan per process on `device`, from the config and the models'
+    config.json files (nothing loads). prompt_length: the longest prompt of the data
+    (default data.max_prompt_length); baseline: the process's memory before loading
+    (default on a CPU: its resident memory now)."""
+    cpu = device.type != "cuda"
+    roles = _roles(cfg)  # imports the models' code, as loading them will
+    if baseline is None:
+        baseline = resident_bytes() if cpu else 0
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if cpu else 1
+    plan = MemoryPlan(str(device), baseline, processes=processes)
+    strategy, shards = _place(cfg, world)
+    held = {"baseline": baseline, "runtime": RUNTIME_OVERHEAD if cpu else 0}
+    grads: dict[str, int] = {}
+    for r in roles:
+        weights = r.shape.weight_bytes // shards
+        if r.name == "reference" and cfg.fsdp.offload_frozen and strategy == "fsdp2" and not cpu:
+            weights = 0  # its shards are on the CPU
+        parts = {"weights": weights}
+        if r.trained:
+            train_bytes = r.shape.trainable * r.shape.dtype_bytes // shards
+            grads[r.name] = train_bytes * (2 if strategy == "ddp" else 1)  # + DDP's buckets
+            parts["grads"] = grads[r.name]
+            parts["optimizer"] = 2 * train_bytes  # AdamW's exp_avg and exp_avg_sq
+            held[f"{r.name} optimizer"] = parts["optimizer"]
+        held[f"{r.name} weights"] = weights
+        plan.roles[r.name] = parts
+    if cfg.critic_on_actor:
+        plan.notes.append("critic: a value head on the actor (counted with the actor)")
+    if cfg.model.lora_rank > 0 and not cfg.model.reference_path:
+        plan.notes.append("reference: the actor with its adapters off (no weights of its own)")
+    held.update(_engine_bytes(cfg, roles[0].shape, device))
+    plan.held = held
+    lengths = _lengths(cfg, prompt_length)
+    plan.phases["generate"] = _generate(cfg, roles[0], lengths, world)
+    plan.phases["score"] = _score(cfg, roles, lengths, world)
+    for r in roles:
+        if r.trained:
+            phase = _update(cfg, r, lengths, world, grads[r.name], plan.notes)
+            plan.phases[f"update {r.name}"] = phase
+    if cpu:
+        plan.available = cpu_available()
+    else:
+        plan.available = device_available(device)[0]
+    return plan
+
+
+def _lengths(cfg: Config, prompt_length: int | None) -> tuple[int, int]:
+    """(prompt, after the prompt) in tokens: the longest a batch is padded to."""
+    prompt = prompt_length or cfg.data.max_prompt_length
+    return prompt, getattr(cfg.rollout, cfg.rollout.after_prompt_key)
+
+
+def _compute_bytes(cfg: Config) -> int:
+    """Bytes per element of activations (bfloat16 under autocast)."""
+    if cfg.model.mixed_precision == "bf16":
+        return 2
+    return torch.empty(0, dtype=DTYPES[cfg.model.dtype]).element_size()
+
+
+def _engine_bytes(cfg: Config, actor: Shape, device: torch.device) -> dict[str, int]:
+    """The vLLM engine's own memory: its copy of the weights and its KV-cache reservation
+    (VLLM_CPU_KVCACHE_SPACE GiB on a CPU); on a GPU its whole share,
+    rollout.vllm.gpu_memory_utilization of the device."""
+    if cfg.rollout.name != "vllm":
+        return {}
+    if device.type == "cuda":
+        total = device_available(device)[1] or 0
+        return {"vllm engine": int(cfg.rollout.vllm.gpu_memory_utilization * total)}
+    name = cfg.rollout.vllm.dtype
+    dtype_bytes = actor.dtype_bytes if name == "auto" else DTYPES[name].itemsize
+    kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or VLLM_CPU_KV_GIB)
+    return {
+        "vllm weights": actor.params * dtype_bytes,
+        "vllm kv cache": int(kv * GiB),
+    }
+
+
+def _generate(cfg: Config, actor: _Role, lengths: tuple[int, int], world: int) -> dict:
+    """A generation call of the hf engine: its KV cache over the whole length, the
+    prefill's forward and the decode step's logits (vLLM's are in its reservation)."""
+    if cfg.rollout.name == "vllm":
+        return {}
+    prompt, after = lengths
+    rows = min(cfg.rollout.micro_batch_size, max(1, cfg.rollout_batch_size // world))
+    if cfg.data.eval_path:
+        rows = max(rows, cfg.eval.batch_size)
+    width = _compute_bytes(cfg)
+    return {
+        "kv cache": kv_cache_bytes(rows, prompt + after, actor.shape, width),
+        "forward": forward_bytes(rows, prompt, actor.shape, width),
+        "logits": 4 * rows * actor.shape.vocab * 4,
+    }
+
+
+def _score(cfg: Config, roles: list[_Role], lengths: tuple[int, int], world: int) -> dict:
+    """The largest scoring forward pass without autograd: an actor or reference pass
+    (logits of rollout.micro_batch_size rows), the critic's, the reward model's. Under a
+    token budget (rollout. / reward.max_tokens_per_micro) a pass holds at most the budget's
+    tokens, and at most as many response positions."""
+    prompt, after = lengths
+    per_process = max(1, cfg.rollout_batch_size // world)
+    width, bf16 = _compute_bytes(cfg), cfg.model.mixed_precision == "bf16"
+    best: dict[str, int] = {}
+    for r in roles:
+        rows, budget = cfg.rollout.micro_batch_size, cfg.rollout.max_tokens_per_micro
+        if r.kind == "reward":
+            rows, budget = cfg.reward.batch_size, cfg.reward.max_tokens_per_micro
+        rows, length, response = min(rows, per_process), prompt + after, after
+        if budget:  # as one row of the budget's tokens
+            length = min(budget, per_process * (prompt + after))
+            rows, response = 1, min(budget, per_process * after)
+        # the layers' intermediates are freed before the logits are made: one or the other
+        part = ("forward", forward_bytes(rows, length, r.shape, width))
+        if r.kind == "causal_lm":
+            logits = logits_bytes(rows, response, r.shape.vocab, bf16)
+            part = max(part, ("logits", logits), key=_size)
+        if part[1] > sum(best.values()):
+            best = {f"{r.name} {part[0]}": part[1]}
+    return best
+
+
+def _size(part: tuple[str, int]) -> int:
+    return part[1]
+
+
+def _update(
+    cfg: Config, role: _Role, lengths: tuple[int, int], world: int, grads: int, notes: list
+) -> dict:
+    """One training micro-batch of a trained role: its gradients, the activations autograd
+    keeps, and the backward pass's temporaries (the logits' gradient, one layer's)."""
+    prompt, after = lengths
+    length = prompt + after
+    sec = role.section
+    rows = sec.ppo_micro_batch_size
+    if sec.ppo_max_tokens_per_micro:
+        rows = max(1, sec.ppo_max_tokens_per_micro // length)
+    rows = min(rows, max(1, sec.ppo_mini_batch_size // world))
+    m = cfg.model
+    bf16 = m.mixed_precision == "bf16"
+    trace = dict(rows=rows, length=length, response=after, bf16=bf16)
+    if role.kind == "causal_lm":
+        trace["temperature"] = cfg.rollout.temperature
+    width = _compute_bytes(cfg)
+    layer = forward_bytes(rows, length, role.shape, width)
+    try:
+        full = saved_activation_bytes(role.folder, role.kind, **trace)
+        kept = full
+        if m.gradient_checkpointing:
+            kept = saved_activation_bytes(role.folder, role.kind, checkpointing=True, **trace)
+    except Exception as err:  # noqa: BLE001 - an architecture the trace cannot run
+        notes.append(f"{role.name}: activations from a formula (the trace failed: {err!r:.80})")
+        full = role.shape.layers * layer + 3 * rows * (after + 1) * role.shape.vocab * 4
+        kept = role.shape.layers * rows * length * role.shape.hidden * width
+        kept = kept if m.gradient_checkpointing else full
+    parts = {"grads": grads, "activations": kept}
+    if m.gradient_checkpointing:
+        layer += (full - kept) // max(1, role.shape.layers)  # one layer recomputed
+    parts["backward"] = layer
+    if role.kind == "causal_lm":
+        logits = rows * (after + 1) * role.shape.vocab * 4
+        parts["backward"] += 2 * logits
+        # the entropy's statistics, without autograd, one chunk at a time
+        parts["entropy"] = 3 * min(rows * after, max(1, CHUNK_ELEMENTS // role.shape.vocab))
+        parts["entropy"] *= role.shape.vocab * 4
+        if cfg.actor.use_kl_loss:  # the reference's logits of the micro-batch
+            parts["reference logits"] = logits_bytes(rows, after, role.shape.vocab, bf16)
+    return parts
+
+
+# --------------------------------------------------------------------------- the check
+
+MICRO = "actor.ppo_micro_batch_size / critic.ppo_micro_batch_size (or *.ppo_max_tokens_per_micro)"
+LORA = "model.lora_rank=16 (only adapters trained; the reference is the actor without them)"
+FIXES = {  # what lowers each part of a phase, by the part's name
+    "activations": (MICRO, "model.gradient_checkpointing=true"),
+    "backward": (MICRO,),
+    "logits": (
+        "rollout.micro_batch_size or rollout.max_tokens_per_micro (scoring)",
+        "actor.ppo_micro_batch_size",
+    ),
+    "kv cache": ("rollout.micro_batch_size (rows per generation)", "rollout.max_response_length"),
+    "optimizer": (LORA, "critic.shared_backbone=true (no value model of its own)"),
+    "weights": (LORA, "model.mixed_precision=bf16 (frozen roles in bfloat16)"),
+    "vllm": ("VLLM_CPU_KVCACHE_SPACE / rollout.vllm.gpu_memory_utilization", "rollout.name=hf"),
+    "forward": ("reward.batch_size or reward.max_tokens_per_micro", "rollout.micro_batch_size"),
+}
+
+
+def check_memory(plan: MemoryPlan, mode: str = "error") -> str | None:
+    """Stop a run whose predicted peak does not fit what the machine has free
+    (`trainer.memory_check`: error raises ConfigError, warn returns the message to print,
+    off checks nothing)."""
+    if mode == "off" or plan.available is None or plan.needed <= plan.available:
+        return None
+    parts = {**plan.held, **plan.phases[plan.peak_phase]}
+    parts.pop("baseline")
+    top = ", ".join(f"{k} {_gib(v)}" for k, v in _largest(parts, 4))
+    fixes = []
+    for part, _ in _largest(parts, len(parts)):
+        for key, keys in FIXES.items():
+            fixes += [k for k in keys if key in part and k not in fixes]
+    where = "free on this machine (MemAvailable, or the cgroup's limit)"
+    if plan.device.startswith("cuda"):
+        where = f"free on {plan.device} (torch.cuda.mem_get_info)"
+    procs = f" x {plan.processes} processes" if plan.processes > 1 else ""
+    message = (
+        f"the memory plan predicts a peak of {_gib(plan.peak)} in {plan.peak_phase} "
+        f"({top}): {_gib(plan.needed)} more{procs} than this process holds now, but "
+        f"{_gib(plan.available)} are {where}. Fix: lower what dominates: "
+        + "; ".join(fixes[:5])
+        + ". Or trainer.memory_check=warn to start anyway."
+    )
+    if mode == "warn":
+        return message
+    raise ConfigError(message)

@@ -1,0 +1,45 @@
+"""The memory plan at start-up: printed with the batch plan and written to the run folder;
+a run that will not fit stops before any model loads, naming the figures and the keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import proxima.trainer.memory as memory
+import proxima.trainer.setup as setup
+from proxima.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _no_loading(*args, **kwargs):
+    raise AssertionError("a model was loaded")
+
+
+def test_a_run_that_cannot_fit_stops_before_loading(
+    tmp_path, make_model, fast_overrides, monkeypatch, capsys
+):
+    monkeypatch.setattr(memory, "cpu_available", lambda: 2**20)  # 1 MiB free
+    monkeypatch.setattr(setup, "load_causal_lm", _no_loading)
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 1)]) == 2
+    err = capsys.readouterr().err
+    assert "the memory plan predicts a peak of" in err and "1 MiB are free" in err
+    assert "actor.ppo_micro_batch_size" in err and "trainer.memory_check=warn" in err
+    assert not out.exists()  # nothing written
+
+
+def test_the_plan_is_printed_and_written(tmp_path, make_model, fast_overrides, monkeypatch, capsys):
+    monkeypatch.setattr(memory, "cpu_available", lambda: 2**20)
+    out = tmp_path / "run"
+    overrides = fast_overrides(make_model(), out, 1, "trainer.memory_check=warn")
+    assert main(["train", *overrides]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: the memory plan predicts" in printed
+    assert "memory plan (cpu" in printed and "update actor" in printed
+    plan = json.loads((out / "memory_plan.json").read_text())
+    assert plan["peak"] > plan["baseline"] > 0 and plan["available"] == 2**20
+    assert set(plan["phases"]) == {"generate", "score", "update actor", "update critic"}
+    assert plan["roles"]["actor"]["optimizer"] == 2 * plan["roles"]["actor"]["weights"]

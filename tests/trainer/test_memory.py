@@ -1,0 +1,221 @@
+"""The memory plan's arithmetic (parameter, optimizer, KV-cache and logits bytes of a given
+config, by hand), its trace of the activations autograd keeps (against the same count on
+real tensors), and where its figures go in a plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+from proxima.algos import logprobs_from_logits
+from proxima.config import ConfigError, load_config
+from proxima.trainer.memory import (
+    MemoryPlan,
+    check_memory,
+    count_parameters,
+    kv_cache_bytes,
+    logits_bytes,
+    lora_parameters,
+    model_shape,
+    plan_memory,
+    saved_activation_bytes,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# hidden 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 100, untied head
+LLAMA = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=100,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+# per layer: q 64x64 = 4096, k and v 64x32 = 2048 each, o 4096, gate/up/down 3 x 64x128 =
+# 24576, two RMSNorms 128 -> 36992; embeddings 100x64 = 6400, final norm 64
+BACKBONE = 6400 + 2 * 36992 + 64  # 80448
+CAUSAL_LM = BACKBONE + 6400  # + the LM head: 86848
+VALUE = BACKBONE + 64 + 1  # + Linear(64, 1) with bias (token classification)
+REWARD = BACKBONE + 64  # + Linear(64, 1) without bias (sequence classification)
+
+
+@pytest.fixture
+def llama(tmp_path):
+    folder = tmp_path / "llama"
+    LlamaConfig(**LLAMA).save_pretrained(folder)  # config.json only: nothing else is read
+    return str(folder)
+
+
+def _cfg(folder: str, *extra: str):
+    return load_config(
+        None,
+        [
+            "task.name=",
+            f"model.actor_path={folder}",
+            "data.train_path=prompts.jsonl",  # named only: the plan reads no data
+            "reward.function=rewards.py:fn",
+            "data.max_prompt_length=16",
+            "data.train_batch_size=8",
+            "rollout.n=1",
+            "rollout.max_response_length=8",
+            "rollout.micro_batch_size=8",
+            "actor.ppo_mini_batch_size=8",
+            "actor.ppo_micro_batch_size=4",
+            "critic.ppo_mini_batch_size=8",
+            "critic.ppo_micro_batch_size=4",
+            "algorithm.adv_estimator=gae",
+            *extra,
+        ],
+    )
+
+
+def test_parameters_counted_exactly_from_the_config(llama):
+    assert count_parameters(llama, "causal_lm") == CAUSAL_LM
+    assert count_parameters(llama, "value") == VALUE
+    assert count_parameters(llama, "reward") == REWARD
+    # and as the model built for real counts them
+    real = AutoModelForCausalLM.from_config(LlamaConfig(**LLAMA))
+    assert sum(p.numel() for p in real.parameters()) == CAUSAL_LM
+
+
+def test_lora_adapters_counted_per_targeted_linear(llama):
+    # r x (in + out): q (64+64), k and v (64+32), o (64+64), gate and up (64+128), down
+    # (128+64) -> 4 x (128 + 96 + 96 + 128 + 192 * 3) = 4096 per layer, 2 layers
+    assert lora_parameters(llama, "causal_lm", 4, ()) == 8192
+    assert lora_parameters(llama, "causal_lm", 4, ("q_proj", "v_proj")) == 2 * 4 * (128 + 96)
+
+
+def test_kv_cache_and_logits_bytes(llama):
+    cfg = _cfg(llama)
+    shape = model_shape(llama, "causal_lm", torch.float32, "all", cfg)
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.vocab) == (2, 2, 16, 100)
+    # 8 rows x 24 positions x 2 layers x (K, V) x 2 KV heads x 16 x 4 bytes
+    assert kv_cache_bytes(8, 24, shape, 4) == 8 * 24 * 2 * 2 * 2 * 16 * 4 == 98304
+    # [4, 11, 100] float32 logits 17,600 + the [4, 10, 100] scaled copy 16,000 + two
+    # log-softmax chunks of the 40 rows (under 2**24 elements) 2 x 16,000
+    assert logits_bytes(4, 10, 100) == 17600 + 16000 + 32000
+    # bf16 logits: half of the raw ones, the float32 copies as before
+    assert logits_bytes(4, 10, 100, bf16=True) == 8800 + 16000 + 32000
+
+
+def test_plan_roles_weights_grads_and_adamw(llama):
+    plan = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0)
+    assert plan.roles["actor"] == {
+        "weights": 4 * CAUSAL_LM,
+        "grads": 4 * CAUSAL_LM,
+        "optimizer": 2 * 4 * CAUSAL_LM,  # AdamW's exp_avg and exp_avg_sq in float32
+    }
+    assert plan.roles["reference"] == {"weights": 4 * CAUSAL_LM}
+    assert plan.roles["critic"] == {
+        "weights": 4 * VALUE,
+        "grads": 4 * VALUE,
+        "optimizer": 8 * VALUE,
+    }
+    assert plan.held["actor optimizer"] == 8 * CAUSAL_LM
+    assert plan.phases["generate"]["kv cache"] == 8 * 24 * 2 * 2 * 2 * 16 * 4
+    assert set(plan.phases) == {"generate", "score", "update actor", "update critic"}
+    # scoring: the larger of a layer's intermediates (8 rows x 24 tokens x (3 x 128 MLP +
+    # 6 x 64) floats) and the logits (logits_bytes(8, 8, 100) = 105,600)
+    assert plan.phases["score"] == {"actor forward": 8 * 24 * (3 * 128 + 6 * 64) * 4}
+    assert plan.peak == max(plan.phase_total(p) for p in plan.phases)
+
+
+def test_scoring_under_a_token_budget(llama):
+    # 48 tokens a pass, as one row: 48 x (3 x 128 + 6 x 64) floats, whatever the row count
+    plan = plan_memory(
+        _cfg(llama, "rollout.max_tokens_per_micro=48"), torch.device("cpu"), baseline=0
+    )
+    assert plan.phases["score"] == {"actor forward": 48 * (3 * 128 + 6 * 64) * 4}
+    # a budget above the batch's tokens (8 rows x 24) counts the batch: 192 tokens
+    plan = plan_memory(
+        _cfg(llama, "rollout.max_tokens_per_micro=4096"), torch.device("cpu"), baseline=0
+    )
+    assert plan.phases["score"] == {"actor forward": 192 * (3 * 128 + 6 * 64) * 4}
+
+
+def test_plan_under_lora_and_mixed_precision(llama):
+    cfg = _cfg(llama, "model.lora_rank=4", "model.critic_lora=true")
+    plan = plan_memory(cfg, torch.device("cpu"), baseline=0)
+    assert plan.roles["actor"]["weights"] == 4 * (CAUSAL_LM + 8192)
+    assert plan.roles["actor"]["optimizer"] == 8 * 8192  # the adapters only
+    assert "reference" not in plan.roles  # the actor with its adapters off
+    assert plan.roles["critic"]["weights"] == 4 * (VALUE + 8192)
+    assert plan.roles["critic"]["optimizer"] == 8 * (8192 + 65)  # adapters + the value head
+    bf16 = plan_memory(_cfg(llama, "model.mixed_precision=bf16"), torch.device("cpu"), baseline=0)
+    assert bf16.roles["reference"] == {"weights": 2 * CAUSAL_LM}  # frozen roles in bf16
+
+
+def test_plan_fsdp2_shards_model_states(llama, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cfg = _cfg(llama, "trainer.strategy=fsdp2")
+    plan = plan_memory(cfg, torch.device("cpu"), world=2, baseline=0)
+    assert plan.roles["actor"]["weights"] == 4 * CAUSAL_LM // 2
+    assert plan.roles["actor"]["optimizer"] == 8 * CAUSAL_LM // 2
+    assert plan.processes == 2 and plan.needed == 2 * plan.peak
+
+
+def _real_saved_bytes(model, ids, response, temperature):
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded row, as in a rollout: the attention takes the mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=response + 1,
+        )
+        logits = out.logits[:, -response - 1 : -1] / temperature
+        logprobs_from_logits(logits, ids[:, -response:]).sum()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_traced_activations_match_a_real_forward(arch, tmp_path):
+    """The fake-tensor trace counts what autograd keeps on real tensors, within 2%; gradient
+    checkpointing keeps far less."""
+    if arch == "llama":
+        config = LlamaConfig(**LLAMA)
+    else:
+        config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=64)
+    config.save_pretrained(tmp_path)
+    rows, length, response = 4, 24, 8
+    traced = saved_activation_bytes(
+        str(tmp_path), "causal_lm", rows, length, response, temperature=0.7
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    ids = torch.randint(0, 100, (rows, length))
+    real = _real_saved_bytes(model, ids, response, 0.7)
+    assert traced == pytest.approx(real, rel=0.02)
+    kept = saved_activation_bytes(
+        str(tmp_path), "causal_lm", rows, length, response, checkpointing=True, temperature=0.7
+    )
+    assert kept < 0.6 * traced
+
+
+def test_check_memory_names_the_peak_and_the_keys():
+    plan = MemoryPlan("cpu", baseline=100, available=10 * 2**20)
+    plan.held = {"baseline": 100, "actor weights": 2**30}
+    plan.phases = {"update actor": {"activations": 3 * 2**30}, "generate": {"kv cache": 2**20}}
+    with pytest.raises(ConfigError) as err:
+        check_memory(plan, "error")
+    message = str(err.value)
+    assert "update actor" in message and "activations 3.00 GiB" in message
+    assert "10 MiB" in message and "model.gradient_checkpointing=true" in message
+    assert "trainer.memory_check=warn" in message
+    assert check_memory(plan, "warn") == message
+    assert check_memory(plan, "off") is None
+    plan.available = 2**40
+    assert check_memory(plan, "error") is None
