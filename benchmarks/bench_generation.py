@@ -6,6 +6,15 @@ Reports medians over `--repeats` runs of:
 - rollout generation with the KV cache (proxima's path) against the same HF `generate`
   without the cache (the peer, measured in the same run): tokens per second and the ratio;
 - one PPO iteration of the default example's shape, split by phase.
+
+    python benchmarks/bench_generation.py --w3 runs/bench_assets_w3 [--repeats 3]
+
+instead times the `hf` engine's decode loop against HF `generate` (the loop's fallback,
+`loop_applies` forced off) at bench_vs_trl.py's W3 shapes: its actor (32,000-token
+vocabulary, built to stop at EOS), 64 of its prompts (16-128 tokens), responses until EOS
+up to 128 tokens, temperature 0.7, the two run alternately; greedy (the same tokens in both)
+and sampled (each its own draw: the sampled tokens are printed). The assets are built under
+the folder on first use (bench_vs_trl.build_assets).
 """
 
 from __future__ import annotations
@@ -113,6 +122,69 @@ def bench_iteration(folder: str, repeats: int) -> None:
         print(f"  {k:10s} {med:.3f} s  ({med / total:5.1%})")
 
 
+def bench_w3(root: str, repeats: int) -> None:
+    """The decode loop against HF generate at W3's shapes (see the module's docstring)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import proxima.rollout.generate as generate
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_vs_trl
+
+    info_file = Path(root) / "assets.json"
+    if not info_file.exists():
+        info_file.write_text(json.dumps(bench_vs_trl.build_assets(Path(root), ["W3"])))
+    a = json.loads(info_file.read_text())["workloads"]["W3"]
+    w = bench_vs_trl.WORKLOADS["W3"]
+    tok = load_tokenizer(a["actor"])
+    model = load_causal_lm(a["actor"], trainable=False)
+    rows = bench_vs_trl.load_prompt_ids(a["prompt_file"])[: w.prompts]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = (torch.arange(width) >= width - torch.tensor([[len(r)] for r in rows])).long()
+    loop_applies = generate.loop_applies
+    ways = {"decode loop": loop_applies, "HF generate": lambda m: "benchmark: HF generate"}
+    print(
+        f"W3 generation: {len(rows)} prompts of {min(map(len, rows))}-{width} tokens, "
+        f"at most {w.response} new, median of {repeats} (alternating):"
+    )
+    for greedy in (True, False):
+        times: dict[str, list[float]] = {k: [] for k in ways}
+        tokens: dict[str, list[int]] = {k: [] for k in ways}
+        for i in range(repeats):
+            for name, applies in ways.items():
+                generate.loop_applies = applies
+                torch.manual_seed(i)
+                start = time.perf_counter()
+                gen = generate_responses(
+                    model,
+                    ids,
+                    mask,
+                    max_new_tokens=w.response,
+                    stop_ids=[tok.eos_token_id],
+                    pad_token_id=tok.pad_token_id,
+                    greedy=greedy,
+                    temperature=bench_vs_trl.TEMPERATURE,
+                    logprobs=True,
+                )
+                times[name].append(time.perf_counter() - start)
+                tokens[name].append(int(gen.response_mask.sum()))
+        generate.loop_applies = loop_applies
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for name in ways:
+            n = statistics.median(tokens[name])
+            print(
+                f"  {'greedy ' if greedy else 'sampled'} {name:12s}: {med[name]:6.2f} s  "
+                f"{n:6.0f} tokens  {n / med[name]:6.1f} tokens/s"
+            )
+        print(
+            f"  {'greedy ' if greedy else 'sampled'} speed-up    : "
+            f"{med['HF generate'] / med['decode loop']:.2f}x"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--arch", default="llama")
@@ -121,8 +193,11 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--w3", metavar="ASSETS", help="the decode loop against HF generate at W3")
     a = p.parse_args()
     torch.set_num_threads(2)
+    if a.w3:
+        return bench_w3(a.w3, a.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(
             init_model(

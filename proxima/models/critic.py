@@ -154,12 +154,17 @@ class PolicyValue(nn.Module):
 def generate_with_values(model: nn.Module, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """`model.generate(**kwargs)` and the values of the sampled states: only an actor with a
     value head (a PolicyValue) has values to give while it generates."""
+    return check_policy_value(model).generate(**kwargs, with_values=True)
+
+
+def check_policy_value(model: nn.Module) -> PolicyValue:
+    """`model`, which must be the actor with a value head to give values while it generates."""
     if not isinstance(model, PolicyValue):
         raise ValueError(
             "values during generation need the actor with a value head (the critic on the "
             f"actor's backbone); got a {type(model).__name__}"
         )
-    return model.generate(**kwargs, with_values=True)
+    return model
 
 
 def policy_of(module: nn.Module) -> nn.Module:

@@ -1,12 +1,21 @@
-"""Phase 1 with the `hf` engine: HF `generate` with the KV cache.
+"""Phase 1 with the `hf` engine: a KV-cached decode loop over the actor.
 
 `generate_responses` is the one function the `hf` rollout engine (proxima.rollout.engine)
-wraps; other engines (vLLM) return the same `Generation`.
+wraps; other engines (vLLM) return the same `Generation`. It runs its own loop
+(`decode_loop`): a row that has ended leaves the batch (its KV cache with it), so the later
+steps compute only the rows still going, and a token is drawn by the exponential race
+(argmax of p / E, E ~ Exp(1): an exact draw from p, without `torch.multinomial`'s slow CPU
+kernel). Where the loop does not apply (an FSDP2 model under torchrun, whose ranks must step
+together; a model whose forward takes no `cache`, `position_ids` or `logits_to_keep`; a
+generation_config with logits processors beyond `suppress_tokens`) it is HF `generate`,
+whose samples come from the same distribution.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
@@ -15,12 +24,21 @@ from transformers import (
     LogitsProcessorList,
     StoppingCriteria,
     StoppingCriteriaList,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-from proxima.models.critic import generate_with_values
+from proxima.models.critic import (
+    HeadInput,
+    PolicyValue,
+    check_policy_value,
+    generate_with_values,
+    value_of,
+)
+from proxima.models.unwrap import base_model
+from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
 
 
 @dataclass
@@ -197,6 +215,124 @@ def _warpers(greedy: bool, temperature: float, top_p: float, top_k: int) -> Logi
     return out
 
 
+# what the decode loop applies of the actor's generation_config, beyond the neutral fields
+LOOP_GENERATION_FIELDS = NEUTRAL_GENERATION_FIELDS | {"suppress_tokens"}
+# compact the batch once this share of its rows has ended (each compaction copies the cache)
+COMPACT_SHARE = 0.25
+
+
+def loop_applies(model: torch.nn.Module) -> str:
+    """Why `decode_loop` cannot serve `model` ("" when it can): see the module's docstring."""
+    if synced_generation(model):
+        return "an FSDP2 model under torchrun: every rank steps until all have ended"
+    hf = base_model(model.policy if isinstance(model, PolicyValue) else model)
+    params = inspect.signature(hf.forward).parameters
+    missing = [k for k in ("cache", "position_ids", "logits_to_keep") if k not in params]
+    if missing:
+        return f"{type(hf).__name__}.forward takes no {', '.join(missing)}"
+    config = getattr(hf, "generation_config", None)
+    extra = set(config.to_diff_dict()) - LOOP_GENERATION_FIELDS if config is not None else ()
+    if extra:
+        return f"the generation_config sets {', '.join(sorted(extra))}"
+    return ""
+
+
+def exponential_race(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of `probs` [B, V]: argmax_v p_v / E_v with E_v ~ Exp(1) independent,
+    which picks v with probability p_v (the minimum of E_v / p_v, exponentials of rates p_v,
+    is the v-th with probability p_v / sum p). A token of probability 0 is never picked."""
+    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
+    return (probs / race).argmax(dim=-1)
+
+
+@torch.no_grad()
+def decode_loop(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_token_id: int,
+    greedy: bool,
+    warpers: LogitsProcessorList,
+    values: bool = False,
+    stop_strings: tuple[str, ...] = (),
+    decode: Callable[[list[int]], str] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Responses [B, n] to left-padded prompts (pad after a row's end; n: the longest row's
+    steps), their mask [B, n] (up to and including the token that ended the row), whether
+    each row ended [B] (else it ran out of tokens), the log-prob of each token under the
+    distribution it was drawn from [B, n] (the generation_config's suppressed tokens
+    removed, then `warpers`; greedy: no warpers), and with `values` (a PolicyValue) the
+    value of each state a token was drawn from [B, n] (else None).
+
+    Positions are HF generate's (the attention mask's cumulative sum); a row that ends (a
+    stop id, or its text meets a stop string) stops being recorded, and once
+    COMPACT_SHARE of the batch has ended those rows leave it, KV cache included."""
+    if values:
+        check_policy_value(model)
+    policy = model.policy if isinstance(model, PolicyValue) else model
+    config = getattr(base_model(policy), "generation_config", None)
+    suppress = list(getattr(config, "suppress_tokens", None) or [])
+    n_rows, device = prompt_ids.shape[0], prompt_ids.device
+    processors = LogitsProcessorList()
+    if suppress:
+        processors.append(SuppressTokensLogitsProcessor(suppress, device=device))
+    if not greedy:
+        processors.extend(warpers)
+    stop = torch.tensor(stop_ids, device=device)
+    tokens = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((n_rows, max_new_tokens), device=device)
+    state_values = torch.zeros((n_rows, max_new_tokens), device=device) if values else None
+    mask = prompt_mask.long()
+    positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+    rows = torch.arange(n_rows, device=device)  # the batch's rows, as indices of the output
+    ended = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
+    stopped = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    ids, cache, steps = prompt_ids, None, 0
+    for t in range(max_new_tokens):
+        with HeadInput(policy) if values else nullcontext() as seen:
+            out = policy(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cache, steps = out.cache, t + 1
+        scores = processors(ids, out.logits[:, -1].float())
+        picked = scores.argmax(dim=-1) if greedy else exponential_race(scores.softmax(dim=-1))
+        live = ~ended
+        at = rows[live]
+        tokens[at, t] = picked[live]
+        logprobs[at, t] = scores.log_softmax(dim=-1).gather(1, picked[:, None])[live, 0]
+        if values:
+            state_values[at, t] = value_of(model.value_head, seen.calls[-1][live, -1])
+        ended |= torch.isin(picked, stop)
+        if stop_strings and decode is not None:
+            for b in live.nonzero()[:, 0].tolist():
+                text = decode(tokens[rows[b], : t + 1].tolist())
+                ended[b] |= any(x in text for x in stop_strings)
+        lengths[at] += 1
+        stopped[at] = ended[live]
+        if bool(ended.all()):
+            break
+        if ended.sum() >= max(1, COMPACT_SHARE * len(rows)):
+            keep = (~ended).nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            rows, mask, positions, picked = rows[keep], mask[keep], positions[keep], picked[keep]
+            ended = ended[keep]
+        ids = picked[:, None]
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+        positions = positions[:, -1:] + 1
+    mask = (torch.arange(steps, device=device) < lengths[:, None]).long()
+    vals = state_values[:, :steps] if values else None
+    return tokens[:, :steps], mask, stopped, logprobs[:, :steps], vals
+
+
 @torch.no_grad()
 def generate_responses(
     model: torch.nn.Module,
@@ -223,37 +359,54 @@ def generate_responses(
     text) also end a response, at the token that completes one (`StopOnStrings`)."""
     was_training = model.training
     model.eval()
-    sampling = (
-        {"do_sample": False}
-        if greedy
-        else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
-    )
-    recorder = SampledLogprobs(_warpers(greedy, temperature, top_p, top_k)) if logprobs else None
-    strings = None
-    if stop_strings and decode is not None:
-        strings = StopOnStrings(stop_strings, decode, prompt_ids.shape[1], stop_ids)
-    kwargs = dict(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=stop_ids,
-        pad_token_id=pad_token_id,
-        use_cache=True,
-        synced_gpus=synced_generation(model),
-        logits_processor=LogitsProcessorList([recorder]) if recorder else None,
-        stopping_criteria=StoppingCriteriaList([strings]) if strings else None,
-        **sampling,
-    )
-    state_values = None
-    if values:
-        out, state_values = generate_with_values(model, **kwargs)
-    else:
-        out = model.generate(**kwargs)
+    warpers = _warpers(greedy, temperature, top_p, top_k)
+    state_values = sampled = None
+    if not loop_applies(model):
+        response_ids, mask, stopped, sampled, state_values = decode_loop(
+            model,
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            stop_ids=stop_ids,
+            pad_token_id=pad_token_id,
+            greedy=greedy,
+            warpers=warpers,
+            values=values,
+            stop_strings=stop_strings,
+            decode=decode,
+        )
+    else:  # HF generate
+        sampling = (
+            {"do_sample": False}
+            if greedy
+            else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+        )
+        recorder = SampledLogprobs(warpers) if logprobs else None
+        strings = None
+        if stop_strings and decode is not None:
+            strings = StopOnStrings(stop_strings, decode, prompt_ids.shape[1], stop_ids)
+        kwargs = dict(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=pad_token_id,
+            use_cache=True,
+            synced_gpus=synced_generation(model),
+            logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+            stopping_criteria=StoppingCriteriaList([strings]) if strings else None,
+            **sampling,
+        )
+        if values:
+            out, state_values = generate_with_values(model, **kwargs)
+        else:
+            out = model.generate(**kwargs)
+        response_ids = out[:, prompt_ids.shape[1] :]
+        mask, stopped = response_mask_after_stop(response_ids, stop_ids)
+        if strings is not None:
+            mask, stopped = strings.cut(mask, stopped)
+        sampled = recorder.finish(out[:, -1]) if recorder else None
     model.train(was_training)
-    response_ids = out[:, prompt_ids.shape[1] :]
-    mask, stopped = response_mask_after_stop(response_ids, stop_ids)
-    if strings is not None:
-        mask, stopped = strings.cut(mask, stopped)
     # tokens after the first stop become padding so they can never leak into a forward pass
     response_ids = torch.where(
         mask.bool(), response_ids, torch.full_like(response_ids, pad_token_id)
@@ -265,6 +418,6 @@ def generate_responses(
         stopped=stopped,
         # after its stop a row's tokens are padding, possibly outside the top-k / top-p set
         # (-inf): where, not a product, so no NaN
-        logprobs=torch.where(mask.bool(), recorder.finish(out[:, -1]), 0.0) if recorder else None,
+        logprobs=torch.where(mask.bool(), sampled, 0.0) if logprobs else None,
         values=state_values * mask if state_values is not None else None,
     )

@@ -125,7 +125,7 @@ def tok_special_ids() -> set[int]:
 def _frequent_token(model, ids, mask) -> int:
     """A token greedy decoding emits in some rows but not all: a stop id that makes some
     responses stop early and others run to the limit."""
-    out = _hf(model, ids, mask, [len(ALPHABET) + 100]).response_ids  # never emitted: no stop
+    out = _hf(model, ids, mask, [len(ALPHABET) + 100], greedy=True).response_ids  # no stop
     for t in out[:, 1:].flatten().tolist():
         if t in tok_special_ids():
             continue

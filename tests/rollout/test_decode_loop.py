@@ -1,0 +1,181 @@
+"""The hf engine's decode loop (`rollout.generate.decode_loop`) against HF `generate` (the
+loop's fallback) on the same weights: greedy tokens, masks and stop flags equal, log-probs
+and values within float rounding; the exponential race draws tokens with their
+probabilities; rows that end leave the batch; and where the loop does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import proxima.rollout.generate as generate
+from proxima.algos import logprobs_from_logits
+from proxima.models.critic import PolicyValue
+from proxima.models.forward import response_logits, response_logits_values
+from proxima.models.tiny import build_tiny_model
+from proxima.models.tokenizers import build_char_tokenizer
+from proxima.rollout.generate import exponential_race, generate_responses, loop_applies
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ALPHABET = "0123456789+="
+PROMPTS = ["12+34=", "7+8=", "99+1=", "5=", "3+3+3=", "8=", "1+1=", "64+2="]
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer(ALPHABET)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_tiny_model(
+        "llama", tok, "nano", max_positions=64, seed=5, initializer_range=0.5
+    ).eval()
+
+
+def _batch(tok):
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def _run(model, tok, loop: bool, monkeypatch, stops, **kw):
+    reason = "" if loop else "the test asks for HF generate"
+    monkeypatch.setattr(generate, "loop_applies", lambda m: reason)
+    ids, mask = _batch(tok)
+    return generate_responses(
+        model,
+        ids,
+        mask,
+        max_new_tokens=MAX_NEW,
+        stop_ids=stops,
+        pad_token_id=tok.pad_token_id,
+        **kw,
+    )
+
+
+def _splitting_stop(model, tok, monkeypatch) -> int:
+    """A token greedy decoding emits in some rows, at different steps, but not in all: as a
+    stop id it ends rows at different steps (the loop compacts its batch) and leaves some
+    running to the limit."""
+    out = _run(model, tok, False, monkeypatch, [tok.eos_token_id], greedy=True).response_ids
+    for t in out[:, 1:].flatten().tolist():
+        if t in tok.all_special_ids:
+            continue
+        hit = (out == t).any(dim=1)
+        if 1 < int(hit.sum()) < out.shape[0]:
+            return t
+    raise AssertionError("no token splits the rows; change the prompts or the seed")
+
+
+def test_greedy_equals_hf_generate(model, tok, monkeypatch):
+    stop = _splitting_stop(model, tok, monkeypatch)
+    kw = dict(stops=[stop, tok.eos_token_id], greedy=True, logprobs=True)
+    got = _run(model, tok, True, monkeypatch, **kw)
+    want = _run(model, tok, False, monkeypatch, **kw)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    assert got.stopped.tolist() == want.stopped.tolist()
+    assert 0 < int(got.stopped.sum()) < len(PROMPTS)  # some ended, some ran to the limit
+    assert torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
+    assert bool((got.logprobs[got.response_mask == 0] == 0).all())
+
+
+def test_sampled_logprobs_are_the_trainers(model, tok, monkeypatch):
+    torch.manual_seed(0)
+    stop = _splitting_stop(model, tok, monkeypatch)
+    gen = _run(model, tok, True, monkeypatch, [stop], temperature=0.7, logprobs=True)
+    r = gen.response_ids.shape[1]
+    with torch.no_grad():
+        logits = response_logits(model, gen.input_ids, gen.attention_mask, r, 0.7)
+    trainer = logprobs_from_logits(logits, gen.response_ids) * gen.response_mask
+    assert torch.allclose(gen.logprobs, trainer, atol=1e-5)
+    assert float(gen.response_mask.sum()) > len(PROMPTS)
+
+
+def test_values_of_the_decode_steps_are_the_critics(model, tok, monkeypatch):
+    head = nn.Linear(model.config.hidden_size, 1)
+    torch.nn.init.normal_(head.weight, std=0.5)
+    actor = PolicyValue(model, head)
+    stop = _splitting_stop(model, tok, monkeypatch)
+    kw = dict(stops=[stop], greedy=True, values=True)
+    got = _run(actor, tok, True, monkeypatch, **kw)
+    want = _run(actor, tok, False, monkeypatch, **kw)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.allclose(got.values, want.values, atol=1e-5)
+    r = got.response_ids.shape[1]
+    with torch.no_grad():
+        _, scored = response_logits_values(actor, got.input_ids, got.attention_mask, r)
+    assert torch.allclose(got.values, scored * got.response_mask, atol=1e-5)
+    with pytest.raises(ValueError, match="value head"):
+        _run(model, tok, True, monkeypatch, [stop], values=True)
+
+
+def test_stop_strings_end_rows_as_in_hf_generate(model, tok, monkeypatch):
+    free = _run(model, tok, False, monkeypatch, [tok.eos_token_id], greedy=True)
+    texts = [tok.decode(r) for r in free.response_ids[:, :4].tolist()]
+    string = next(t[1:3] for t in texts if t[1:3] and sum(t[1:3] in x for x in texts) >= 2)
+    decode = lambda ids: tok.decode(ids)  # noqa: E731
+    kw = dict(stops=[tok.eos_token_id], greedy=True, stop_strings=(string,), decode=decode)
+    got = _run(model, tok, True, monkeypatch, **kw)
+    want = _run(model, tok, False, monkeypatch, **kw)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    assert got.stopped.tolist() == want.stopped.tolist()
+    assert any(got.stopped.tolist())
+
+
+def test_rows_that_end_leave_the_batch(model, tok, monkeypatch):
+    stop = _splitting_stop(model, tok, monkeypatch)
+    widths = []
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        gen = _run(model, tok, True, monkeypatch, [stop], greedy=True)
+    finally:
+        hook.remove()
+    assert widths[0] == len(PROMPTS)
+    running = len(PROMPTS) - int(gen.stopped.sum())
+    assert widths[-1] < len(PROMPTS) and widths[-1] >= running
+    assert widths == sorted(widths, reverse=True)
+
+
+def test_exponential_race_draws_by_probability():
+    torch.manual_seed(0)
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    draws = exponential_race(p.expand(200_000, -1).contiguous())
+    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    # binomial standard error at 200,000 draws is at most 0.0012: 5 of them
+    assert torch.allclose(freq, p, atol=0.006), freq
+    assert int((draws == 4).sum()) == 0  # probability 0: never
+    one = torch.tensor([[0.0, 0.0, 1.0, 0.0]]).expand(1000, -1).contiguous()
+    assert bool((exponential_race(one) == 2).all())
+
+
+def test_suppressed_tokens_are_never_drawn(tok, monkeypatch):
+    model = build_tiny_model("llama", tok, "nano", max_positions=64, seed=4).eval()
+    ones = tok.convert_tokens_to_ids(["1", "2"])
+    model.generation_config.suppress_tokens = ones
+    torch.manual_seed(0)
+    gen = _run(model, tok, True, monkeypatch, [tok.eos_token_id], temperature=2.0, logprobs=True)
+    assert not bool(torch.isin(gen.response_ids, torch.tensor(ones)).any())
+    with torch.no_grad():  # the log-probs are those of the distribution without them
+        logits = response_logits(model, gen.input_ids, gen.attention_mask, MAX_NEW, 2.0)
+    logits[..., ones] = float("-inf")
+    want = logprobs_from_logits(logits, gen.response_ids) * gen.response_mask
+    assert torch.allclose(gen.logprobs, want, atol=1e-5)
+
+
+def test_where_the_loop_does_not_apply(tok):
+    model = build_tiny_model("llama", tok, "nano", max_positions=64, seed=4)
+    assert loop_applies(model) == ""
+    model.generation_config.suppress_tokens = [1]
+    assert loop_applies(model) == ""
+    model.generation_config.repetition_penalty = 1.3
+    assert "repetition_penalty" in loop_applies(model)
