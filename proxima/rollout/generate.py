@@ -256,15 +256,17 @@ def decode_loop(
     pad_token_id: int,
     greedy: bool,
     warpers: LogitsProcessorList,
+    logprobs: bool = False,
     values: bool = False,
     stop_strings: tuple[str, ...] = (),
     decode: Callable[[list[int]], str] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Responses [B, n] to left-padded prompts (pad after a row's end; n: the longest row's
     steps), their mask [B, n] (up to and including the token that ended the row), whether
-    each row ended [B] (else it ran out of tokens), the log-prob of each token under the
-    distribution it was drawn from [B, n] (the generation_config's suppressed tokens
-    removed, then `warpers`; greedy: no warpers), and with `values` (a PolicyValue) the
+    each row ended [B] (else it ran out of tokens), with `logprobs` the log-prob of each
+    token under the distribution it was drawn from [B, n] (the generation_config's
+    suppressed tokens removed, then `warpers`; greedy: no warpers; else None), and with
+    `values` (a PolicyValue) the
     value of each state a token was drawn from [B, n] (else None).
 
     Positions are HF generate's (the attention mask's cumulative sum); a row that ends (a
@@ -283,7 +285,7 @@ def decode_loop(
         processors.extend(warpers)
     stop = torch.tensor(stop_ids, device=device)
     tokens = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-    logprobs = torch.zeros((n_rows, max_new_tokens), device=device)
+    sampled = torch.zeros((n_rows, max_new_tokens), device=device) if logprobs else None
     state_values = torch.zeros((n_rows, max_new_tokens), device=device) if values else None
     mask = prompt_mask.long()
     positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
@@ -308,7 +310,8 @@ def decode_loop(
         live = ~ended
         at = rows[live]
         tokens[at, t] = picked[live]
-        logprobs[at, t] = scores.log_softmax(dim=-1).gather(1, picked[:, None])[live, 0]
+        if logprobs:
+            sampled[at, t] = scores.log_softmax(dim=-1).gather(1, picked[:, None])[live, 0]
         if values:
             state_values[at, t] = value_of(model.value_head, seen.calls[-1][live, -1])
         ended |= torch.isin(picked, stop)
@@ -330,7 +333,8 @@ def decode_loop(
         positions = positions[:, -1:] + 1
     mask = (torch.arange(steps, device=device) < lengths[:, None]).long()
     vals = state_values[:, :steps] if values else None
-    return tokens[:, :steps], mask, stopped, logprobs[:, :steps], vals
+    lps = sampled[:, :steps] if logprobs else None
+    return tokens[:, :steps], mask, stopped, lps, vals
 
 
 @torch.no_grad()
@@ -371,6 +375,7 @@ def generate_responses(
             pad_token_id=pad_token_id,
             greedy=greedy,
             warpers=warpers,
+            logprobs=logprobs,
             values=values,
             stop_strings=stop_strings,
             decode=decode,
