@@ -55,13 +55,17 @@ def check_temperature(where: str, temperature: float) -> None:
 
 
 def map_row_chunks(
-    fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk_size: int | None = None
+    fn: Callable[..., torch.Tensor],
+    *tensors: torch.Tensor,
+    chunk_size: int | None = None,
+    per_row: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Apply fn to chunks of rows of tensors shaped [..., V] (or [...] for index tensors).
 
     The leading dims of the first tensor are flattened into rows; fn maps each chunk to one
-    value per row. Returns those values reshaped to the leading dims (float32). None as
-    chunk_size keeps each chunk around ``CHUNK_ELEMENTS`` elements.
+    value per row (a `per_row`-shaped tensor per row, when given). Returns those values
+    reshaped to the leading dims (float32). None as chunk_size keeps each chunk around
+    ``CHUNK_ELEMENTS`` elements.
     """
     lead = tensors[0].shape[:-1]
     n_rows = math.prod(lead)
@@ -70,12 +74,11 @@ def map_row_chunks(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 (or None for automatic), got {chunk_size}")
     flat = [t.reshape(n_rows, *t.shape[len(lead) :]) for t in tensors]
-    pieces = [
-        fn(*(f[start : start + chunk_size] for f in flat)) for start in range(0, n_rows, chunk_size)
-    ]
-    if not pieces:
-        return torch.zeros(lead, dtype=torch.float32, device=tensors[0].device)
-    return torch.cat(pieces).reshape(lead)
+    # no rows: fn still runs once, on the empty chunk, so a result that needs a gradient
+    # still has its graph (a loss over no token backwards to zero gradients)
+    starts = range(0, max(1, n_rows), chunk_size)
+    pieces = [fn(*(f[start : start + chunk_size] for f in flat)) for start in starts]
+    return torch.cat(pieces).reshape(*lead, *per_row)
 
 
 def check_ratio_clips(where: str, low: float, high: float) -> None:

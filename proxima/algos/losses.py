@@ -63,7 +63,7 @@ def logprobs_from_logits(
         )
 
     def chunk_logprobs(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
-        scaled = chunk.float() / temperature
+        scaled = _scaled_float(chunk, temperature)
         picked = scaled.gather(-1, chunk_labels.long().unsqueeze(-1)).squeeze(-1)
         return picked - torch.logsumexp(scaled, dim=-1)
 
@@ -80,10 +80,50 @@ def entropy_from_logits(
     check_temperature("entropy_from_logits", temperature)
 
     def chunk_entropy(chunk: torch.Tensor) -> torch.Tensor:
-        z = chunk.float() / temperature
+        z = _scaled_float(chunk, temperature)
         return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
     return map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    entropy_grad: bool = True,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logprobs_from_logits`` and ``entropy_from_logits`` from one pass over the
+    vocabulary: both need logsumexp(z), computed once per chunk (the entropy is
+    lse - sum_v softmax(z)_v z_v with softmax(z) = exp(z - lse)).
+
+    `entropy_grad=False`: the entropy is computed without gradient (a stat only), while
+    the log-probs keep theirs. Returns ([B, T], [B, T]) float32.
+    """
+    check_temperature("logprobs_and_entropy", temperature)
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logprobs_and_entropy: shape mismatch: logits {list(logits.shape)} vs labels "
+            f"{list(labels.shape)}; labels must be logits' shape without the vocabulary dim"
+        )
+
+    def chunk_both(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
+        z = _scaled_float(chunk, temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        picked = z.gather(-1, chunk_labels.long().unsqueeze(-1)).squeeze(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            zz, ll = (z, lse) if entropy_grad else (z.detach(), lse.detach())
+            entropy = ll - (torch.exp(zz - ll.unsqueeze(-1)) * zz).sum(dim=-1)
+        return torch.stack([picked - lse, entropy], dim=-1)
+
+    both = map_row_chunks(chunk_both, logits, labels, chunk_size=chunk_size, per_row=(2,))
+    return both[..., 0], both[..., 1]
+
+
+def _scaled_float(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A chunk of logits in float32, divided by the temperature (no copy at 1)."""
+    z = chunk.float()
+    return z / temperature if temperature != 1.0 else z
 
 
 def sum_pi_squared(
@@ -95,7 +135,7 @@ def sum_pi_squared(
     check_temperature("sum_pi_squared", temperature)
 
     def chunk_sum(chunk: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(chunk.float() / temperature, dim=-1).square().sum(dim=-1)
+        return torch.softmax(_scaled_float(chunk, temperature), dim=-1).square().sum(dim=-1)
 
     return map_row_chunks(chunk_sum, logits, chunk_size=chunk_size)
 

@@ -86,7 +86,9 @@ class HeadInput:
         self.calls.append(args[0])
 
     def __enter__(self) -> HeadInput:
-        self._handle = self.head.register_forward_pre_hook(self._record)
+        # first among the head's hooks: it sees the input before another hook changes it
+        # (`models.forward` packs the response positions)
+        self._handle = self.head.register_forward_pre_hook(self._record, prepend=True)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -22,7 +22,13 @@ from proxima.algos import (
 )
 from proxima.config import AlgorithmConfig, RolloutConfig
 from proxima.models.critic import Critic
-from proxima.models.forward import response_logits, response_logits_values, response_values
+from proxima.models.forward import (
+    response_logits,
+    response_logits_values,
+    response_logprobs,
+    response_values,
+    unpack,
+)
 from proxima.rollout.generate import Generation
 from proxima.rollout.plan import ScoringPlan
 from proxima.types import (
@@ -81,6 +87,12 @@ def _in_chunks(fn: PassFn, gen: Generation, chunks: Chunks | int) -> torch.Tenso
     return out
 
 
+def _attended(attention_mask: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """[B, R] bool: the response positions the mask attends to, the only ones the scoring
+    passes project to the vocabulary (`models.forward`'s `keep`)."""
+    return attention_mask[:, -response.shape[1] :].bool()
+
+
 @torch.no_grad()
 def sequence_logprobs(
     model: torch.nn.Module, gen: Generation, temperature: float, chunks: Chunks | int
@@ -88,8 +100,7 @@ def sequence_logprobs(
     """[B, R] log-probs of the response tokens under `model`, zero where masked."""
 
     def one(ids, attn, response) -> torch.Tensor:
-        logits = response_logits(model, ids, attn, response.shape[1], temperature)
-        return logprobs_from_logits(logits, response)
+        return response_logprobs(model, ids, attn, response, temperature)
 
     return _in_chunks(one, gen, chunks) * gen.response_mask
 
@@ -102,9 +113,10 @@ def sequence_logprobs_sum_pi_squared(
     each of them (pi = softmax(logits / temperature)), from one pass; zero where masked."""
 
     def one(ids, attn, response) -> torch.Tensor:
-        logits = response_logits(model, ids, attn, response.shape[1], temperature)
-        lp = logprobs_from_logits(logits, response)
-        return torch.stack([lp, sum_pi_squared(logits)], dim=1)
+        keep = _attended(attn, response)
+        logits = response_logits(model, ids, attn, response.shape[1], temperature, keep)
+        lp = logprobs_from_logits(logits, response[keep])
+        return torch.stack([unpack(lp, keep), unpack(sum_pi_squared(logits), keep)], dim=1)
 
     both = _in_chunks(one, gen, chunks)  # [B, 2, R]
     return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
@@ -118,8 +130,11 @@ def sequence_logprobs_values(
     from one pass, zero where masked."""
 
     def one(ids, attn, response) -> torch.Tensor:
-        logits, values = response_logits_values(model, ids, attn, response.shape[1], temperature)
-        return torch.stack([logprobs_from_logits(logits, response), values], dim=1)
+        keep = _attended(attn, response)
+        r = response.shape[1]
+        logits, values = response_logits_values(model, ids, attn, r, temperature, keep=keep)
+        lp = logprobs_from_logits(logits, response[keep])
+        return torch.stack([unpack(lp, keep), values], dim=1)
 
     both = _in_chunks(one, gen, chunks)  # [B, 2, R]
     return both[:, 0] * gen.response_mask, both[:, 1] * gen.response_mask
@@ -136,10 +151,13 @@ def sequence_kl_full(
     """[B, R] exact KL(actor || reference) over the vocabulary at each response token."""
 
     def one(ids, attn, response) -> torch.Tensor:
-        r = response.shape[1]
-        return kl_full(
-            response_logits(actor, ids, attn, r, temperature),
-            response_logits(reference, ids, attn, r, temperature),
+        r, keep = response.shape[1], _attended(attn, response)
+        return unpack(
+            kl_full(
+                response_logits(actor, ids, attn, r, temperature, keep),
+                response_logits(reference, ids, attn, r, temperature, keep),
+            ),
+            keep,
         )
 
     return _in_chunks(one, gen, chunks) * gen.response_mask

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import logprobs_from_logits, mean_at_k, pass_at_k_table
+from proxima.algos import mean_at_k, pass_at_k_table
 from proxima.config import RolloutConfig
-from proxima.models.forward import response_logits
+from proxima.models.forward import response_logprobs
 from proxima.rollout.collect import collect, generate_rollout, score_rollout
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.environments import load_env_class
@@ -242,9 +242,8 @@ def sequence_logprob(
 ) -> torch.Tensor:
     """[B] float32: the sum over each response's tokens of log pi(token) under `model` (at the
     sampling temperature), for the sequences of `gen`."""
-    width = gen.response_mask.shape[1]
-    logits = response_logits(model, gen.input_ids, gen.attention_mask, width, temperature)
-    logp = logprobs_from_logits(logits.float(), gen.response_ids)
+    ids, attn = gen.input_ids, gen.attention_mask
+    logp = response_logprobs(model, ids, attn, gen.response_ids, temperature)
     return (logp * gen.response_mask).sum(dim=1)
 
 

@@ -21,16 +21,20 @@ import torch
 from proxima.algos import (
     POLICY_LOSSES,
     aggregate_loss,
-    entropy_from_logits,
     kl_full,
     kl_penalty,
-    logprobs_from_logits,
+    logprobs_and_entropy,
     masked_mean,
 )
 from proxima.config import ActorConfig
 from proxima.data import PromptLoader, collate_sft
 from proxima.models.critic import Critic
-from proxima.models.forward import response_logits, response_logits_values, response_values
+from proxima.models.forward import (
+    response_logits,
+    response_logits_values,
+    response_values,
+    unpack,
+)
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience, token_budget_groups
@@ -148,11 +152,12 @@ class PolicyObjective:
 
     def __call__(self, model: torch.nn.Module, mb: Experience):
         r, t = mb.response_mask.shape[1], self.temperature
+        keep = mb.response_mask.bool()  # the positions the loss counts: the head's only ones
         if self.critic is None:
-            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, t)
+            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, t, keep)
             return self.policy_terms(logits, mb)
         logits, values = response_logits_values(
-            model, mb.input_ids, mb.attention_mask, r, t, values_only=self.values_only
+            model, mb.input_ids, mb.attention_mask, r, t, self.values_only, keep
         )
         vf, vf_stats = self.critic.value_terms(values, mb)
         stats = {f"critic/{k}": v for k, v in vf_stats.items()}
@@ -163,8 +168,17 @@ class PolicyObjective:
         return loss + coef * vf, {**actor_stats, **stats}
 
     def policy_terms(self, logits: torch.Tensor, mb: Experience):
+        """The policy's loss and stats from the logits [N, V] of the N positions of
+        `mb.response_mask` (`models.forward`'s packed logits)."""
         cfg = self.cfg
-        logprobs = logprobs_from_logits(logits, mb.response_ids)
+        keep = mb.response_mask.bool()
+        # the entropy is only built into the graph when it is part of the loss
+        logprobs, entropy = (
+            unpack(x, keep)
+            for x in logprobs_and_entropy(
+                logits, mb.response_ids[keep], entropy_grad=bool(cfg.entropy_coef)
+            )
+        )
         chosen = POLICY_LOSSES[cfg.policy_loss.loss_mode]
         options = {k: getattr(cfg.policy_loss, k) for k in chosen.options}
         loss, stats = chosen(
@@ -185,9 +199,6 @@ class PolicyObjective:
         # between the old log-probs (recomputed, or the engine's) and the training forward
         gap = (logprobs.detach() - mb.old_logprobs).abs()
         stats["logratio_abs"] = float(masked_mean(gap, mb.response_mask))
-        # the entropy is only built into the graph when it is part of the loss
-        with torch.set_grad_enabled(bool(cfg.entropy_coef) and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)
         stats["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * aggregate_loss(
@@ -205,12 +216,12 @@ class PolicyObjective:
         reference forward pass per micro-batch)."""
         if self.cfg.kl_loss_type != "full":
             return kl_penalty(logprobs, mb.ref_logprobs, self.cfg.kl_loss_type)
-        r = mb.response_mask.shape[1]
+        r, keep = mb.response_mask.shape[1], mb.response_mask.bool()
         with torch.no_grad():
             ref_logits = response_logits(
-                self.reference, mb.input_ids, mb.attention_mask, r, self.temperature
+                self.reference, mb.input_ids, mb.attention_mask, r, self.temperature, keep
             )
-        return kl_full(logits, ref_logits)
+        return unpack(kl_full(logits, ref_logits), keep)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from proxima.algos import (
     EmptyMaskWarning,
     entropy_from_logits,
     explained_variance,
+    logprobs_and_entropy,
     logprobs_from_logits,
     policy_loss,
     register_policy_loss,
@@ -100,6 +101,46 @@ def test_entropy_matches_naive(dtype):
     for chunk_size in (None, 1, 5):
         out = entropy_from_logits(logits, temperature=1.3, chunk_size=chunk_size)
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_logprobs_and_entropy_literal_and_gradients():
+    # the values of test_logprobs_literal and test_entropy_literal, from one pass
+    logits = LOGITS.clone().requires_grad_(True)
+    lp, ent = logprobs_and_entropy(logits, LABELS, chunk_size=1)
+    torch.testing.assert_close(lp, torch.tensor([[LN(0.6), LN(0.5)]]))
+    expected = [-(2 * 0.2 * LN(0.2) + 0.6 * LN(0.6)), 1.5 * LN(2.0)]
+    torch.testing.assert_close(ent, torch.tensor([expected]))
+    # dH/dz_j = -p_j (z_j - E_p[z]): position 0, E[z] = 0.6 ln 3 -> [0.12, -0.24, 0.12] ln 3;
+    # position 1 (a = ln 2, z = [a, a, 2a]), E[z] = 1.5a -> [0.125, 0.125, -0.25] a;
+    # plus onehot - softmax from the log-prob
+    (lp.sum() + ent.sum()).backward()
+    a, l3 = LN(2.0), LN(3.0)
+    entropy_grad = torch.tensor(
+        [[[0.12 * l3, -0.24 * l3, 0.12 * l3], [0.125 * a, 0.125 * a, -0.25 * a]]]
+    )
+    onehot_minus_p = torch.tensor([[[-0.2, 0.4, -0.2], [-0.25, -0.25, 0.5]]])
+    torch.testing.assert_close(logits.grad, onehot_minus_p + entropy_grad)
+    # entropy_grad=False: the entropy is a stat, only the log-prob's gradient remains
+    logits.grad = None
+    lp, ent = logprobs_and_entropy(logits, LABELS, entropy_grad=False)
+    (lp.sum() + ent.sum()).backward()
+    torch.testing.assert_close(logits.grad, onehot_minus_p)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_and_entropy_match_the_separate_functions(dtype):
+    gen = torch.Generator().manual_seed(2)
+    logits = (torch.randn(3, 7, 19, generator=gen) * 3).to(dtype)
+    labels = torch.randint(0, 19, (3, 7), generator=gen)
+    for chunk_size in (None, 1, 4, 100):
+        lp, ent = logprobs_and_entropy(logits, labels, 0.7, chunk_size=chunk_size)
+        assert lp.dtype == ent.dtype == torch.float32 and lp.shape == ent.shape == (3, 7)
+        torch.testing.assert_close(lp, logprobs_from_logits(logits, labels, 0.7))
+        torch.testing.assert_close(ent, entropy_from_logits(logits, 0.7))
+    empty_lp, empty_ent = logprobs_and_entropy(torch.zeros(0, 19), torch.zeros(0, dtype=torch.long))
+    assert empty_lp.shape == empty_ent.shape == (0,)
+    with pytest.raises(ValueError, match=r"logits \[1, 2, 3\] vs labels \[1, 3\]"):
+        logprobs_and_entropy(LOGITS, torch.tensor([[1, 2, 0]]))
 
 
 # Policy loss fixture: six real tokens (log-ratio, advantage) and two padding tokens whose

@@ -120,7 +120,8 @@ def test_loss_and_gradient_ignore_observations(episode):
     def loss_and_grads(logits, values):
         logits = logits.clone().requires_grad_(True)
         values = values.clone().requires_grad_(True)
-        loss = objective.policy_terms(logits, mb)[0] + critic.value_terms(values, mb)[0]
+        packed = logits[mb.response_mask.bool()]  # the policy reads its positions only
+        loss = objective.policy_terms(packed, mb)[0] + critic.value_terms(values, mb)[0]
         return (loss, *torch.autograd.grad(loss, (logits, values)))
 
     values = torch.rand(2, 6)
