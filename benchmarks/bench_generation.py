@@ -9,7 +9,8 @@ Reports medians over `--repeats` runs of:
 
     python benchmarks/bench_generation.py --w3 runs/bench_assets_w3 [--repeats 3]
 
-instead times the `hf` engine's decode loop against HF `generate` (the loop's fallback,
+instead times the `hf` engine's decode loop (and the loop with its prompts prefilled in one
+pass instead of groups of similar length) against HF `generate` (the loop's fallback,
 `loop_applies` forced off) at bench_vs_trl.py's W3 shapes: its actor (32,000-token
 vocabulary, built to stop at EOS), 64 of its prompts (16-128 tokens), responses until EOS
 up to 128 tokens, temperature 0.7, the two run alternately, each its own draw (the sampled
@@ -144,8 +145,12 @@ def bench_w3(root: str, repeats: int) -> None:
     width = max(map(len, rows))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
     mask = (torch.arange(width) >= width - torch.tensor([[len(r)] for r in rows])).long()
-    loop_applies = generate.loop_applies
-    ways = {"decode loop": loop_applies, "HF generate": lambda m: "benchmark: HF generate"}
+    loop_applies, prefill = generate.loop_applies, generate.PREFILL_TOKENS
+    ways = {  # (why the loop does not apply, padded tokens per prefill group)
+        "decode loop": (loop_applies, prefill),
+        "  one prefill": (loop_applies, 1 << 40),
+        "HF generate": (lambda m: "benchmark: HF generate", prefill),
+    }
     print(
         f"W3 generation: {len(rows)} prompts of {min(map(len, rows))}-{width} tokens, "
         f"at most {w.response} new, median of {repeats} (alternating):"
@@ -153,8 +158,9 @@ def bench_w3(root: str, repeats: int) -> None:
     times: dict[str, list[float]] = {k: [] for k in ways}
     tokens: dict[str, list[int]] = {k: [] for k in ways}
     for i in range(repeats):
-        for name, applies in ways.items():
+        for name, (applies, tokens_per_prefill) in ways.items():
             generate.loop_applies = applies
+            generate.PREFILL_TOKENS = tokens_per_prefill
             torch.manual_seed(i)
             start = time.perf_counter()
             gen = generate_responses(
@@ -169,11 +175,11 @@ def bench_w3(root: str, repeats: int) -> None:
             )
             times[name].append(time.perf_counter() - start)
             tokens[name].append(int(gen.response_mask.sum()))
-    generate.loop_applies = loop_applies
+    generate.loop_applies, generate.PREFILL_TOKENS = loop_applies, prefill
     med = {k: statistics.median(v) for k, v in times.items()}
     for name in ways:
         n = statistics.median(tokens[name])
-        print(f"  {name:12s}: {med[name]:6.2f} s  {n:6.0f} tokens  {n / med[name]:6.1f} tokens/s")
+        print(f"  {name:14s}: {med[name]:6.2f} s  {n:6.0f} tokens  {n / med[name]:6.1f} tokens/s")
     print(f"  speed-up    : {med['HF generate'] / med['decode loop']:.2f}x")
 
 

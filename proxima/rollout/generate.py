@@ -2,13 +2,15 @@
 
 `generate_responses` is the one function the `hf` rollout engine (proxima.rollout.engine)
 wraps; other engines (vLLM) return the same `Generation`. It runs its own loop
-(`decode_loop`): a row that has ended leaves the batch (its KV cache with it), so the later
-steps compute only the rows still going, and a token is drawn by the exponential race
-(argmax of p / E, E ~ Exp(1): an exact draw from p, without `torch.multinomial`'s slow CPU
-kernel). Where the loop does not apply (an FSDP2 model under torchrun, whose ranks must step
-together; a model whose forward takes no `cache`, `position_ids` or `logits_to_keep`; a
-generation_config with logits processors beyond `suppress_tokens`) it is HF `generate`,
-whose samples come from the same distribution.
+(`decode_loop`): the prompts are prefilled in groups of similar length (no left padding
+computed), a row that has ended leaves the batch (its KV cache with it), so the later
+steps compute only the rows still going, and a token is drawn by inverting the cumulative
+distribution (one uniform number per row and a binary search: an exact draw from p, where
+`torch.multinomial` draws an exponential number per token of the vocabulary). Where the
+loop does not apply (an FSDP2 model under torchrun, whose ranks must step together; a model
+whose forward takes no `cache`, `position_ids` or `logits_to_keep`; a generation_config
+with logits processors beyond `suppress_tokens`) it is HF `generate`, whose samples come
+from the same distribution.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 
 import torch
+from torch.nn.functional import pad
 from transformers import (
+    DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
     StoppingCriteria,
@@ -29,6 +33,7 @@ from transformers import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+from transformers.cache_utils import DynamicLayer
 
 from proxima.models.critic import (
     HeadInput,
@@ -39,6 +44,7 @@ from proxima.models.critic import (
 )
 from proxima.models.unwrap import base_model
 from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
+from proxima.types import token_budget_groups
 
 
 @dataclass
@@ -219,6 +225,9 @@ def _warpers(greedy: bool, temperature: float, top_p: float, top_k: int) -> Logi
 LOOP_GENERATION_FIELDS = NEUTRAL_GENERATION_FIELDS | {"suppress_tokens"}
 # compact the batch once this share of its rows has ended (each compaction copies the cache)
 COMPACT_SHARE = 0.25
+# padded prompt tokens per prefill pass, when prompts of different lengths are prefilled in
+# groups of similar length
+PREFILL_TOKENS = 2048
 
 
 def loop_applies(model: torch.nn.Module) -> str:
@@ -237,12 +246,70 @@ def loop_applies(model: torch.nn.Module) -> str:
     return ""
 
 
-def exponential_race(probs: torch.Tensor) -> torch.Tensor:
-    """One draw per row of `probs` [B, V]: argmax_v p_v / E_v with E_v ~ Exp(1) independent,
-    which picks v with probability p_v (the minimum of E_v / p_v, exponentials of rates p_v,
-    is the v-th with probability p_v / sum p). A token of probability 0 is never picked."""
-    race = torch.empty_like(probs).exponential_().clamp_(min=torch.finfo(probs.dtype).tiny)
-    return (probs / race).argmax(dim=-1)
+def inverse_cdf_draw(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of `probs` [B, V] (any non-negative weights): the first token whose
+    cumulative weight exceeds u x the total, u ~ U[0, 1) one per row. The cumulative sum is
+    in float64, so the draw is from p to ~1e-16; a token of weight 0 is never picked (its
+    cumulative weight equals its predecessor's, which would be picked first)."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True)[:, 0]
+
+
+def _cache_groupable(policy: torch.nn.Module) -> bool:
+    """Whether prefill groups' caches can be joined: the model's cache holds every layer's
+    keys and values in full (a `DynamicLayer`), not a sliding window's."""
+    try:
+        probe = DynamicCache(config=base_model(policy).config)
+    except Exception:  # a config the cache cannot read: leave the prefill whole
+        return False
+    return all(type(layer) is DynamicLayer for layer in probe.layers)
+
+
+def _prefill(policy, ids, mask, positions, values: bool):
+    """The prompts' forward pass, in groups of rows of similar length
+    (`types.token_budget_groups`, PREFILL_TOKENS padded tokens each), each group cut to
+    its longest prompt, so left padding is not computed; the groups' KV caches are then
+    left-padded back to the batch's width (the padding masked, as in one pass) and joined.
+    Returns (the rows' order, the last position's logits [B, V], the cache, and with
+    `values` the LM head's input there [B, H])."""
+    groups = [list(range(ids.shape[0]))]
+    if ids.shape[0] > 1 and _cache_groupable(policy):
+        groups = token_budget_groups(mask, PREFILL_TOKENS)
+    starts, outs, hidden = [], [], []
+    for group in groups:
+        rows = torch.tensor(group, device=ids.device)
+        start = 0 if len(groups) == 1 else int(mask[rows].argmax(dim=1).min())
+        with HeadInput(policy) if values else nullcontext() as seen:
+            out = policy(
+                input_ids=ids[rows, start:],
+                attention_mask=mask[rows, start:],
+                position_ids=positions[rows, start:],
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        starts.append(start)
+        outs.append(out)
+        hidden += [seen.calls[-1][:, -1]] if values else []
+    order = torch.tensor([i for group in groups for i in group], device=ids.device)
+    logits = torch.cat([out.logits[:, -1] for out in outs])
+    hidden = torch.cat(hidden) if values else None
+    if len(outs) == 1:
+        return order, logits, outs[0].cache, hidden
+
+    def joined(layer: int, name: str) -> torch.Tensor:  # its keys or values, every row
+        return torch.cat(
+            [
+                pad(getattr(out.cache.layers[layer], name), (0, 0, start, 0))
+                for start, out in zip(starts, outs, strict=True)
+            ]
+        )
+
+    layers = range(len(outs[0].cache.layers))
+    cache = DynamicCache([(joined(i, "keys"), joined(i, "values")) for i in layers])
+    return order, logits, cache, hidden
 
 
 @torch.no_grad()
@@ -269,7 +336,8 @@ def decode_loop(
     `values` (a PolicyValue) the
     value of each state a token was drawn from [B, n] (else None).
 
-    Positions are HF generate's (the attention mask's cumulative sum); a row that ends (a
+    Positions are HF generate's (the attention mask's cumulative sum); the prompts are
+    prefilled in groups of similar length (`_prefill`); a row that ends (a
     stop id, or its text meets a stop string) stops being recorded, and once
     COMPACT_SHARE of the batch has ended those rows leave it, KV cache included."""
     if values:
@@ -295,25 +363,31 @@ def decode_loop(
     stopped = torch.zeros(n_rows, dtype=torch.bool, device=device)
     ids, cache, steps = prompt_ids, None, 0
     for t in range(max_new_tokens):
-        with HeadInput(policy) if values else nullcontext() as seen:
-            out = policy(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        cache, steps = out.cache, t + 1
-        scores = processors(ids, out.logits[:, -1].float())
-        picked = scores.argmax(dim=-1) if greedy else exponential_race(scores.softmax(dim=-1))
+        if t == 0:  # the prompts, in groups of similar length (the rows in their order)
+            order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
+            rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]
+        else:
+            with HeadInput(policy) if values else nullcontext() as seen:
+                out = policy(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            cache, logits = out.cache, out.logits[:, -1]
+            hidden = seen.calls[-1][:, -1] if values else None
+        steps = t + 1
+        scores = processors(ids, logits.float())
+        picked = scores.argmax(dim=-1) if greedy else inverse_cdf_draw(scores.softmax(dim=-1))
         live = ~ended
         at = rows[live]
         tokens[at, t] = picked[live]
         if logprobs:
             sampled[at, t] = scores.log_softmax(dim=-1).gather(1, picked[:, None])[live, 0]
         if values:
-            state_values[at, t] = value_of(model.value_head, seen.calls[-1][live, -1])
+            state_values[at, t] = value_of(model.value_head, hidden[live])
         ended |= torch.isin(picked, stop)
         if stop_strings and decode is not None:
             for b in live.nonzero()[:, 0].tolist():

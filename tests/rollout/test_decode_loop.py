@@ -1,7 +1,8 @@
 """The hf engine's decode loop (`rollout.generate.decode_loop`) against HF `generate` (the
 loop's fallback) on the same weights: greedy tokens, masks and stop flags equal, log-probs
-and values within float rounding; the exponential race draws tokens with their
-probabilities; rows that end leave the batch; and where the loop does not apply."""
+and values within float rounding; the inverse-CDF draw picks tokens with their
+probabilities; rows that end leave the batch; and where the loop does not apply. Every
+test runs with the prompts prefilled in one pass and in groups of similar length."""
 
 from __future__ import annotations
 
@@ -11,17 +12,26 @@ from torch import nn
 
 import proxima.rollout.generate as generate
 from proxima.algos import logprobs_from_logits
+from proxima.models import ARCHITECTURES
 from proxima.models.critic import PolicyValue
 from proxima.models.forward import response_logits, response_logits_values
 from proxima.models.tiny import build_tiny_model
 from proxima.models.tokenizers import build_char_tokenizer
-from proxima.rollout.generate import exponential_race, generate_responses, loop_applies
+from proxima.rollout.generate import generate_responses, inverse_cdf_draw, loop_applies
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ALPHABET = "0123456789+="
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5=", "3+3+3=", "8=", "1+1=", "64+2="]
 MAX_NEW = 10
+
+
+@pytest.fixture(autouse=True, params=[12, 2048], ids=["prefill-groups", "one-prefill"])
+def prefill_tokens(request, monkeypatch):
+    """Every test with the prompts prefilled in groups of similar length (12 padded tokens
+    each: groups of 2, 2, 3 and 1 rows, 6, 5, 4 and 2 tokens wide) and in one pass."""
+    monkeypatch.setattr(generate, "PREFILL_TOKENS", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -130,32 +140,43 @@ def test_stop_strings_end_rows_as_in_hf_generate(model, tok, monkeypatch):
     assert any(got.stopped.tolist())
 
 
-def test_rows_that_end_leave_the_batch(model, tok, monkeypatch):
+def test_rows_that_end_leave_the_batch(model, tok, monkeypatch, prefill_tokens):
     stop = _splitting_stop(model, tok, monkeypatch)
-    widths = []
+    shapes = []
     hook = model.model.register_forward_pre_hook(
-        lambda m, a, kw: widths.append(kw["input_ids"].shape[0]), with_kwargs=True
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
     try:
         gen = _run(model, tok, True, monkeypatch, [stop], greedy=True)
     finally:
         hook.remove()
+    # the prefill: prompts of 6, 6, 5, 5, 4, 4, 2 and 2 tokens, whole or in groups cut to
+    # their longest prompt
+    prefill = [(2, 6), (2, 5), (3, 4), (1, 2)] if prefill_tokens == 12 else [(8, 6)]
+    assert shapes[: len(prefill)] == prefill
+    widths = [rows for rows, width in shapes[len(prefill) :]]
+    assert set(w for _, w in shapes[len(prefill) :]) == {1}
     assert widths[0] == len(PROMPTS)
     running = len(PROMPTS) - int(gen.stopped.sum())
     assert widths[-1] < len(PROMPTS) and widths[-1] >= running
     assert widths == sorted(widths, reverse=True)
 
 
-def test_exponential_race_draws_by_probability():
+def test_inverse_cdf_draw_draws_by_probability(monkeypatch):
     torch.manual_seed(0)
-    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
-    draws = exponential_race(p.expand(200_000, -1).contiguous())
-    freq = torch.bincount(draws, minlength=5).float() / draws.numel()
+    p = torch.tensor([0.0, 0.5, 0.3, 0.0, 0.15, 0.05, 0.0])
+    # unnormalised weights (x 4) draw as their normalised probabilities
+    draws = inverse_cdf_draw((4 * p).expand(200_000, -1).contiguous())
+    freq = torch.bincount(draws, minlength=7).float() / draws.numel()
     # binomial standard error at 200,000 draws is at most 0.0012: 5 of them
     assert torch.allclose(freq, p, atol=0.006), freq
-    assert int((draws == 4).sum()) == 0  # probability 0: never
+    assert int(torch.isin(draws, torch.tensor([0, 3, 6])).sum()) == 0  # probability 0: never
     one = torch.tensor([[0.0, 0.0, 1.0, 0.0]]).expand(1000, -1).contiguous()
-    assert bool((exponential_race(one) == 2).all())
+    assert bool((inverse_cdf_draw(one) == 2).all())
+    # u at either end of [0, 1): the first and the last token of positive probability
+    for u, token in ((0.0, 1), (1.0 - 2.0**-53, 5)):
+        monkeypatch.setattr(torch, "rand", lambda shape, u=u, **kw: torch.full(shape, u, **kw))
+        assert inverse_cdf_draw(p[None]).tolist() == [token]
 
 
 def test_suppressed_tokens_are_never_drawn(tok, monkeypatch):
@@ -179,3 +200,15 @@ def test_where_the_loop_does_not_apply(tok):
     assert loop_applies(model) == ""
     model.generation_config.repetition_penalty = 1.3
     assert "repetition_penalty" in loop_applies(model)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_architecture_decodes_as_hf_generate(tok, arch, monkeypatch):
+    # absolute positions (gpt2) and rotary ones: the joined prefill caches hold each row's
+    # keys and values where one pass would
+    model = build_tiny_model(arch, tok, "nano", max_positions=64, seed=5, initializer_range=0.5)
+    kw = dict(stops=[tok.eos_token_id], greedy=True, logprobs=True)
+    got = _run(model.eval(), tok, True, monkeypatch, **kw)
+    want = _run(model, tok, False, monkeypatch, **kw)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
