@@ -73,14 +73,15 @@ def logprobs_from_logits(
 def entropy_from_logits(
     logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
 ) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position: logsumexp(z) - sum softmax(z) z.
+    """Entropy of softmax(logits / temperature) per position: logsumexp(z) - sum softmax(z) z,
+    with z shifted by its row maximum (`_shifted`).
 
     logits [B, T, V] (any float dtype) -> [B, T] float32, chunked like ``logprobs_from_logits``.
     """
     check_temperature("entropy_from_logits", temperature)
 
     def chunk_entropy(chunk: torch.Tensor) -> torch.Tensor:
-        z = _scaled_float(chunk, temperature)
+        z = _shifted(chunk, temperature)
         return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
     return map_row_chunks(chunk_entropy, logits, chunk_size=chunk_size)
@@ -95,7 +96,8 @@ def logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logprobs_from_logits`` and ``entropy_from_logits`` from one pass over the
     vocabulary: both need logsumexp(z), computed once per chunk (the entropy is
-    lse - sum_v softmax(z)_v z_v with softmax(z) = exp(z - lse)).
+    lse - sum_v softmax(z)_v z_v with softmax(z) = exp(z - lse); z shifted by its row
+    maximum, `_shifted`).
 
     `entropy_grad=False`: the entropy is computed without gradient (a stat only), while
     the log-probs keep theirs. Returns ([B, T], [B, T]) float32.
@@ -108,7 +110,7 @@ def logprobs_and_entropy(
         )
 
     def chunk_both(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
-        z = _scaled_float(chunk, temperature)
+        z = _shifted(chunk, temperature)
         lse = torch.logsumexp(z, dim=-1)
         picked = z.gather(-1, chunk_labels.long().unsqueeze(-1)).squeeze(-1)
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -118,6 +120,15 @@ def logprobs_and_entropy(
 
     both = map_row_chunks(chunk_both, logits, labels, chunk_size=chunk_size, per_row=(2,))
     return both[..., 0], both[..., 1]
+
+
+def _shifted(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`_scaled_float` minus its row maximum (a constant: softmax, log-probs and entropy are
+    unchanged, and so are their gradients). A collapsed policy's logits reach 1e4-1e5, where
+    lse(z) - sum p z would cancel to float32's rounding of z (negative entropies); shifted,
+    the terms stay within log V of 0."""
+    z = _scaled_float(chunk, temperature)
+    return z - z.detach().amax(dim=-1, keepdim=True)
 
 
 def _scaled_float(chunk: torch.Tensor, temperature: float) -> torch.Tensor:

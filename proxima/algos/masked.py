@@ -138,13 +138,19 @@ def aggregate_loss(
     return masked_mean(per_row, row_len > 0)
 
 
+# a standard deviation below this fraction of the mean's magnitude is rounding: the values
+# were equal (a batch of equal scores, e.g. every sparse reward 0)
+EQUAL_SPREAD = 1e-12
+
+
 class RunningMoments:
     """Running mean and standard deviation over every element seen in all batches.
 
     Batches are merged with Chan et al.'s parallel update of (count, mean, M2), so the
     result equals the moments of the concatenated data. ``std`` is the unbiased standard
-    deviation (1.0 before two elements were seen, so it is safe to divide by). Used for
-    reward normalisation; state is plain floats, see ``state_dict``.
+    deviation (1.0 before two elements were seen, or while every element seen is the same:
+    x - mean is then 0 for each of them, whatever it is divided by; so it is always safe to
+    divide by). Used for reward normalisation; state is plain floats, see ``state_dict``.
     """
 
     def __init__(self) -> None:
@@ -159,8 +165,10 @@ class RunningMoments:
 
     @property
     def std(self) -> float:
-        """Unbiased standard deviation of everything seen (1.0 before two elements)."""
-        return math.sqrt(self.var) if self.count > 1 else 1.0
+        """Unbiased standard deviation of everything seen (1.0 before two elements, and
+        while all are equal: a spread below float64's rounding of the mean counts as 0)."""
+        std = math.sqrt(self.var)
+        return std if std > EQUAL_SPREAD * max(1.0, abs(self.mean)) else 1.0
 
     @torch.no_grad()
     def update(self, xs: torch.Tensor) -> tuple[float, float]:

@@ -250,12 +250,14 @@ def inverse_cdf_draw(probs: torch.Tensor) -> torch.Tensor:
     """One draw per row of `probs` [B, V] (any non-negative weights): the first token whose
     cumulative weight exceeds u x the total, u ~ U[0, 1) one per row. The cumulative sum is
     in float64, so the draw is from p to ~1e-16; a token of weight 0 is never picked (its
-    cumulative weight equals its predecessor's, which would be picked first)."""
+    cumulative weight equals its predecessor's, which would be picked first). A row of
+    non-finite weights (a diverged policy) gets a token in range, and its non-finite
+    log-probs are what the trainer's checks report."""
     cdf = probs.double().cumsum(dim=-1)
     total = cdf[:, -1:]
     u = torch.rand(total.shape, dtype=torch.float64, device=probs.device)
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True)[:, 0]
+    return torch.searchsorted(cdf, x, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
 def _cache_groupable(policy: torch.nn.Module) -> bool:

@@ -127,6 +127,21 @@ def test_logprobs_and_entropy_literal_and_gradients():
     torch.testing.assert_close(logits.grad, onehot_minus_p)
 
 
+def test_entropy_of_huge_logits_does_not_cancel():
+    # a collapsed policy's logits: 1e5 plus [0, ln 3, 0], which float32 holds as 1e5 +
+    # [0, 1.1015625, 0] (its spacing there is 2^-7): p = [1, e^a, 1] / (2 + e^a) with
+    # a = 1.1015625, label 1. Without the shift, lse - sum p z cancels to that spacing.
+    logits = LOGITS[:, :1] + 1e5
+    assert (logits[0, 0] - 1e5).tolist() == [0.0, 1.1015625, 0.0]
+    e = math.exp(1.1015625)
+    p = [1 / (2 + e), e / (2 + e), 1 / (2 + e)]
+    want = -sum(x * LN(x) for x in p)
+    lp, ent = logprobs_and_entropy(logits, LABELS[:, :1])
+    assert ent.item() == pytest.approx(want, abs=1e-6)
+    assert entropy_from_logits(logits).item() == pytest.approx(want, abs=1e-6)
+    assert lp.item() == pytest.approx(LN(p[1]), abs=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logprobs_and_entropy_match_the_separate_functions(dtype):
     gen = torch.Generator().manual_seed(2)

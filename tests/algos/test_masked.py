@@ -188,6 +188,17 @@ def test_running_moments_match_concatenation():
     assert rm.std == pytest.approx(math.sqrt(6.0))
 
 
+def test_running_moments_of_equal_values_divide_by_one():
+    # every score 0, or 0.1 (whose float64 mean may round): x - mean is 0 for all of them,
+    # and std 1.0 keeps a division by it defined; the first distinct value restores the std
+    for value in (0.0, 0.1, -3e6):
+        rm = RunningMoments()
+        rm.update(torch.full((64,), value))
+        assert rm.std == 1.0 and rm.var == pytest.approx(0.0, abs=1e-20)
+    rm.update(torch.tensor([value + 2.0]))  # 64 x -3e6 and -3e6 + 2: var 4 x 64 / 65 / 64
+    assert rm.std == pytest.approx(math.sqrt(4 * 64 / 65 / 64))
+
+
 def test_running_moments_defaults_and_state_roundtrip():
     rm = RunningMoments()
     assert (rm.count, rm.mean, rm.var, rm.std) == (0, 0.0, 0.0, 1.0)

@@ -173,6 +173,8 @@ def test_inverse_cdf_draw_draws_by_probability(monkeypatch):
     assert int(torch.isin(draws, torch.tensor([0, 3, 6])).sum()) == 0  # probability 0: never
     one = torch.tensor([[0.0, 0.0, 1.0, 0.0]]).expand(1000, -1).contiguous()
     assert bool((inverse_cdf_draw(one) == 2).all())
+    nan = torch.tensor([[0.5, float("nan"), 0.5], [float("inf"), 1.0, 0.0]])
+    assert bool(((inverse_cdf_draw(nan) >= 0) & (inverse_cdf_draw(nan) < 3)).all())
     # u at either end of [0, 1): the first and the last token of positive probability
     for u, token in ((0.0, 1), (1.0 - 2.0**-53, 5)):
         monkeypatch.setattr(torch, "rand", lambda shape, u=u, **kw: torch.full(shape, u, **kw))

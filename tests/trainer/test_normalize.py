@@ -41,3 +41,11 @@ def test_scores_standardised_by_running_moments():
 def test_off_leaves_scores_raw_but_clipped():
     rewards = _shape([1.0, 9.0], None)
     assert rewards[:, -1].tolist() == [1.0, 5.0]
+
+
+def test_a_first_batch_of_equal_scores_standardises_to_zero():
+    # every sparse reward 0 in the first batch (std 0): the standardised scores are 0
+    moments = RunningMoments()
+    assert _shape([0.0, 0.0, 0.0], moments).tolist() == [[0.0, 0.0]] * 3
+    rewards = _shape([1.0], moments)  # 0, 0, 0, 1: mean 1/4, unbiased std 1/2
+    assert torch.allclose(rewards[:, -1], torch.tensor([1.5]))
