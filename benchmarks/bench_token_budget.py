@@ -2,14 +2,16 @@
 mini-batch whose prompts and responses vary in length, as sampled responses that stop at EOS do.
 
     .venv/bin/python benchmarks/bench_token_budget.py [--rows 64] [--repeats 5] [--threads 2]
+        [--budgets 2048 1024 512]
 
 The actor is W2's Llama (hidden 512, 8 layers, 8 heads, MLP 2048) with a 32,000-token
 vocabulary; prompts of 16-128 tokens, responses of 1-128 (a quarter hit the limit). Fixed:
 micro-batches of 8 rows padded to the batch's longest prompt and response. Token budget:
 `actor.ppo_max_tokens_per_micro` = the fixed micro-batch's padded size (8 x 256 tokens), so a
-micro-batch never holds more padded tokens than a fixed one. The gradients are the same
-(tests/trainer/test_token_micro_batches.py); the median seconds of `--repeats` updates of
-each, interleaved, are printed with the padded tokens each computes.
+micro-batch never holds more padded tokens than a fixed one (`--budgets`: those budgets
+instead). The gradients are the same (tests/trainer/test_token_micro_batches.py); the median
+seconds of `--repeats` updates of each, interleaved, are printed with the padded tokens each
+computes.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--budgets", type=int, nargs="+", default=[8 * (MAX_P + MAX_R)])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -86,23 +89,25 @@ def main() -> None:
     )
     model = LlamaForCausalLM(cfg)
     exp = ragged(a.rows)
-    budget = 8 * (MAX_P + MAX_R)
     fixed_tokens = exp.batch_size * exp.input_ids.shape[1]
-    micros = token_micro_batches(exp, budget)
-    packed = sum(m.batch_size * m.input_ids.shape[1] for m in micros)
     real = int(exp.attention_mask.sum())
     update_seconds(model, exp, 0)  # warm-up
-    times: dict[str, list[float]] = {"fixed": [], "budget": []}
+    times: dict[int, list[float]] = {b: [] for b in [0, *a.budgets]}
     for _ in range(a.repeats):
-        times["fixed"].append(update_seconds(model, exp, 0))
-        times["budget"].append(update_seconds(model, exp, budget))
-    fixed, tb = statistics.median(times["fixed"]), statistics.median(times["budget"])
-    print(f"{a.rows} rows, {real} real tokens; budget {budget} tokens per micro-batch")
-    print(f"| micro-batches | padded tokens | median s (of {a.repeats}) |")
-    print("|---|---|---|")
-    print(f"| fixed, 8 rows | {fixed_tokens} | {fixed:.2f} |")
-    print(f"| token budget ({len(micros)} micro-batches) | {packed} | {tb:.2f} |")
-    print(f"speed-up {fixed / tb:.2f}x; all runs: {times}")
+        for budget in times:
+            times[budget].append(update_seconds(model, exp, budget))
+    fixed = statistics.median(times[0])
+    print(f"{a.rows} rows, {real} real tokens")
+    print(f"| micro-batches | padded tokens | median s (of {a.repeats}) | speed-up |")
+    print("|---|---|---|---|")
+    print(f"| fixed, 8 rows | {fixed_tokens} | {fixed:.2f} | 1.00x |")
+    for budget in a.budgets:
+        micros = token_micro_batches(exp, budget)
+        padded = sum(m.batch_size * m.input_ids.shape[1] for m in micros)
+        med = statistics.median(times[budget])
+        name = f"token budget of {budget} ({len(micros)} micro-batches)"
+        print(f"| {name} | {padded} | {med:.2f} | {fixed / med:.2f}x |")
+    print(f"all runs: {times}")
 
 
 if __name__ == "__main__":
