@@ -56,11 +56,7 @@ def logprobs_from_logits(
     the float32 chunks are still kept for the backward pass).
     """
     check_temperature("logprobs_from_logits", temperature)
-    if logits.shape[:-1] != labels.shape:
-        raise ValueError(
-            f"logprobs_from_logits: shape mismatch: logits {list(logits.shape)} vs labels "
-            f"{list(labels.shape)}; labels must be logits' shape without the vocabulary dim"
-        )
+    _check_labels("logprobs_from_logits", logits, labels)
 
     def chunk_logprobs(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
         scaled = _scaled_float(chunk, temperature)
@@ -103,11 +99,7 @@ def logprobs_and_entropy(
     the log-probs keep theirs. Returns ([B, T], [B, T]) float32.
     """
     check_temperature("logprobs_and_entropy", temperature)
-    if logits.shape[:-1] != labels.shape:
-        raise ValueError(
-            f"logprobs_and_entropy: shape mismatch: logits {list(logits.shape)} vs labels "
-            f"{list(labels.shape)}; labels must be logits' shape without the vocabulary dim"
-        )
+    _check_labels("logprobs_and_entropy", logits, labels)
 
     def chunk_both(chunk: torch.Tensor, chunk_labels: torch.Tensor) -> torch.Tensor:
         z = _shifted(chunk, temperature)
@@ -120,6 +112,15 @@ def logprobs_and_entropy(
 
     both = map_row_chunks(chunk_both, logits, labels, chunk_size=chunk_size, per_row=(2,))
     return both[..., 0], both[..., 1]
+
+
+def _check_labels(where: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """Raise ValueError unless labels [...] index logits [..., V] position by position."""
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"{where}: shape mismatch: logits {list(logits.shape)} vs labels "
+            f"{list(labels.shape)}; labels must be logits' shape without the vocabulary dim"
+        )
 
 
 def _shifted(chunk: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -270,6 +270,21 @@ def _cache_groupable(policy: torch.nn.Module) -> bool:
     return all(type(layer) is DynamicLayer for layer in probe.layers)
 
 
+def _last_position(policy, ids, mask, positions, cache, values: bool):
+    """One KV-cached forward pass that projects only the last position: (its output, and
+    with `values` the LM head's input there [B, H], else None)."""
+    with HeadInput(policy) if values else nullcontext() as seen:
+        out = policy(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return out, seen.calls[-1][:, -1] if values else None
+
+
 def _prefill(policy, ids, mask, positions, values: bool):
     """The prompts' forward pass, in groups of rows of similar length
     (`types.token_budget_groups`, PREFILL_TOKENS padded tokens each), each group cut to
@@ -284,17 +299,12 @@ def _prefill(policy, ids, mask, positions, values: bool):
     for group in groups:
         rows = torch.tensor(group, device=ids.device)
         start = 0 if len(groups) == 1 else int(mask[rows].argmax(dim=1).min())
-        with HeadInput(policy) if values else nullcontext() as seen:
-            out = policy(
-                input_ids=ids[rows, start:],
-                attention_mask=mask[rows, start:],
-                position_ids=positions[rows, start:],
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        out, last = _last_position(
+            policy, ids[rows, start:], mask[rows, start:], positions[rows, start:], None, values
+        )
         starts.append(start)
         outs.append(out)
-        hidden += [seen.calls[-1][:, -1]] if values else []
+        hidden += [last] if values else []
     order = torch.tensor([i for group in groups for i in group], device=ids.device)
     logits = torch.cat([out.logits[:, -1] for out in outs])
     hidden = torch.cat(hidden) if values else None
@@ -369,17 +379,8 @@ def decode_loop(
             order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
             rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]
         else:
-            with HeadInput(policy) if values else nullcontext() as seen:
-                out = policy(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+            out, hidden = _last_position(policy, ids, mask, positions, cache, values)
             cache, logits = out.cache, out.logits[:, -1]
-            hidden = seen.calls[-1][:, -1] if values else None
         steps = t + 1
         scores = processors(ids, logits.float())
         picked = scores.argmax(dim=-1) if greedy else inverse_cdf_draw(scores.softmax(dim=-1))
