@@ -110,14 +110,18 @@ def test_every_field_documented_and_default_example_valid():
     assert cfg.task.name == "arithmetic"
 
 
-def test_readme_config_table_is_the_generated_one():
-    """README's table is `python -m proxima.config`: every key, default and help, in sync."""
+def test_config_reference_page_is_the_generated_one():
+    """docs/config.md is `python -m proxima.config`: every key, default and help, in sync."""
     from pathlib import Path
 
-    from proxima.config import keys_markdown
+    from proxima.config.reference import reference_markdown
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert keys_markdown() in readme, "regenerate the table: python -m proxima.config"
+    page = (Path(__file__).parents[1] / "docs" / "config.md").read_text()
+    assert page == reference_markdown(), (
+        "regenerate the page: python -m proxima.config > docs/config.md"
+    )
+    for _, _, help_text in describe_fields():  # the README no longer explains keys
+        assert "README" not in help_text, help_text
 
 
 @pytest.mark.parametrize(

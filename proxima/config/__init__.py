@@ -11,8 +11,9 @@ PPO-tricks seed: actor 5e-7, critic 9e-6).
 - `choices`: every set of allowed values, defined once;
 - `loading`: YAML + overrides -> `Config` (`load_config`);
 - `validation`: `validate` (one check after another, in a fixed order) and `check_sources`;
-- `plans`: what start-up prints (`batch_plan`, `kl_plan`) and the README's table
-  (`describe_fields`, `keys_markdown`; `python -m proxima.config`).
+- `plans`: what start-up prints (`batch_plan`, `kl_plan`) and every key with its default and
+  help (`describe_fields`, `keys_markdown`);
+- `reference`: docs/config.md, generated from those (`python -m proxima.config`).
 
 Everything is imported from here: `from proxima.config import Config, load_config`.
 """

@@ -1,5 +1,5 @@
-"""`python -m proxima.config`: the README's config table, generated from the fields."""
+"""`python -m proxima.config > docs/config.md`: the configuration reference, from the fields."""
 
-from proxima.config.plans import keys_markdown
+from proxima.config.reference import reference_markdown
 
-print(keys_markdown())
+print(reference_markdown(), end="")

@@ -1,4 +1,4 @@
-"""What start-up prints and the README shows: the batch plan, where the KL goes, and the
+"""What start-up prints and the docs show: the batch plan, where the KL goes, and the
 table of every key with its default and help (`python -m proxima.config`)."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def fixed_keys() -> tuple[str, ...]:
 
 
 def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted key, default, help) for every leaf field: the README's config table."""
+    """(dotted key, default, help) for every leaf field: the configuration reference."""
     node = Config() if node is None else node
     rows = []
     for f in dataclasses.fields(node):
@@ -88,7 +88,7 @@ def describe_fields(node: Any = None, prefix: str = "") -> list[tuple[str, Any, 
 
 
 def keys_markdown() -> str:
-    """The README's config table, generated from the fields (`python -m proxima.config`)."""
+    """Every key, default and help as one markdown table (docs/config.md has one per section)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for key, default, help_text in describe_fields():
         rows.append(f"| `{key}` | `{default!r}` | {help_text.replace('|', chr(92) + '|')} |")

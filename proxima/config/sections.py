@@ -1,5 +1,5 @@
 """The sections a PPO run reads: model, data, rollout, algorithm, actor, critic, reward,
-trainer, fsdp, guard. Frozen dataclasses, a help text per field (`_f`): the README's config
+trainer, fsdp, guard. Frozen dataclasses, a help text per field (`_f`): the configuration
 table is generated from them (`python -m proxima.config`).
 
 Defaults are DeepSpeed-Chat's step-3 values (kl 0.1, clip 0.2, value clip 0.2, reward clip 5,
@@ -127,7 +127,7 @@ class VLLMConfig:
     gpu_memory_utilization: float = _f(
         0.5,
         "Share of GPU memory vLLM may take for weights and KV cache, next to training "
-        "(colocated); ignored on CPU (see VLLM_CPU_KVCACHE_SPACE in the README).",
+        "(colocated); ignored on CPU (see VLLM_CPU_KVCACHE_SPACE in docs/engines.md).",
     )
     enable_prefix_caching: bool = _f(
         True,
@@ -160,7 +160,7 @@ class RolloutConfig:
         "hf",
         "Rollout engine: hf (transformers generate with the KV cache on the actor itself; "
         "works everywhere) | vllm (vLLM in the training process, weights pushed after each "
-        "update; needs the vllm or vllm-cpu package, see the README).",
+        "update; needs the vllm or vllm-cpu package, see docs/engines.md).",
     )
     n: int = _f(
         1,
@@ -225,8 +225,8 @@ class RolloutConfig:
         "",
         "Multi-turn episodes: a Python environment class `path/to/file.py:Env` or "
         "`package.module:Env`, one instance per sample built from the prompt record, "
-        "Env(row).step(action) -> (observation or None, reward, done) (README: Multi-turn "
-        "and tools); empty = one response per prompt.",
+        "Env(row).step(action) -> (observation or None, reward, done) (docs/multi-turn.md)"
+        "; empty = one response per prompt.",
         fixed=True,
     )
     max_turns: int = _f(4, "With rollout.env: most actions of the model per episode.")
@@ -278,7 +278,7 @@ class KLControlConfig:
 class AlgorithmConfig:
     adv_estimator: str = _f(
         "gae",
-        "Advantage estimator (verl's algorithm.adv_estimator; README: Advantage estimators): "
+        "Advantage estimator (verl's algorithm.adv_estimator; docs/algorithms.md): "
         "gae (with a critic) | grpo | grpo_vectorized | rloo | rloo_vectorized | "
         "reinforce_plus_plus | reinforce_plus_plus_baseline | remax | opo | grpo_passk | gpg | "
         "gdpo | optimal_token_baseline | tir_optimal_token_baseline (critic-free).",
@@ -374,7 +374,7 @@ class PolicyLossConfig:
 
     loss_mode: str = _f(
         "vanilla",
-        "Policy loss, by verl's actor.policy_loss.loss_mode name (README: Policy losses): "
+        "Policy loss, by verl's actor.policy_loss.loss_mode name (docs/algorithms.md): "
         "vanilla (PPO's clipped surrogate with the dual clip), gspo, sapo, cispo, gpg, "
         "clip_cov, kl_cov, geo_mean, dppo_tv, dppo_kl, dro.",
     )
@@ -487,14 +487,14 @@ class RewardConfig:
     sources: list = _f(
         [],
         "Several reward sources, the score their weighted sum: a list of {name, weight, one of "
-        "function / model_path / url, options} (README: Reward sources); instead of "
+        "function / model_path / url, options} (docs/rewards.md); instead of "
         "reward.function / reward.model_path.",
     )
     overlong_buffer_len: int = _f(
         0,
         "DAPO's soft overlong punishment (verl's overlong_buffer.len): a response longer than "
         "rollout.max_response_length - this loses up to overlong_penalty_factor, linearly "
-        "(README: DAPO); 0 = off.",
+        "(docs/algorithms.md); 0 = off.",
     )
     overlong_penalty_factor: float = _f(
         1.0, "Penalty of a response at rollout.max_response_length (overlong_buffer_len > 0)."
@@ -537,7 +537,7 @@ class TrainerConfig:
         "key) | mlflow (output_dir/mlflow.db unless MLFLOW_TRACKING_URI is set). jsonl "
         "(metrics.jsonl, which resume and the plots read) is always written, listed or not. "
         "wandb and mlflow need `pip install 'proxima[wandb]'` / `'proxima[mlflow]'` "
-        "(README: Experiment trackers).",
+        "(docs/failures.md).",
     )
     tensorboard: bool = _f(
         True, "false leaves tensorboard out of trainer.loggers (the older switch, still read)."
