@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint bench bench-vllm clean
+.PHONY: install install-dev install-docs install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -18,14 +18,24 @@ install-dev: $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
 
+install-docs: $(PY)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev,docs]"
+
 run: install
 	$(VENV)/bin/proxima train
 
-# The whole suite: unit, component and end-to-end tiers (pytest skips `slow` unless asked).
-test: install-dev
+# The whole suite: unit, component and end-to-end tiers (pytest skips `slow` unless asked),
+# then the docs site built with --strict (a broken link or API reference fails).
+test: install-docs
 	$(VENV)/bin/ruff check proxima tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "slow or not slow" -p no:cacheprovider
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The docs site (docs/, mkdocs.yml) into site/; docs/config.md is `python -m proxima.config`.
+docs: install-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test-quick: install-dev
 	$(PY) -m pytest
@@ -67,9 +77,10 @@ test-vllm: install-vllm
 bench-vllm: install-vllm
 	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
 
-# verl 0.9.1 in its own environment (.venv-verl) for tests/algos/test_verl_parity.py: every
-# policy loss of POLICY_LOSSES against verl's, loss, gradient and stats. verl is installed
-# without its dependencies (its pins would replace torch); what its losses import is listed.
+# verl 0.9.1 in its own environment (.venv-verl) for tests/algos/test_verl_parity.py (every
+# policy loss of POLICY_LOSSES against verl's, loss, gradient and stats) and
+# tests/algos/test_verl_estimators.py (every advantage estimator against verl's). verl is
+# installed without its dependencies (its pins would replace torch); what it imports is listed.
 VERL_VENV ?= .venv-verl
 VERLPY := $(VERL_VENV)/bin/python
 
@@ -85,9 +96,12 @@ $(VERL_VENV)/.installed: pyproject.toml
 
 install-verl: $(VERL_VENV)/.installed
 
-# Not in `make test` (verl is not a dependency); the file skips itself where verl is absent.
+# Not in `make test` (verl is not a dependency); the files skip themselves where verl is
+# absent. Not here: install-verl checks that verl imports, and PROXIMA_REQUIRE_VERL=1 makes
+# test_verl_estimators.py fail rather than skip if it does not.
 test-verl: install-verl
-	$(VERLPY) -m pytest -p no:cacheprovider tests/algos/test_verl_parity.py
+	PROXIMA_REQUIRE_VERL=1 $(VERLPY) -m pytest -p no:cacheprovider \
+		tests/algos/test_verl_parity.py tests/algos/test_verl_estimators.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) runs site .pytest_cache

@@ -2,7 +2,7 @@
 
 Shapes: B sequences, P prompt positions (left-padded), R response positions (right-padded).
 Per-token tensors are aligned on response tokens: ``old_logprobs[b, t]`` is the
-log-probability of response token t of row b (DESIGN.md).
+log-probability of response token t of row b (docs/architecture.md).
 """
 
 from __future__ import annotations

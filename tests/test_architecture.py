@@ -1,5 +1,6 @@
-"""DESIGN.md's layers, checked: the import contracts in pyproject.toml ([tool.importlinter])
-hold, and no module imports itself through others (no cycle, lazy imports included)."""
+"""The layers of docs/architecture.md, checked: the import contracts in pyproject.toml
+([tool.importlinter]) hold, and no module imports itself through others (no cycle, lazy
+imports included)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Data of two small text tasks for the README's "Train on your own task" recipe.
+"""Data of two small text tasks for the "Train on your own task" recipe
+(docs/getting-started.md).
 
     python examples/own_task/make_data.py --task sort --out data/sort [--seed 0]
 

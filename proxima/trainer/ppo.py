@@ -1,4 +1,4 @@
-"""The PPO loop. `step()` reads as the numbered phases of DESIGN.md, one call each.
+"""The PPO loop. `step()` reads as the numbered phases of docs/architecture.md, one call each.
 
 The trainer owns every piece of state that changes while it trains (the trained roles with
 their optimizers and schedules, the KL controller, the score statistics, the prompt loaders,

@@ -165,9 +165,9 @@ def test_bad_input_is_named_before_any_folder_is_made(tmp_path, capsys, args, me
 
 @pytest.mark.slow
 def test_default_pipeline_improves_the_gold(tmp_path, keep_threads):
-    """The built-in pipeline as shipped (seed 42). Measured on 3 seeds (README: RLHF from
-    preferences): gains +1.10 to +1.40 SFT std, reward-model accuracy 70-77% against the
-    labels and 77-84% against the gold order. The margins leave room for other CPUs."""
+    """The built-in pipeline as shipped (seed 42). Measured on 3 seeds (docs/preferences.md):
+    gains +1.10 to +1.40 SFT std, reward-model accuracy 70-77% against the labels and 77-84%
+    against the gold order. The margins leave room for other CPUs."""
     assert main(["pipeline", f"trainer.output_dir={tmp_path / 'runs'}"]) == 0
     out = json.loads((tmp_path / "runs" / "summary.json").read_text())["pipeline"]
     assert out["rm_heldout_accuracy"] > 0.62
