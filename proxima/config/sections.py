@@ -198,20 +198,15 @@ class RolloutConfig:
     old_logprobs: str = _f(
         "auto",
         "PPO's old log-probs: recompute (an actor forward pass over the rollout), engine (the "
-        "engine's own log-probs of the sampled tokens: one forward pass less, numerics of "
-        "generation) or auto (engine where both are the same quantity: hf engine, float32 "
-        "without mixed precision, top_k=0, top_p=1, no rollout correction, and no sampling "
-        "option in the actor's generation_config; else recompute). "
-        "actor/first_logratio_abs shows the gap on the first mini-batch.",
+        "engine's own log-probs of the sampled tokens: one forward pass less) or auto (engine "
+        "where both are the same quantity, else recompute; when they are: docs/engines.md).",
     )
     asynchronous: bool = _f(
         False,
         "One-step asynchronous rollouts (verl's one-step off-policy mode, OpenRLHF's async): "
-        "the samples of iteration k+1 are generated during iteration k from its weights "
-        "before the update, so every sample after the first batch is exactly one policy "
-        "version (actor update) stale (rollout/staleness_*). The old log-probs are then "
-        "always recomputed, and algorithm.rollout_correction defaults to token (unless "
-        "set). (`async` is a Python keyword, hence the name.)",
+        "the samples of iteration k+1 are generated during iteration k, one policy version "
+        "stale; the old log-probs are recomputed and algorithm.rollout_correction defaults "
+        "to token (docs/engines.md). (`async` is a Python keyword, hence the name.)",
         fixed=True,
     )
     logprob_diff_warn: float = _f(
