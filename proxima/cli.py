@@ -1,4 +1,5 @@
-"""`proxima train | config | sft | rm | eval | pipeline | init-model | serve-reward`."""
+"""`proxima train | config | sft | rm | eval | pipeline | init-model | serve-reward | import |
+export | chat`."""
 
 from __future__ import annotations
 
@@ -159,7 +160,12 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     label = path or ("the checkpoint's saved config" if base else "defaults")
     if (ns.command == "train" or base) and env.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    return load_config(path, overrides, base=base, command=ns.command)
+    cfg = load_config(path, overrides, base=base, command=ns.command)
+    if ns.command == "config":  # checks only: `_path_warnings` reads each GGUF file's header
+        return cfg
+    from proxima.models.gguf import resolve_gguf_paths
+
+    return resolve_gguf_paths(cfg)  # a .gguf model path: its imported folder
 
 
 # The paths `proxima config` checks: a run reads each one that is set.
@@ -188,10 +194,17 @@ def _path_warnings(cfg) -> list[str]:
     is_file = file.endswith(".py") or "/" in file  # as rewards.load_reward_function reads it
     if is_file and not Path(file).is_file():
         lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
+    from proxima.models.gguf import gguf_keys, gguf_problem
     from proxima.models.loading import policy_folder_problem
 
+    for key, path in gguf_keys(cfg).items():
+        problem = gguf_problem(path) if Path(path).exists() else None
+        if problem:
+            lines.append(f"`{key}`: {problem}")
     actor = cfg.model.actor_path
-    problem = policy_folder_problem(actor) if actor else None
+    problem = (
+        policy_folder_problem(actor) if actor and actor not in gguf_keys(cfg).values() else None
+    )
     if problem:
         lines.append(f"`model.actor_path`: {actor} {problem}")
     return lines
@@ -326,6 +339,63 @@ def cmd_serve_reward(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(ns: argparse.Namespace) -> int:
+    from proxima.recipes.chat import import_model
+
+    import_model(ns.file, ns.out, ns.dtype)
+    return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    from proxima.recipes.chat import export_model
+
+    export_model(ns.model, ns.gguf, ns.type)
+    return 0
+
+
+def cmd_chat(ns: argparse.Namespace) -> int:
+    from proxima.recipes.chat import chat
+
+    return chat(ns.model, ns.prompt, ns.system, ns.max_new_tokens, ns.temperature, ns.seed)
+
+
+def _model_commands(sub) -> None:
+    """import, export and chat: models in and out of GGUF, and a model tried by hand."""
+    i = sub.add_parser(
+        "import",
+        help="write a GGUF file (llama.cpp's format) as a Hugging Face folder",
+        description="Dequantise a GGUF file into a plain Hugging Face folder (safetensors, "
+        "tokenizer, chat template, generation config) that later runs load fast. A model "
+        "path may also name the .gguf file itself: it is then imported once into a cache.",
+    )
+    i.add_argument("file", help="the .gguf file")
+    i.add_argument("--out", required=True, help="the folder to write (must not hold a model)")
+    i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    i.set_defaults(fn=cmd_import)
+    e = sub.add_parser(
+        "export",
+        help="write a trained model as a GGUF file for llama.cpp / Ollama",
+        description="Write a llama-architecture model folder, or a run folder's actor, as a "
+        "GGUF file: 2-d weights in f16 (default) or f32, norms in f32, the tokenizer and chat "
+        "template as metadata.",
+    )
+    e.add_argument("model", help="a model folder or a run folder (its actor/)")
+    e.add_argument("--gguf", required=True, help="the .gguf file to write")
+    e.add_argument("--type", default="f16", choices=["f16", "f32"])
+    e.set_defaults(fn=cmd_export)
+    c = sub.add_parser(
+        "chat",
+        help="answer a prompt with a model (or chat on standard input), with its chat template",
+    )
+    c.add_argument("model", help="a model folder, a run folder (its actor/) or a .gguf file")
+    c.add_argument("--prompt", help="answer this prompt and exit (default: read prompts)")
+    c.add_argument("--system", help="the system message (default: the template's own)")
+    c.add_argument("--max-new-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(fn=cmd_chat)
+
+
 def _config_command(sub, name: str, help_text: str, fn) -> argparse.ArgumentParser:
     """A subcommand that takes `[CONFIG.yaml] [section.key=value ...]` and its flags."""
     p = sub.add_parser(name, help=help_text)
@@ -379,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
     s.add_argument("--workers", type=int, default=4, help="requests scored at once (threads)")
     s.set_defaults(fn=cmd_serve_reward)
+    _model_commands(sub)
     return p
 
 

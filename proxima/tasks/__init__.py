@@ -15,9 +15,13 @@ TASK_PATHS = ("model.actor_path", "data.train_path", "data.eval_path")
 
 
 def _tasks() -> dict:
-    from proxima.tasks import arithmetic, tools
+    from proxima.tasks import arithmetic, instructions, tools
 
-    return {"arithmetic": arithmetic.prepare, "tools": tools.prepare}
+    return {
+        "arithmetic": arithmetic.prepare,
+        "tools": tools.prepare,
+        "instructions": instructions.prepare,
+    }
 
 
 def check_task(cfg: Config) -> None:
