@@ -499,8 +499,10 @@ class PPORecipe:
 
 def _eval_metrics(res: dict) -> dict[str, float]:
     """eval/<key> of the greedy evaluation, and eval/pass@k, eval/mean@n (eval.n > 1), also
-    per data source as eval/<source>/pass@k."""
+    per data source as eval/<source>/<key> and eval/<source>/pass@k."""
     out = {f"eval/{k}": v for k, v in res.items() if isinstance(v, float)}
+    for src, part in res.get("by_source", {}).items():
+        out.update({f"eval/{src}/{k}": v for k, v in part.items() if isinstance(v, float)})
     k_runs = res.get("pass@k", {})
     out.update({f"eval/{k}": v for k, v in k_runs.items() if isinstance(v, float)})
     for src, part in k_runs.get("by_source", {}).items():

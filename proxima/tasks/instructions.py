@@ -146,6 +146,7 @@ def _row(kind: str, rng: random.Random, topics: list[str], categories: list[str]
     return {
         "prompt": [{"role": "user", "content": text}],
         "kind": kind,
+        "data_source": kind,  # evaluation reports each kind apart (eval/<kind>/accuracy)
         "n": n,
         "word": fields["word"],
     }

@@ -93,7 +93,8 @@ def evaluate(
     batch_size: int = 128,
     dist: Dist | None = None,
 ) -> dict:
-    """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`.
+    """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`, also per
+    source (`by_source`) when the prompts have a `data_source` column.
 
     `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
@@ -110,7 +111,29 @@ def evaluate(
     if dist.active:
         s, ln, turns = (dist.gather_rows(t)[:n] for t in (s, ln, turns))
         samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
-    return _summary(s, ln, turns, samples, greedy, max_reward(cfg))
+    best = max_reward(cfg)
+    out = _summary(s, ln, turns, samples, greedy, best)
+    parts = _by_source(items)
+    if parts:
+        out["by_source"] = {
+            src: _summary(s[idx], ln[idx], turns[idx], [samples[i] for i in idx], greedy, best)
+            for src, idx in parts.items()
+        }
+        for part in out["by_source"].values():
+            del part["samples"]
+    return out
+
+
+def _by_source(items: list) -> dict[str, list[int]]:
+    """The rows of each value of the prompts' `data_source` column (verl's name: the
+    dataset, task or constraint kind a prompt comes from), in sorted order; {} without it."""
+    sources = [it.columns.get("data_source") for it in items]
+    if all(src is None for src in sources):
+        return {}
+    rows = defaultdict(list)
+    for i, src in enumerate(sources):
+        rows[str(src)].append(i)
+    return dict(sorted(rows.items()))
 
 
 @torch.no_grad()
@@ -164,12 +187,9 @@ def evaluate_k(
     scores = scores[:count]
     best = max_reward(cfg)
     out = _k_summary(scores, best)
-    sources = [it.columns.get("data_source") for it in items]
-    if any(src is not None for src in sources):
-        rows = defaultdict(list)
-        for i, src in enumerate(sources):
-            rows[str(src)].append(i)
-        out["by_source"] = {src: _k_summary(scores[idx], best) for src, idx in sorted(rows.items())}
+    parts = _by_source(items)
+    if parts:
+        out["by_source"] = {src: _k_summary(scores[idx], best) for src, idx in parts.items()}
     return out
 
 
@@ -228,6 +248,11 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "turns" in res:
             acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+        for src, part in res.get("by_source", {}).items():
+            acc = f", accuracy {part['accuracy']:.2%}" if "accuracy" in part else ""
+            lines.append(
+                f"{mode} [{src}]: mean reward {part['mean_reward']:.4f}{acc} on {part['n']}"
+            )
     return lines
 
 

@@ -105,3 +105,24 @@ def test_proxima_eval_reports_pass_at_k(files, tmp_path, capsys):
     assert main(args) == 0
     assert "pass@k: pass@1 0.5000, pass@2 1.0000, mean@2 0.5000" in capsys.readouterr().out
     assert json.loads(out.read_text())["pass@k"]["pass@2"] == 1.0
+
+
+def test_greedy_evaluation_per_source(files):
+    """Greedy accuracy over all prompts and per `data_source`: a reward of 1 on the prompts
+    "1+b=" only gives ones 100% (2 prompts) and rest 0% (18), 10% overall."""
+    from proxima.trainer.evaluate import evaluate
+
+    trainer = nano_trainer(files, f"reward.function={REWARD}:first_sample_correct")
+    cfg, tok = trainer.cfg, trainer.roles.tokenizer
+    items = list(load_prompts(cfg, files["sources"], tok))
+
+    def ones(prompts, responses, columns, ids, mask):
+        return torch.tensor([float(p.startswith("1+")) for p in prompts])
+
+    res = evaluate(trainer.roles.actor, tok, items, ones, cfg.rollout, torch.device("cpu"))
+    assert res["accuracy"] == pytest.approx(0.1) and res["n"] == 20
+    assert {k: (v["accuracy"], v["n"]) for k, v in res["by_source"].items()} == {
+        "ones": (1.0, 2),
+        "rest": (0.0, 18),
+    }
+    assert "greedy [ones]: mean reward 1.0000, accuracy 100.00% on 2" in describe({"greedy": res})
