@@ -38,7 +38,7 @@ def test_env_keys_without_env(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("rollout.env=my_env.py", r"`rollout.env`='my_env.py' must name a class as"),
+        ("rollout.env=my_env.py", r"`rollout.env`='my_env.py' needs a ':' and a name"),
         ("rollout.max_turns=0", r"`rollout.max_turns` must be >= 1, got 0"),
         ("rollout.max_episode_tokens=0", r"`rollout.max_episode_tokens` must be >= 1"),
         ("rollout.env_workers=0", r"`rollout.env_workers` must be >= 1"),
@@ -58,7 +58,7 @@ def test_env_limits(override, message):
     [
         ("missing_env.py:Env", r"file missing_env.py not found .* fix the path"),
         (spec("Nope"), r"has no attribute 'Nope'; classes found: \[.*'TwoTurns'"),
-        (spec("ALPHABET"), r"ALPHABET must be a class with a method step"),
+        (spec("ALPHABET"), r"'ALPHABET' is a str; it must be a class with a method step"),
         ("no_such_module_xyz:Env", r"importing module 'no_such_module_xyz' failed"),
     ],
 )

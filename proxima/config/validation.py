@@ -33,6 +33,7 @@ from proxima.config.choices import (
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ModelConfig
 from proxima.env import world_size
+from proxima.plugins import split_spec
 
 _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "model.critic_init": CRITIC_INIT,
@@ -315,12 +316,7 @@ def _check_env(cfg: Config) -> None:
                     f"rollout.{key}."
                 )
         return
-    module, sep, name = r.env.rpartition(":")
-    if not sep or not module or not name:
-        raise ConfigError(
-            f"`rollout.env`={r.env!r} must name a class as path/to/file.py:Env or "
-            "package.module:Env."
-        )
+    split_spec(r.env, f"`rollout.env`={r.env!r}", "class", ConfigError)
     for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("env_workers", 1)):
         if getattr(r, key) < low:
             raise ConfigError(f"`rollout.{key}` must be >= {low}, got {getattr(r, key)}.")

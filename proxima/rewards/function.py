@@ -30,22 +30,18 @@ still receives lists, of length 1):
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from proxima import plugins
+
 RETRY_LIMIT = 32  # samples re-run one by one to locate the input that breaks a function
-SPEC_FORMAT = "'path/to/file.py:function' or 'package.module:function'"
 ON_ERROR = ("raise", "fallback")  # what a guarded source does with a failed sample
 
 
@@ -55,71 +51,7 @@ class RewardError(RuntimeError):
 
 def load_reward_function(spec: str) -> Callable[..., Any]:
     """Import the callable named by ``spec``; raise with what is wrong and how to fix it."""
-    module_part, sep, attr = spec.rpartition(":")
-    if not sep or not module_part or not attr:
-        raise ValueError(
-            f"reward function spec {spec!r} needs a ':' and a name; use {SPEC_FORMAT}."
-        )
-    is_file = module_part.endswith(".py") or "/" in module_part or "\\" in module_part
-    module = _import_file(spec, Path(module_part)) if is_file else _import_module(spec, module_part)
-    if not hasattr(module, attr):
-        found = sorted(
-            name
-            for name, value in vars(module).items()
-            if callable(value) and not name.startswith("_") and not inspect.isclass(value)
-        )
-        raise ValueError(
-            f"reward function spec {spec!r}: {module_part} has no attribute {attr!r}; "
-            f"public functions found: {found or 'none'}."
-        )
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise ValueError(
-            f"reward function spec {spec!r}: {attr!r} is a {type(fn).__name__}, not callable; "
-            "point the spec at a function."
-        )
-    return fn
-
-
-def _import_file(spec: str, path: Path) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"reward function spec {spec!r}: file {path} not found (relative paths start at "
-            f"{Path.cwd()}); fix the path."
-        )
-    path = path.resolve()
-    # A unique module name per file so two reward files called reward.py do not collide.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"proxima_reward_{path.stem}_{digest}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"reward function spec {spec!r}: cannot import {path} as Python.")
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before execution so dataclasses/pickle inside the file can find it, and
-    # the folder is appended (not prepended: no shadowing) so sibling helpers import.
-    sys.modules[name] = module
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ValueError(
-            f"reward function spec {spec!r}: importing {path} failed with "
-            f"{type(exc).__name__}: {exc}; fix the error in that file."
-        ) from exc
-    return module
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(
-            f"reward function spec {spec!r}: importing module {module_name!r} failed with "
-            f"{type(exc).__name__}: {exc}; install it, add its folder to PYTHONPATH, or give "
-            "a file path ending in .py."
-        ) from exc
+    return plugins.load(spec, f"reward function spec {spec!r}")
 
 
 def shorten(text: Any, limit: int = 200) -> str:

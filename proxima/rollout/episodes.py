@@ -5,7 +5,7 @@ Each turn, the engine continues every live episode's context (the prompt and eve
 after it so far) until a stop token, one of `rollout.turn_stop` or the turn's token budget
 (`Sampling.stop_strings`; the action is cut at the first stop string here as well, so an
 engine that ran past one gives the same action). The environments' `step` calls of the batch
-then run concurrently (`environments.run_calls`). Tokens are never re-tokenized: a row is the
+then run concurrently (`proxima.guarded`). Tokens are never re-tokenized: a row is the
 concatenation of the model's own sampled ids and the observations' ids, each observation
 tokenized once (rendered with the chat template when the prompt was chat messages:
 `data.observation_text`).
@@ -33,8 +33,9 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts, observation_text, tokenize_text
+from proxima.guarded import Outcome, run_all
 from proxima.rollout.engine import RolloutEngine, Sampling
-from proxima.rollout.environments import CallResult, load_env_class, run_calls
+from proxima.rollout.environments import load_env_class
 from proxima.rollout.generate import Generation
 
 # why an episode ended; the first three count as stopped
@@ -48,7 +49,7 @@ class Episode:
 
     item: Any  # the PromptItem
     env: Any = None
-    failed: CallResult | None = None  # building the environment failed: ends at the 1st step
+    failed: Outcome | None = None  # building the environment failed: ends at the 1st step
     ids: list[int] = field(default_factory=list)
     action: list[int] = field(default_factory=list)  # 1: the model's token, 0: observation
     logprobs: list[float] = field(default_factory=list)
@@ -99,9 +100,7 @@ def play_episodes(
     return)."""
     env_cls = load_env_class(cfg.env)
     episodes = [Episode(item) for item in items]
-    made = run_calls(
-        [partial(env_cls, e.row()) for e in episodes], cfg.env_workers, cfg.env_timeout_s
-    )
+    made = _run([partial(env_cls, e.row()) for e in episodes], cfg)
     for e, res in zip(episodes, made, strict=True):
         e.env, e.failed = (res.value, None) if res.ok else (None, res)
     for turn in range(cfg.max_turns):
@@ -113,6 +112,12 @@ def play_episodes(
     return _rows(episodes, tokenizer.pad_token_id, device, sampling.logprobs, sampling.values), [
         e.record() for e in episodes
     ]
+
+
+def _run(calls: list, cfg: RolloutConfig) -> list[Outcome]:
+    """The environment calls of a turn, `rollout.env_workers` at once, each within
+    `rollout.env_timeout_s` (0: no limit)."""
+    return run_all(calls, cfg.env_workers, cfg.env_timeout_s or None)
 
 
 def _decode(tokenizer):
@@ -176,15 +181,15 @@ def _step(live: list[Episode], tokenizer, cfg: RolloutConfig, last_turn: bool) -
     reward at its last action token, the episode ended or its observation appended."""
     ready = [e for e in live if e.failed is None]  # the others' environment never built
     calls = [partial(_checked_step, e.env, e.turns[-1]["action"]) for e in ready]
-    answers = iter(run_calls(calls, cfg.env_workers, cfg.env_timeout_s))
+    answers = iter(_run(calls, cfg))
     results = [next(answers) if e.failed is None else e.failed for e in live]
     eos = tokenizer.eos_token_id
     for e, res in zip(live, results, strict=True):
         turn = e.turns[-1]
         obs, reward, done = res.value if res.ok else (None, cfg.env_fallback_reward, True)
         if not res.ok:
-            turn["error"] = res.error
-            e.end = res.kind
+            turn["error"] = res.why(f"rollout.env_timeout_s={cfg.env_timeout_s:g} s")
+            e.end = "timeout" if res.timed_out else "error"
         turn["observation"], turn["reward"] = obs, reward
         last = len(e.ids) - 1
         e.rewards[last] = e.rewards.get(last, 0.0) + reward
