@@ -189,7 +189,7 @@ def _path_warnings(cfg) -> list[str]:
         file, _, is_file = split_spec(spec, "`reward.function`")
         if is_file and not Path(file).is_file():
             lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
-    from proxima.models.loading import policy_folder_problem
+    from proxima.models.folders import policy_folder_problem
 
     actor = cfg.model.actor_path
     problem = policy_folder_problem(actor) if actor else None

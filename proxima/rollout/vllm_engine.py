@@ -45,7 +45,7 @@ import torch
 
 from proxima import env
 from proxima.config import Config, ConfigError
-from proxima.models.loading import config_positions
+from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
 from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation

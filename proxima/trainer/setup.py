@@ -29,11 +29,8 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic, check_critic
-from proxima.models.loading import (
-    checkpoint_activations,
-    generation_config,
-    safetensors_problem,
-)
+from proxima.models.folders import safetensors_problem
+from proxima.models.loading import checkpoint_activations, generation_config
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import (
     FunctionReward,
