@@ -34,7 +34,7 @@ def load_env_class(spec: str) -> type:
     what is wrong and the fix."""
     return plugins.load(
         spec,
-        f"`rollout.env`={spec!r}",
+        f"`rollout.env.cls`={spec!r}",
         kind="class",
         fits=_is_env_class,
         wanted="a class with a method step(self, action: str) -> (observation or None, "
@@ -44,6 +44,6 @@ def load_env_class(spec: str) -> type:
 
 
 def check_env(cfg: Config) -> None:
-    """Start-up: the class `rollout.env` names imports and has a `step` method."""
-    if cfg.rollout.env:
-        load_env_class(cfg.rollout.env)
+    """Start-up: the class `rollout.env.cls` names imports and has a `step` method."""
+    if cfg.rollout.env.cls:
+        load_env_class(cfg.rollout.env.cls)

@@ -184,7 +184,7 @@ def _context_length(cfg: Config) -> int:
     episode, observations included, with rollout.env), within the model's positions (the
     run's set-up checked that the actual prompts fit them, for both engines alike:
     `trainer.setup.check_lengths`)."""
-    need = cfg.data.max_prompt_length + getattr(cfg.rollout, cfg.rollout.after_prompt_key)
+    need = cfg.data.max_prompt_length + cfg.rollout.after_prompt_tokens
     positions = config_positions(cfg.model.actor_path)
     return min(need, positions) if positions is not None else need
 
