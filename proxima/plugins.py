@@ -25,7 +25,9 @@ class PluginError(ValueError):
     """A spec that names no usable object; the message says what to change."""
 
 
-def split_spec(spec: str, where: str, noun: str = "function", error=PluginError) -> tuple:
+def split_spec(
+    spec: str, where: str, noun: str = "function", error: type[Exception] = PluginError
+) -> tuple[str, str, bool]:
     """``(module part, name, whether the module part is a file)`` of ``spec``; `error`
     (raised with ``where`` first) when it has no ``:name``."""
     module_part, sep, attr = str(spec).rpartition(":")
@@ -48,7 +50,7 @@ def load(
     wanted: str = "a function (callable)",
     error: type[Exception] = PluginError,
 ) -> Any:
-    """The object ``spec`` names. ``where`` starts every message (e.g. "`rollout.env`='x'");
+    """The object ``spec`` names. ``where`` starts every message (e.g. "`rollout.env.cls`='x'");
     ``kind`` ("function" or "class") says which names to list when the name is missing;
     ``fits(obj)`` is False for an object of the wrong kind, reported as not ``wanted``;
     ``error`` is the exception type raised."""
