@@ -40,9 +40,9 @@ class Echo:
 
 MULTI_TURN = [
     f"rollout.env={HERE}:Echo",
-    "rollout.max_turns=4",
-    "rollout.max_turn_tokens=12",
-    "rollout.max_episode_tokens=60",
+    "rollout.env.max_turns=4",
+    "rollout.env.max_turn_tokens=12",
+    "rollout.env.max_episode_tokens=60",
     "rollout.max_response_length=60",
 ]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from proxima import env
+from proxima.plugins import split_spec
 
 DEFAULT_EXAMPLE = "arithmetic.yaml"
 PIPELINE_EXAMPLE = "pipeline.yaml"  # `proxima pipeline`'s base config: the preference task
@@ -190,12 +191,12 @@ def _path_warnings(cfg) -> list[str]:
         if path and not Path(path).exists():
             lines.append(f"`{key}`: {path} does not exist")
     spec = cfg.reward.function
-    file = spec.rpartition(":")[0]
-    is_file = file.endswith(".py") or "/" in file  # as rewards.load_reward_function reads it
-    if is_file and not Path(file).is_file():
-        lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
+    if ":" in spec:  # a spec without one is named by the config check
+        file, _, is_file = split_spec(spec, "`reward.function`")
+        if is_file and not Path(file).is_file():
+            lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
+    from proxima.models.folders import policy_folder_problem
     from proxima.models.gguf import gguf_keys, gguf_problem
-    from proxima.models.loading import policy_folder_problem
 
     for key, path in gguf_keys(cfg).items():
         problem = gguf_problem(path) if Path(path).exists() else None

@@ -1,5 +1,6 @@
-"""Multi-turn keys (`rollout.env` and its limits): every mistake stops before a model loads,
-the message naming the key and the fix."""
+"""Multi-turn keys (the `rollout.env` section): every mistake stops before a model loads, the
+message naming the key and the fix; a key of the former flat layout is answered with its new
+name."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ENV = f"rollout.env={spec('TwoTurns')}"
 
 def test_env_run_needs_no_reward_source_and_takes_one():
     cfg = load_config(None, [*BASE, ENV])
-    assert cfg.rollout.env.endswith(":TwoTurns") and not cfg.reward.function
+    assert cfg.rollout.env.cls.endswith(":TwoTurns") and not cfg.reward.function
     assert load_config(None, [*BASE, ENV, "reward.function=f.py:fn"]).reward.function
     with pytest.raises(ConfigError, match=r"Set exactly one of .*\(with rollout.env: at most one"):
         load_config(None, [*BASE, ENV, "reward.function=f.py:fn", "reward.model_path=rm"])
@@ -26,8 +27,11 @@ def test_env_run_needs_no_reward_source_and_takes_one():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("rollout.turn_stop=[']']", r"`rollout.turn_stop` is set but `rollout.env` is empty"),
-        ("rollout.max_turns=2", r"`rollout.max_turns` is set but `rollout.env` is empty"),
+        (
+            "rollout.env.turn_stop=[']']",
+            r"`rollout.env.turn_stop` is set but `rollout.env.cls` is empty",
+        ),
+        ("rollout.env.max_turns=2", r"`rollout.env.max_turns` is set but `rollout.env.cls` is"),
     ],
 )
 def test_env_keys_without_env(override, message):
@@ -38,14 +42,14 @@ def test_env_keys_without_env(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("rollout.env=my_env.py", r"`rollout.env`='my_env.py' must name a class as"),
-        ("rollout.max_turns=0", r"`rollout.max_turns` must be >= 1, got 0"),
-        ("rollout.max_episode_tokens=0", r"`rollout.max_episode_tokens` must be >= 1"),
-        ("rollout.env_workers=0", r"`rollout.env_workers` must be >= 1"),
-        ("rollout.max_turn_tokens=-1", r"`rollout.max_turn_tokens` must be >= 0"),
-        ("rollout.env_timeout_s=-1", r"`rollout.env_timeout_s` must be >= 0"),
-        ("rollout.turn_stop=['']", r"`rollout.turn_stop` must be a list of non-empty strings"),
-        ("rollout.observation_role=''", r"`rollout.observation_role` must name a chat role"),
+        ("rollout.env=my_env.py", r"`rollout.env.cls`='my_env.py' needs a ':' and a name"),
+        ("rollout.env.max_turns=0", r"`rollout.env.max_turns` must be >= 1, got 0"),
+        ("rollout.env.max_episode_tokens=0", r"`rollout.env.max_episode_tokens` must be >= 1"),
+        ("rollout.env.workers=0", r"`rollout.env.workers` must be >= 1"),
+        ("rollout.env.max_turn_tokens=-1", r"`rollout.env.max_turn_tokens` must be >= 0"),
+        ("rollout.env.timeout_s=-1", r"`rollout.env.timeout_s` must be >= 0"),
+        ("rollout.env.turn_stop=['']", r"`rollout.env.turn_stop` must be a list of non-empty"),
+        ("rollout.env.observation_role=''", r"`rollout.env.observation_role` must name a chat"),
     ],
 )
 def test_env_limits(override, message):
@@ -53,12 +57,45 @@ def test_env_limits(override, message):
         load_config(None, [*BASE, ENV, override])
 
 
+def test_the_section_and_its_shorthand():
+    """`rollout.env=SPEC` is short for `rollout.env.cls=SPEC`, also with keys after it."""
+    long = load_config(None, [*BASE, f"rollout.env.cls={spec('TwoTurns')}"])
+    short = load_config(None, [*BASE, ENV, "rollout.env.max_turns=2"])
+    assert long.rollout.env.cls == short.rollout.env.cls
+    assert (long.rollout.env.max_turns, short.rollout.env.max_turns) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("max_turns", "max_turns"),
+        ("turn_stop", "turn_stop"),
+        ("max_turn_tokens", "max_turn_tokens"),
+        ("max_episode_tokens", "max_episode_tokens"),
+        ("env_workers", "workers"),
+        ("env_timeout_s", "timeout_s"),
+        ("env_fallback_reward", "fallback_reward"),
+        ("observation_role", "observation_role"),
+    ],
+)
+def test_a_former_key_is_answered_with_its_new_name(old, new):
+    with pytest.raises(ConfigError, match=f"`rollout.{old}` is now `rollout.env.{new}`"):
+        load_config(None, [*BASE, ENV, f"rollout.{old}=1"])
+
+
+def test_a_former_key_in_a_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"rollout:\n  env: {spec('TwoTurns')}\n  max_turns: 2\n")
+    with pytest.raises(ConfigError, match=r"`rollout.max_turns` is now `rollout.env.max_turns`"):
+        load_config(path, BASE)
+
+
 @pytest.mark.parametrize(
     "env, message",
     [
         ("missing_env.py:Env", r"file missing_env.py not found .* fix the path"),
         (spec("Nope"), r"has no attribute 'Nope'; classes found: \[.*'TwoTurns'"),
-        (spec("ALPHABET"), r"ALPHABET must be a class with a method step"),
+        (spec("ALPHABET"), r"'ALPHABET' is a str; it must be a class with a method step"),
         ("no_such_module_xyz:Env", r"importing module 'no_such_module_xyz' failed"),
     ],
 )
@@ -88,5 +125,5 @@ def test_check_env_before_models_load(tmp_path):
             f"rollout.env={tmp_path / 'gone.py'}:Env",
         ],
     )
-    with pytest.raises(ConfigError, match=r"`rollout.env`=.*gone.py:Env.*not found"):
+    with pytest.raises(ConfigError, match=r"`rollout.env.cls`=.*gone.py:Env.*not found"):
         prepare_inputs(cfg)

@@ -83,6 +83,13 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         where = prefix + key
+        moved = getattr(cls, "MOVED", {}).get(key)
+        if moved:
+            raise ConfigError(
+                f"`{where}` is now `{prefix}{moved}`: rename the key (in the YAML file, "
+                f"under `{prefix}{moved.rsplit('.', 1)[0]}:`; on the command line "
+                f"{prefix}{moved}=...)."
+            )
         if key not in ftypes:
             raise ConfigError(_unknown_key(key, value, ftypes, prefix))
         typ = ftypes[key]

@@ -155,6 +155,47 @@ class VLLMConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """`rollout.env`: multi-turn episodes against a Python environment (docs/multi-turn.md).
+    `rollout.env=path/to/file.py:Env` is short for `rollout.env.cls=...`."""
+
+    SHORTHAND = "cls"
+
+    cls: str = _f(
+        "",
+        "Multi-turn episodes: a Python environment class `path/to/file.py:Env` or "
+        "`package.module:Env`, one instance per sample built from the prompt record, "
+        "Env(row).step(action) -> (observation or None, reward, done); empty = one response "
+        "per prompt.",
+        fixed=True,
+    )
+    max_turns: int = _f(4, "Most actions of the model per episode.")
+    turn_stop: list = _f(
+        [],
+        'Strings that end a turn besides the stop tokens (e.g. ["</call>"]); the action '
+        "keeps the string.",
+    )
+    max_turn_tokens: int = _f(0, "Most tokens of one action (0 = rollout.max_response_length).")
+    max_episode_tokens: int = _f(
+        256,
+        "Most tokens after the prompt, actions and observations together; an episode that "
+        "reaches it ends (truncated, like a response without a stop).",
+    )
+    workers: int = _f(8, "Environment calls of a batch run at once.")
+    timeout_s: float = _f(
+        30.0,
+        "Seconds one environment call (Env(row) or step) may take; one that takes longer or "
+        "raises ends its episode with rollout.env.fallback_reward (counted in env/timeouts, "
+        "env/errors); 0 = no limit.",
+    )
+    fallback_reward: float = _f(0.0, "The reward of the turn whose environment call failed.")
+    observation_role: str = _f(
+        "tool",
+        "With chat-message prompts: the role of the observations' messages in the chat template.",
+    )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     name: str = _f(
         "hf",
@@ -216,49 +257,30 @@ class RolloutConfig:
         "exceeds this; 0 disables the warning.",
     )
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    env: str = _f(
-        "",
-        "Multi-turn episodes: a Python environment class `path/to/file.py:Env` or "
-        "`package.module:Env`, one instance per sample built from the prompt record, "
-        "Env(row).step(action) -> (observation or None, reward, done) (docs/multi-turn.md)"
-        "; empty = one response per prompt.",
-        fixed=True,
-    )
-    max_turns: int = _f(4, "With rollout.env: most actions of the model per episode.")
-    turn_stop: list = _f(
-        [],
-        "With rollout.env: strings that end a turn besides the stop tokens (e.g. "
-        '["</call>"]); the action keeps the string.',
-    )
-    max_turn_tokens: int = _f(
-        0, "With rollout.env: most tokens of one action (0 = rollout.max_response_length)."
-    )
-    max_episode_tokens: int = _f(
-        256,
-        "With rollout.env: most tokens after the prompt, actions and observations together; "
-        "an episode that reaches it ends (truncated, like a response without a stop).",
-    )
-    env_workers: int = _f(8, "With rollout.env: environment calls of a batch run at once.")
-    env_timeout_s: float = _f(
-        30.0,
-        "With rollout.env: seconds one environment call (Env(row) or step) may take; one that "
-        "takes longer or raises ends its episode with env_fallback_reward (counted in "
-        "env/timeouts, env/errors); 0 = no limit.",
-    )
-    env_fallback_reward: float = _f(
-        0.0, "With rollout.env: the reward of the turn whose environment call failed."
-    )
-    observation_role: str = _f(
-        "tool",
-        "With rollout.env and chat-message prompts: the role of the observations' messages in "
-        "the chat template.",
-    )
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    # the multi-turn keys that moved into `rollout.env` (answered with the new name)
+    MOVED = {
+        "max_turns": "env.max_turns",
+        "turn_stop": "env.turn_stop",
+        "max_turn_tokens": "env.max_turn_tokens",
+        "max_episode_tokens": "env.max_episode_tokens",
+        "env_workers": "env.workers",
+        "env_timeout_s": "env.timeout_s",
+        "env_fallback_reward": "env.fallback_reward",
+        "observation_role": "env.observation_role",
+    }
 
     @property
     def after_prompt_key(self) -> str:
         """The key that bounds the tokens after the prompt: max_episode_tokens in multi-turn
         episodes (observations included), else max_response_length."""
-        return "max_episode_tokens" if self.env else "max_response_length"
+        return "env.max_episode_tokens" if self.env.cls else "max_response_length"
+
+    @property
+    def after_prompt_tokens(self) -> int:
+        """The value of `after_prompt_key`: the most tokens after a prompt."""
+        return self.env.max_episode_tokens if self.env.cls else self.max_response_length
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from proxima.config.choices import (
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ModelConfig
 from proxima.env import world_size
+from proxima.plugins import split_spec
 
 _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "model.critic_init": CRITIC_INIT,
@@ -287,59 +288,42 @@ def _check_dapo(cfg: Config) -> None:
         )
 
 
-ENV_KEYS = (  # read only with rollout.env (multi-turn episodes)
-    "max_turns",
-    "turn_stop",
-    "max_turn_tokens",
-    "max_episode_tokens",
-    "env_workers",
-    "env_timeout_s",
-    "env_fallback_reward",
-    "observation_role",
-)
-
-
 def _check_env(cfg: Config) -> None:
     """Multi-turn episodes (`rollout.env`): the spec's form and the episode's limits; the
     class itself is imported and checked at start-up (`rollout.environments.check_env`)."""
-    r = cfg.rollout
-    if not r.env:
-        from proxima.config.sections import RolloutConfig
+    e = cfg.rollout.env
+    if not e.cls:
+        from proxima.config.sections import EnvConfig
 
-        default = RolloutConfig()
-        for key in ENV_KEYS:
-            if getattr(r, key) != getattr(default, key):
+        default = EnvConfig()
+        for f in dataclasses.fields(e):
+            if getattr(e, f.name) != getattr(default, f.name):
                 raise ConfigError(
-                    f"`rollout.{key}` is set but `rollout.env` is empty: it applies to "
-                    "multi-turn episodes only. Set rollout.env=path/to/file.py:Env, or remove "
-                    f"rollout.{key}."
+                    f"`rollout.env.{f.name}` is set but `rollout.env.cls` is empty: it applies "
+                    "to multi-turn episodes only. Set rollout.env.cls=path/to/file.py:Env, or "
+                    f"remove rollout.env.{f.name}."
                 )
         return
-    module, sep, name = r.env.rpartition(":")
-    if not sep or not module or not name:
+    split_spec(e.cls, f"`rollout.env.cls`={e.cls!r}", "class", ConfigError)
+    for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("workers", 1)):
+        if getattr(e, key) < low:
+            raise ConfigError(f"`rollout.env.{key}` must be >= {low}, got {getattr(e, key)}.")
+    if e.max_turn_tokens < 0:
         raise ConfigError(
-            f"`rollout.env`={r.env!r} must name a class as path/to/file.py:Env or "
-            "package.module:Env."
+            "`rollout.env.max_turn_tokens` must be >= 0 (0 = rollout.max_response_length), "
+            f"got {e.max_turn_tokens}."
         )
-    for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("env_workers", 1)):
-        if getattr(r, key) < low:
-            raise ConfigError(f"`rollout.{key}` must be >= {low}, got {getattr(r, key)}.")
-    if r.max_turn_tokens < 0:
+    if e.timeout_s < 0:
         raise ConfigError(
-            f"`rollout.max_turn_tokens` must be >= 0 (0 = rollout.max_response_length), got "
-            f"{r.max_turn_tokens}."
+            f"`rollout.env.timeout_s` must be >= 0 (0 = no limit), got {e.timeout_s}."
         )
-    if r.env_timeout_s < 0:
+    if not all(isinstance(s, str) and s for s in e.turn_stop):
         raise ConfigError(
-            f"`rollout.env_timeout_s` must be >= 0 (0 = no limit), got {r.env_timeout_s}."
+            "`rollout.env.turn_stop` must be a list of non-empty strings, like ['</call>']; "
+            f"got {e.turn_stop!r}."
         )
-    if not all(isinstance(s, str) and s for s in r.turn_stop):
-        raise ConfigError(
-            f"`rollout.turn_stop` must be a list of non-empty strings, like ['</call>']; got "
-            f"{r.turn_stop!r}."
-        )
-    if not r.observation_role:
-        raise ConfigError("`rollout.observation_role` must name a chat role, e.g. tool.")
+    if not e.observation_role:
+        raise ConfigError("`rollout.env.observation_role` must name a chat role, e.g. tool.")
 
 
 def _check_rollout(cfg: Config) -> None:
@@ -496,7 +480,7 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
-    if cfg.rollout.env and not (cfg.reward.function and cfg.reward.model_path):
+    if cfg.rollout.env.cls and not (cfg.reward.function and cfg.reward.model_path):
         return  # the environment's turn rewards, plus at most one final score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
@@ -504,7 +488,7 @@ def _require_one_reward(cfg: Config, flags: bool = False) -> None:
         raise ConfigError(
             f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
             f"and `reward.model_path`{rm} (a reward model folder)"
-            + (extra if cfg.rollout.env else "")
+            + (extra if cfg.rollout.env.cls else "")
             + "."
         )
 

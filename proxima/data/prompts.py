@@ -72,7 +72,7 @@ def observation_text(
     if ACTION_MARK not in before or not after.startswith(before):
         raise ValueError(
             f"the chat template does not render a {role!r} message after an assistant "
-            "message as an addition to the conversation; set rollout.observation_role to a "
+            "message as an addition to the conversation; set rollout.env.observation_role to a "
             "role the template knows (e.g. user or tool)."
         )
     return before[before.rindex(ACTION_MARK) + len(ACTION_MARK) :] + after[len(before) :]

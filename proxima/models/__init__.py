@@ -1,25 +1,27 @@
 """Models of the four PPO roles, loaded from local Hugging Face folders, and tiny models
 built locally for tests and examples."""
 
+from proxima.models.folders import (
+    config_positions,
+    config_vocab_size,
+    folder_problem,
+    has_tokenizer,
+    policy_folder_problem,
+    vocabulary_difference,
+)
 from proxima.models.forward import position_ids_from_mask, reward_model_scores
 from proxima.models.loading import (
     CRITIC_INIT,
     DTYPES,
-    config_positions,
-    config_vocab_size,
     describe_model,
-    folder_problem,
-    has_tokenizer,
     init_reward_model,
     load_causal_lm,
     load_critic,
     load_reward_model,
     load_tokenizer,
-    policy_folder_problem,
     quiet_transformers,
     scalar_head,
     score_normalization,
-    vocabulary_difference,
 )
 from proxima.models.tiny import (
     ARCHITECTURES,

@@ -16,11 +16,10 @@ with the offending sample named. With any of ``concurrency``, ``timeout_s`` or
 ``on_error="fallback"`` set, the batch is scored one sample per call instead (the function
 still receives lists, of length 1):
 
-- up to ``concurrency`` calls at once (default 1): asyncio tasks for an async function, one
-  thread per call for a sync one (which must then be thread-safe when ``concurrency > 1``);
-- each call may take ``timeout_s`` seconds (default: no limit). A late async call is
-  cancelled; a late sync call cannot be stopped: its thread runs on in the background and
-  its result is discarded;
+- up to ``concurrency`` calls at once (default 1), each within ``timeout_s`` seconds
+  (default: no limit), run by :mod:`proxima.guarded` (an async function on the source's
+  loop, a sync one in a thread per call, which must then be thread-safe when
+  ``concurrency > 1``);
 - a sample whose call raises, times out or returns anything but one finite number is
   *failed*: with ``on_error="raise"`` the batch stops with a :class:`RewardError` naming
   the failure and the sample's prompt and response; with ``on_error="fallback"`` it scores
@@ -30,22 +29,19 @@ still receives lists, of length 1):
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
 
+from proxima import guarded, plugins
+
 RETRY_LIMIT = 32  # samples re-run one by one to locate the input that breaks a function
-SPEC_FORMAT = "'path/to/file.py:function' or 'package.module:function'"
 ON_ERROR = ("raise", "fallback")  # what a guarded source does with a failed sample
 
 
@@ -55,71 +51,7 @@ class RewardError(RuntimeError):
 
 def load_reward_function(spec: str) -> Callable[..., Any]:
     """Import the callable named by ``spec``; raise with what is wrong and how to fix it."""
-    module_part, sep, attr = spec.rpartition(":")
-    if not sep or not module_part or not attr:
-        raise ValueError(
-            f"reward function spec {spec!r} needs a ':' and a name; use {SPEC_FORMAT}."
-        )
-    is_file = module_part.endswith(".py") or "/" in module_part or "\\" in module_part
-    module = _import_file(spec, Path(module_part)) if is_file else _import_module(spec, module_part)
-    if not hasattr(module, attr):
-        found = sorted(
-            name
-            for name, value in vars(module).items()
-            if callable(value) and not name.startswith("_") and not inspect.isclass(value)
-        )
-        raise ValueError(
-            f"reward function spec {spec!r}: {module_part} has no attribute {attr!r}; "
-            f"public functions found: {found or 'none'}."
-        )
-    fn = getattr(module, attr)
-    if not callable(fn):
-        raise ValueError(
-            f"reward function spec {spec!r}: {attr!r} is a {type(fn).__name__}, not callable; "
-            "point the spec at a function."
-        )
-    return fn
-
-
-def _import_file(spec: str, path: Path) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"reward function spec {spec!r}: file {path} not found (relative paths start at "
-            f"{Path.cwd()}); fix the path."
-        )
-    path = path.resolve()
-    # A unique module name per file so two reward files called reward.py do not collide.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    name = f"proxima_reward_{path.stem}_{digest}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise ValueError(f"reward function spec {spec!r}: cannot import {path} as Python.")
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before execution so dataclasses/pickle inside the file can find it, and
-    # the folder is appended (not prepended: no shadowing) so sibling helpers import.
-    sys.modules[name] = module
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ValueError(
-            f"reward function spec {spec!r}: importing {path} failed with "
-            f"{type(exc).__name__}: {exc}; fix the error in that file."
-        ) from exc
-    return module
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except Exception as exc:
-        raise ValueError(
-            f"reward function spec {spec!r}: importing module {module_name!r} failed with "
-            f"{type(exc).__name__}: {exc}; install it, add its folder to PYTHONPATH, or give "
-            "a file path ending in .py."
-        ) from exc
+    return plugins.load(spec, f"reward function spec {spec!r}")
 
 
 def shorten(text: Any, limit: int = 200) -> str:
@@ -159,23 +91,6 @@ def check_options(where: str, **options: Any) -> None:
         isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
     ):
         raise ValueError(f"{where}: `fallback`={value!r} must be a finite number.")
-
-
-class _Exited(Exception):
-    """A SystemExit raised by the function where it must not escape (an event loop's task,
-    a worker thread): carried as an ordinary exception, re-raised as the SystemExit."""
-
-    def __init__(self, exc: SystemExit) -> None:
-        super().__init__(exc.code)
-        self.exit = exc
-
-
-class _Raised(Exception):
-    """An exception of the function's own that the guard would misread (its TimeoutError)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class FunctionReward:
@@ -296,10 +211,10 @@ class FunctionReward:
         raw = self.fn(prompts, responses, **kwargs)
         if not inspect.isawaitable(raw):
             return raw
-        try:
-            return self._run(_no_exit(raw))
-        except _Exited as exc:
-            raise exc.exit from None
+        outcome = self._run(guarded.awaited(raw))
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         """Run ``coro`` on the source's own event loop (started on first use) and wait."""
@@ -338,9 +253,8 @@ class FunctionReward:
         no single sample fails (the function only fails on batches).
         """
         for i in range(min(len(responses), RETRY_LIMIT)):
-            one = {k: v[i : i + 1] for k, v in kwargs.items()}
             try:
-                self._invoke(prompts[i : i + 1], responses[i : i + 1], one)
+                self._invoke(prompts[i : i + 1], responses[i : i + 1], _row(kwargs, i))
             except (Exception, SystemExit):
                 return i
         return None
@@ -348,8 +262,18 @@ class FunctionReward:
     # -- guarded: one sample per call ----------------------------------------------------
 
     def _score_each(self, prompts, responses, kwargs) -> torch.Tensor:
-        outcomes = self._run(self._each(prompts, responses, kwargs))
-        failed = [(i, why) for i, (_, why) in enumerate(outcomes) if why is not None]
+        calls = [
+            partial(self.fn, prompts[i : i + 1], responses[i : i + 1], **_row(kwargs, i))
+            for i in range(len(responses))
+        ]
+        outcomes = self._run(
+            guarded.gather(calls, self.concurrency, self.timeout_s, on_loop=self.is_async)
+        )
+        with self._lock:
+            self._calls += len(calls)
+            self._timeouts += sum(o.timed_out for o in outcomes)
+        scored = [self._score_of(o) for o in outcomes]
+        failed = [(i, why) for i, (_, why) in enumerate(scored) if why is not None]
         if failed and self.on_error == "raise":
             i, why = failed[0]
             others = f"; {len(failed) - 1} other sample(s) failed too" if len(failed) > 1 else ""
@@ -362,78 +286,20 @@ class FunctionReward:
             )
         with self._lock:
             self.failures += len(failed)
-        values = [self.fallback if why is not None else value for value, why in outcomes]
+        values = [self.fallback if why is not None else value for value, why in scored]
         return torch.tensor(values, dtype=torch.float32)
 
-    async def _each(self, prompts, responses, kwargs) -> list[tuple[float, str | None]]:
-        """(score, None) or (nan, why it failed) per sample, ``concurrency`` calls at once."""
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(i: int) -> tuple[float, str | None]:
-            args = (prompts[i : i + 1], responses[i : i + 1])
-            one_kwargs = {k: v[i : i + 1] for k, v in kwargs.items()}
-            async with gate:
-                with self._lock:
-                    self._calls += 1
-                try:
-                    raw = await asyncio.wait_for(self._call(args, one_kwargs), self.timeout_s)
-                except TimeoutError:
-                    with self._lock:
-                        self._timeouts += 1
-                    return math.nan, f"timed out after timeout_s={self.timeout_s} s"
-                except _Exited as exc:
-                    return math.nan, f"called sys.exit({exc.exit.code!r})"
-                except _Raised as exc:
-                    return math.nan, f"raised {type(exc.error).__name__}: {exc.error}"
-                except Exception as exc:
-                    return math.nan, f"raised {type(exc).__name__}: {exc}"
-            try:
-                value = self._to_tensor(raw, 1)[0].item()
-            except RewardError as exc:  # its message starts with "reward function NAME "
-                return math.nan, str(exc).removeprefix(f"reward function {self.name} ").rstrip(".")
-            if not math.isfinite(value):
-                return math.nan, f"returned the non-finite score {value}"
-            return value, None
-
-        return list(await asyncio.gather(*(one(i) for i in range(len(responses)))))
-
-    async def _call(self, args: tuple, kwargs: dict[str, list[Any]]) -> Any:
-        """The function on one sample: awaited when async, else in a thread of its own. Its
-        own TimeoutError leaves as `_Raised`, told apart from the call's `timeout_s`."""
+    def _score_of(self, outcome: guarded.Outcome) -> tuple[float, str | None]:
+        """(score, None) from one sample's call, or (nan, why it failed)."""
+        if not outcome.ok:
+            return math.nan, outcome.why(f"timeout_s={self.timeout_s} s")
         try:
-            if self.is_async:
-                return await _no_exit(self.fn(*args, **kwargs))
-            result = await self._in_thread(args, kwargs)
-            return await _no_exit(result) if inspect.isawaitable(result) else result
-        except TimeoutError as exc:
-            raise _Raised(exc) from exc
-
-    def _in_thread(self, args: tuple, kwargs: dict[str, list[Any]]) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if done.done():  # timed out and cancelled: the result is discarded
-                return
-            if error is None:
-                done.set_result(result)
-            else:
-                done.set_exception(error)
-
-        def work() -> None:
-            try:
-                result, error = self.fn(*args, **kwargs), None
-            except SystemExit as exc:
-                result, error = None, _Exited(exc)
-            except Exception as exc:
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(settle, result, error)
-            except RuntimeError:  # the loop was closed meanwhile: nobody waits for this
-                pass
-
-        threading.Thread(target=work, name=f"reward {self.name}", daemon=True).start()
-        return done
+            value = self._to_tensor(outcome.value, 1)[0].item()
+        except RewardError as exc:  # its message starts with "reward function NAME "
+            return math.nan, str(exc).removeprefix(f"reward function {self.name} ").rstrip(".")
+        if not math.isfinite(value):
+            return math.nan, f"returned the non-finite score {value}"
+        return value, None
 
     def _to_tensor(self, raw: Any, batch: int) -> torch.Tensor:
         where = f"reward function {self.name}"
@@ -480,13 +346,9 @@ def _serve_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-async def _no_exit(awaitable: Awaitable[Any]) -> Any:
-    """Await the function's awaitable; a SystemExit in it would stop the event loop itself,
-    so it leaves as `_Exited`."""
-    try:
-        return await awaitable
-    except SystemExit as exc:
-        raise _Exited(exc) from exc
+def _row(kwargs: dict[str, list[Any]], i: int) -> dict[str, list[Any]]:
+    """Sample i's columns, as lists of one."""
+    return {k: v[i : i + 1] for k, v in kwargs.items()}
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

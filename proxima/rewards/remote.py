@@ -5,7 +5,7 @@ speaking its protocol: see :mod:`proxima.rewards.server`).
 backoff_s=0.5, on_error="raise", fallback=0.0)``:
 
 - the batch is split into requests of ``batch_size`` samples, up to ``concurrency`` of them
-  in flight at once (threads, one connection each);
+  in flight at once (:mod:`proxima.guarded`: a thread and a connection each);
 - each request may wait ``timeout_s`` seconds for the server (to connect, and for each read
   of its answer);
 - a request that finds no server, times out, loses its connection or gets an HTTP 5xx is
@@ -28,13 +28,14 @@ import json
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 
+from proxima.guarded import run_all
 from proxima.rewards.function import RewardError, check_options, shorten
 
 HEALTH_TIMEOUT_S = 5.0  # check()'s wait at most (less when timeout_s is less)
@@ -170,22 +171,22 @@ class RemoteReward:
             return torch.zeros(0, dtype=torch.float32)
         spans = [(a, min(a + self.batch_size, n)) for a in range(0, n, self.batch_size)]
         bodies = [self._body(prompts, responses, columns, a, b) for a, b in spans]
-        if len(spans) == 1 or self.concurrency == 1:
-            answers = []
-            for (a, b), body in zip(spans, bodies, strict=True):
-                answers.append(self._request(a, b, body))
-                if answers[-1].error and self.on_error == "raise":
-                    break
-        else:
-            answers = self._in_parallel(spans, bodies)
+        requests = [
+            partial(self._request, a, b, body, n)
+            for (a, b), body in zip(spans, bodies, strict=True)
+        ]
+        # on_error="raise": a request that fails raises, and those not sent yet are not sent
+        outcomes = run_all(requests, self.concurrency, fail_fast=self.on_error == "raise")
         scores = torch.full((n,), self.fallback, dtype=torch.float64)
         fell_back = 0
-        for answer in answers:
+        for outcome in outcomes:
+            if outcome.skipped:  # not sent: an earlier request failed (and was raised)
+                continue
+            if outcome.error is not None:
+                raise outcome.error
+            answer = outcome.value
             if answer.error is not None:
-                message = self._part(answer, n) + answer.error
-                if self.on_error == "raise":
-                    raise RewardError(message)
-                self.last_error = message
+                self.last_error = self._part(answer, n) + answer.error
                 fell_back += answer.stop - answer.start
                 continue
             values = torch.tensor(answer.scores, dtype=torch.float64)
@@ -209,22 +210,6 @@ class RemoteReward:
             self.failures += fell_back
         return scores.to(torch.float32)
 
-    def _in_parallel(self, spans, bodies) -> list[_Answer]:
-        pool = ThreadPoolExecutor(min(self.concurrency, len(spans)), "reward-client")
-        try:
-            futures = [
-                pool.submit(self._request, a, b, body)
-                for (a, b), body in zip(spans, bodies, strict=True)
-            ]
-            answers = []
-            for future in futures:
-                answers.append(future.result())
-                if answers[-1].error and self.on_error == "raise":
-                    break  # requests not started yet are cancelled below
-            return answers
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-
     def _part(self, answer: _Answer, n: int) -> str:
         if answer.stop - answer.start == n:
             return f"{self._where}: "
@@ -246,8 +231,9 @@ class RemoteReward:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _request(self, start: int, stop: int, body: bytes) -> _Answer:
-        """POST one part of the batch, retrying what may succeed on another try."""
+    def _request(self, start: int, stop: int, body: bytes, n: int) -> _Answer:
+        """POST samples start..stop-1 of a batch of n, retrying what may succeed on another
+        try; a request that still fails raises its RewardError with on_error="raise"."""
         answer = _Answer(start, stop)
         while True:
             answer.attempts += 1
@@ -266,6 +252,8 @@ class RemoteReward:
                         else ""
                     )
                     answer.error = f"POST /score: {failure.message}{tries}{self._fix(failure)}"
+                    if self.on_error == "raise":
+                        raise RewardError(self._part(answer, n) + answer.error) from None
                     return answer
             time.sleep(self.backoff_s * 2 ** (answer.attempts - 1))
 

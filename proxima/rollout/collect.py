@@ -144,7 +144,7 @@ def generate_rollout(
     episodes = None
     engine.wake_up()
     try:
-        if cfg.env:  # multi-turn episodes, the prompts repeated n times
+        if cfg.env.cls:  # multi-turn episodes, the prompts repeated n times
             rows = [it for it in items for _ in range(n)]
             turn = replace(sampling, n=1)
             gen, episodes = play_episodes(engine, tokenizer, rows, cfg, device, turn)

@@ -59,7 +59,7 @@ class Sampling:
     # the hf engine serving an actor that carries the critic can
     values: bool = False
     # strings that also end a response, at the token that completes one (multi-turn
-    # episodes' rollout.turn_stop); an engine that cannot stop on them may run on: the
+    # episodes' rollout.env.turn_stop); an engine that cannot stop on them may run on: the
     # episode cuts each action at the first one all the same
     stop_strings: tuple[str, ...] = ()
 
@@ -76,9 +76,9 @@ class Sampling:
     ) -> Sampling:
         """The rollout section's sampling; with `rollout.env`, that of one turn of an
         episode (its action budget and stop strings)."""
-        episode = bool(cfg.env)
+        episode = bool(cfg.env.cls)
         return cls(
-            max_new_tokens=(cfg.max_turn_tokens if episode else 0) or cfg.max_response_length,
+            max_new_tokens=(cfg.env.max_turn_tokens if episode else 0) or cfg.max_response_length,
             stop_ids=tuple(stop_ids),
             greedy=greedy,
             temperature=cfg.temperature,
@@ -87,7 +87,7 @@ class Sampling:
             n=n,
             logprobs=logprobs,
             values=values,
-            stop_strings=tuple(cfg.turn_stop) if episode else (),
+            stop_strings=tuple(cfg.env.turn_stop) if episode else (),
         )
 
 

@@ -2,10 +2,10 @@
 turn after turn, and the episode becomes one row of the usual `Generation`.
 
 Each turn, the engine continues every live episode's context (the prompt and everything
-after it so far) until a stop token, one of `rollout.turn_stop` or the turn's token budget
+after it so far) until a stop token, one of `rollout.env.turn_stop` or the turn's token budget
 (`Sampling.stop_strings`; the action is cut at the first stop string here as well, so an
 engine that ran past one gives the same action). The environments' `step` calls of the batch
-then run concurrently (`environments.run_calls`). Tokens are never re-tokenized: a row is the
+then run concurrently (`proxima.guarded`). Tokens are never re-tokenized: a row is the
 concatenation of the model's own sampled ids and the observations' ids, each observation
 tokenized once (rendered with the chat template when the prompt was chat messages:
 `data.observation_text`).
@@ -14,9 +14,9 @@ In the row, `response_mask` is 1 on the action tokens and 0 on the observation t
 every loss, the KL and the entropy skip them; `attention_mask` is 1 on both (observations
 are context). `logprobs` and `values` are the engine's at the action tokens, 0 elsewhere;
 `turn_rewards` holds each turn's reward at its last action token. An episode ends when the
-environment says done, at `rollout.max_turns`, when the next observation would leave no room
-for an action in `rollout.max_episode_tokens`, or when an environment call fails (raises or
-passes `rollout.env_timeout_s`; the turn's reward is then `rollout.env_fallback_reward`).
+environment says done, at `rollout.env.max_turns`, when the next observation would leave no room
+for an action in `rollout.env.max_episode_tokens`, or when an environment call fails (raises
+or passes `rollout.env.timeout_s`; the turn's reward is then `rollout.env.fallback_reward`).
 Every episode ends on an action token. `stopped` is False only for episodes cut by a limit
 (max_turns, max_episode_tokens): those are the truncated ones of `rollout.mask_truncated` and
 `rollout.no_stop_penalty`.
@@ -33,8 +33,9 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts, observation_text, tokenize_text
+from proxima.guarded import Outcome, run_all
 from proxima.rollout.engine import RolloutEngine, Sampling
-from proxima.rollout.environments import CallResult, load_env_class, run_calls
+from proxima.rollout.environments import load_env_class
 from proxima.rollout.generate import Generation
 
 # why an episode ended; the first three count as stopped
@@ -48,7 +49,7 @@ class Episode:
 
     item: Any  # the PromptItem
     env: Any = None
-    failed: CallResult | None = None  # building the environment failed: ends at the 1st step
+    failed: Outcome | None = None  # building the environment failed: ends at the 1st step
     ids: list[int] = field(default_factory=list)
     action: list[int] = field(default_factory=list)  # 1: the model's token, 0: observation
     logprobs: list[float] = field(default_factory=list)
@@ -97,22 +98,26 @@ def play_episodes(
     strings): the rows as a `Generation` (see the module's docstring) and each episode's
     record (turns with their action, observation, reward and error; why it ended; its
     return)."""
-    env_cls = load_env_class(cfg.env)
+    env_cls = load_env_class(cfg.env.cls)
     episodes = [Episode(item) for item in items]
-    made = run_calls(
-        [partial(env_cls, e.row()) for e in episodes], cfg.env_workers, cfg.env_timeout_s
-    )
+    made = _run([partial(env_cls, e.row()) for e in episodes], cfg)
     for e, res in zip(episodes, made, strict=True):
         e.env, e.failed = (res.value, None) if res.ok else (None, res)
-    for turn in range(cfg.max_turns):
+    for turn in range(cfg.env.max_turns):
         live = [e for e in episodes if not e.end]
         if not live:
             break
         _act(engine, tokenizer, live, sampling, cfg, device)
-        _step(live, tokenizer, cfg, last_turn=turn + 1 == cfg.max_turns)
+        _step(live, tokenizer, cfg, last_turn=turn + 1 == cfg.env.max_turns)
     return _rows(episodes, tokenizer.pad_token_id, device, sampling.logprobs, sampling.values), [
         e.record() for e in episodes
     ]
+
+
+def _run(calls: list, cfg: RolloutConfig) -> list[Outcome]:
+    """The environment calls of a turn, `rollout.env.workers` at once, each within
+    `rollout.env.timeout_s` (0: no limit)."""
+    return run_all(calls, cfg.env.workers, cfg.env.timeout_s or None)
 
 
 def _decode(tokenizer):
@@ -122,7 +127,7 @@ def _decode(tokenizer):
 def _act(engine, tokenizer, live: list[Episode], sampling: Sampling, cfg, device) -> None:
     """One action of every live episode, appended to it (cut at the first stop string and
     at the episode's token budget)."""
-    budgets = [min(sampling.max_new_tokens, cfg.max_episode_tokens - len(e.ids)) for e in live]
+    budgets = [min(sampling.max_new_tokens, cfg.env.max_episode_tokens - len(e.ids)) for e in live]
     contexts = [_Context(e.item.ids + e.ids) for e in live]
     batch = collate_prompts(contexts, tokenizer.pad_token_id)
     turn = replace(sampling, max_new_tokens=max(budgets))
@@ -176,15 +181,15 @@ def _step(live: list[Episode], tokenizer, cfg: RolloutConfig, last_turn: bool) -
     reward at its last action token, the episode ended or its observation appended."""
     ready = [e for e in live if e.failed is None]  # the others' environment never built
     calls = [partial(_checked_step, e.env, e.turns[-1]["action"]) for e in ready]
-    answers = iter(run_calls(calls, cfg.env_workers, cfg.env_timeout_s))
+    answers = iter(_run(calls, cfg))
     results = [next(answers) if e.failed is None else e.failed for e in live]
     eos = tokenizer.eos_token_id
     for e, res in zip(live, results, strict=True):
         turn = e.turns[-1]
-        obs, reward, done = res.value if res.ok else (None, cfg.env_fallback_reward, True)
+        obs, reward, done = res.value if res.ok else (None, cfg.env.fallback_reward, True)
         if not res.ok:
-            turn["error"] = res.error
-            e.end = res.kind
+            turn["error"] = res.why(f"rollout.env.timeout_s={cfg.env.timeout_s:g} s")
+            e.end = "timeout" if res.timed_out else "error"
         turn["observation"], turn["reward"] = obs, reward
         last = len(e.ids) - 1
         e.rewards[last] = e.rewards.get(last, 0.0) + reward
@@ -203,12 +208,12 @@ def _observe(e: Episode, obs: str | None, tokenizer, cfg: RolloutConfig, ended_o
     leave no room for another action."""
     ids: list[int] = []
     if obs is not None:
-        text = observation_text(e.item.messages, obs, cfg.observation_role, tokenizer)
+        text = observation_text(e.item.messages, obs, cfg.env.observation_role, tokenizer)
         eos_text = tokenizer.eos_token or ""
         if ended_on_eos and e.item.messages is not None and eos_text and text.startswith(eos_text):
             text = text[len(eos_text) :]  # the model already wrote the end of its message
         ids = tokenize_text(text, tokenizer)
-    if len(e.ids) + len(ids) >= cfg.max_episode_tokens:
+    if len(e.ids) + len(ids) >= cfg.env.max_episode_tokens:
         e.end = "max_episode_tokens"
         return
     e.ids += ids

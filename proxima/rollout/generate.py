@@ -136,7 +136,7 @@ def response_mask_after_stop(
 
 class StopOnStrings(StoppingCriteria):
     """Ends a row once the text of its new tokens contains one of `stop_strings` (a turn's
-    end, `rollout.turn_stop`); `stop_at[b]` is then the index of the response token that
+    end, `rollout.env.turn_stop`); `stop_at[b]` is then the index of the response token that
     completed it. Rows that already produced one of `stop_ids` are left to those."""
 
     def __init__(

@@ -45,7 +45,7 @@ import torch
 
 from proxima import env
 from proxima.config import Config, ConfigError
-from proxima.models.loading import config_positions
+from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
 from proxima.rollout.engine import Sampling
 from proxima.rollout.generate import Generation
@@ -184,7 +184,7 @@ def _context_length(cfg: Config) -> int:
     episode, observations included, with rollout.env), within the model's positions (the
     run's set-up checked that the actual prompts fit them, for both engines alike:
     `trainer.setup.check_lengths`)."""
-    need = cfg.data.max_prompt_length + getattr(cfg.rollout, cfg.rollout.after_prompt_key)
+    need = cfg.data.max_prompt_length + cfg.rollout.after_prompt_tokens
     positions = config_positions(cfg.model.actor_path)
     return min(need, positions) if positions is not None else need
 

@@ -463,7 +463,7 @@ def plan_memory(
 def _lengths(cfg: Config, prompt_length: int | None) -> tuple[int, int]:
     """(prompt, after the prompt) in tokens: the longest a batch is padded to."""
     prompt = prompt_length or cfg.data.max_prompt_length
-    return prompt, getattr(cfg.rollout, cfg.rollout.after_prompt_key)
+    return prompt, cfg.rollout.after_prompt_tokens
 
 
 def _compute_bytes(cfg: Config) -> int:

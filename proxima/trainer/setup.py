@@ -29,11 +29,8 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models.critic import Critic, build_critic, check_critic
-from proxima.models.loading import (
-    checkpoint_activations,
-    generation_config,
-    safetensors_problem,
-)
+from proxima.models.folders import safetensors_problem
+from proxima.models.loading import checkpoint_activations, generation_config
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.rewards import (
     FunctionReward,
@@ -372,14 +369,13 @@ def check_checkpoint(folder: Path) -> None:
 
 
 def check_lengths(cfg: Config, *prompt_sets) -> None:
-    """The longest prompt plus rollout.max_response_length (rollout.max_episode_tokens in
+    """The longest prompt plus rollout.max_response_length (rollout.env.max_episode_tokens in
     multi-turn episodes) must fit the actor's positions (max_position_embeddings: a GPT-2
     indexes past its position table, vLLM refuses the length): checked on the data, for
     every engine alike, before any model loads."""
     positions = config_positions(cfg.model.actor_path)
     longest = max((len(item.ids) for items in prompt_sets for item in items), default=0)
-    key = cfg.rollout.after_prompt_key
-    after = getattr(cfg.rollout, key)
+    key, after = cfg.rollout.after_prompt_key, cfg.rollout.after_prompt_tokens
     need = longest + after
     if positions is not None and need > positions:
         raise ConfigError(

@@ -210,5 +210,5 @@ def test_observation_text():
         observation_text(CHAT, "42", "tool", make_tokenizer(ends)) == "<eos>tool: 42<eos>assistant:"
     )
     broken = "{{ messages[-1].content }}"  # renders only the last message: no addition
-    with pytest.raises(ValueError, match="rollout.observation_role"):
+    with pytest.raises(ValueError, match="rollout.env.observation_role"):
         observation_text(CHAT, "42", "tool", make_tokenizer(broken))

@@ -54,7 +54,7 @@ def episode_batch(actor: torch.nn.Module) -> Experience:
     response_mask is 0), with old log-probs from the actor plus noise and random
     advantages, values, returns and reference log-probs, as `ragged_experience`."""
     from proxima.algos import logprobs_from_logits
-    from proxima.config import RolloutConfig
+    from proxima.config import EnvConfig, RolloutConfig
     from proxima.data import PromptItem
     from proxima.models.forward import response_logits
     from proxima.rollout.collect import generate_rollout
@@ -62,7 +62,7 @@ def episode_batch(actor: torch.nn.Module) -> Experience:
 
     tok = build_char_tokenizer(ALPHABET)
     items = [PromptItem("p", list(range(4, 4 + n))) for n in PROMPT_LENS]
-    cfg = RolloutConfig(env=spec("TwoTurns"), max_turn_tokens=4, max_episode_tokens=16)
+    cfg = RolloutConfig(env=EnvConfig(spec("TwoTurns"), max_turn_tokens=4, max_episode_tokens=16))
     cpu = torch.device("cpu")
     gen = generate_rollout(ScriptedEngine(EPISODE_ACTIONS), tok, items, cfg, cpu, n=1).gen
     r, mask = gen.response_mask.shape[1], gen.response_mask

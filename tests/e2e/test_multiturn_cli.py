@@ -35,9 +35,9 @@ class Env:
 '''
 MULTI = (
     "reward.function=",
-    "rollout.max_turns=2",
-    "rollout.max_turn_tokens=3",
-    "rollout.max_episode_tokens=10",
+    "rollout.env.max_turns=2",
+    "rollout.env.max_turn_tokens=3",
+    "rollout.env.max_episode_tokens=10",
     "eval.max_prompts=8",
     "trainer.threads=1",
 )

@@ -191,7 +191,7 @@ def test_the_vllm_context_length_is_what_check_lengths_allows(make_model, fast_o
     cfg = load_config(None, [*argv, "data.max_prompt_length=256"])  # the default: > 64
     assert _context_length(cfg) == 64
     env = "rollout.env=proxima.tasks.tools:Calculator"
-    cfg = load_config(None, [*argv, env, "rollout.max_episode_tokens=40"])
+    cfg = load_config(None, [*argv, env, "rollout.env.max_episode_tokens=40"])
     assert _context_length(cfg) == 16 + 40
 
 

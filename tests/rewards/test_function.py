@@ -67,7 +67,7 @@ def test_spec_without_colon():
 
 def test_missing_file(tmp_path):
     spec = f"{tmp_path}/absent.py:fn"
-    with pytest.raises(FileNotFoundError, match=r"absent\.py not found.*fix the path"):
+    with pytest.raises(ValueError, match=r"absent\.py not found.*fix the path"):
         load_reward_function(spec)
 
 
@@ -95,7 +95,7 @@ def test_missing_attribute_lists_public_functions(tmp_path):
 
 def test_not_callable(tmp_path):
     path = write(tmp_path / "consts.py", "threshold = 0.5\n")
-    with pytest.raises(ValueError, match="'threshold' is a float, not callable"):
+    with pytest.raises(ValueError, match="'threshold' is a float; it must be a function"):
         load_reward_function(f"{path}:threshold")
 
 

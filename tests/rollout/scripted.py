@@ -5,6 +5,7 @@ test_multiturn.py). The environment classes are named in configs as
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +135,16 @@ class Sleeps:
         if self.slow:
             time.sleep(2.0)
         return None, 1.0, True
+
+
+class Exits:
+    """Its step calls sys.exit(3), as a script's code might."""
+
+    def __init__(self, row: dict) -> None:
+        pass
+
+    def step(self, action: str):
+        sys.exit(3)
 
 
 class BrokenInit:

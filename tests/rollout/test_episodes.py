@@ -2,7 +2,7 @@
 environments (tests/rollout/scripted.py), every expected tensor written out by hand: the
 layout of actions and observations, masks, the engine's log-probs and values at action
 tokens, turn rewards at each turn's last action token, cuts at stop strings, limits,
-environment errors and timeouts, empty actions; and the environment calls' concurrency."""
+environment errors, exits and timeouts, empty actions."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from proxima.config import RolloutConfig
+from proxima.config import EnvConfig, RolloutConfig
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer
 from proxima.rollout.collect import generate_rollout
-from proxima.rollout.environments import load_env_class, run_calls
+from proxima.rollout.environments import load_env_class
 from proxima.rollout.episodes import first_stop
 from tests.rollout.scripted import ALPHABET, EOS, ScriptedEngine, spec
 
@@ -33,8 +33,10 @@ def items(k: int = 2, **columns) -> list[PromptItem]:
     return [PromptItem("ab", [A, B], {"i": i, **columns}) for i in range(k)]
 
 
-def play(tok, env: str, actions, n_items: int = 2, item_list=None, **cfg):
-    cfg = RolloutConfig(env=spec(env), **{"max_turn_tokens": 3, "max_episode_tokens": 12, **cfg})
+def play(tok, env: str, actions, n_items: int = 2, item_list=None, **keys):
+    """`keys`: those of `rollout.env` (EnvConfig)."""
+    keys = {"max_turn_tokens": 3, "max_episode_tokens": 12, **keys}
+    cfg = RolloutConfig(env=EnvConfig(spec(env), **keys))
     engine = ScriptedEngine(actions)
     ro = generate_rollout(
         engine, tok, item_list or items(n_items), cfg, CPU, n=1, logprobs=True, values=True
@@ -104,10 +106,10 @@ def test_max_episode_tokens(tok):
 
 
 def test_env_error_ends_episode_with_fallback(tok):
-    ro, _ = play(tok, "FailsSecond", [[[A]], [[B, B]]], n_items=1, env_fallback_reward=-1.0)
+    ro, _ = play(tok, "FailsSecond", [[[A]], [[B, B]]], n_items=1, fallback_reward=-1.0)
     ep = ro.episodes[0]
     assert ep["end"] == "error"
-    assert ep["turns"][1]["error"] == "RuntimeError: the calculator broke"
+    assert ep["turns"][1]["error"] == "raised RuntimeError: the calculator broke"
     assert ro.gen.turn_rewards.tolist() == [[0.5, 0, 0, -1.0]]  # at its last token
     assert ro.gen.response_mask.tolist() == [[1, 0, 1, 1]]
 
@@ -115,9 +117,9 @@ def test_env_error_ends_episode_with_fallback(tok):
 def test_broken_init_and_bad_return(tok):
     """Env(row) that raises: the first action is played, then the episode ends with the
     error; a step returning two values is an error too."""
-    ro, engine = play(tok, "BrokenInit", [[[A, B]]], n_items=1, env_fallback_reward=0.5)
+    ro, engine = play(tok, "BrokenInit", [[[A, B]]], n_items=1, fallback_reward=0.5)
     assert len(engine.calls) == 1
-    assert ro.episodes[0]["turns"][0]["error"] == "KeyError: 'answer'"
+    assert ro.episodes[0]["turns"][0]["error"] == "raised KeyError: 'answer'"
     assert ro.gen.turn_rewards.tolist() == [[0, 0.5]]
     ro, _ = play(tok, "BadReturn", [[[A]]], n_items=1)
     assert ro.episodes[0]["end"] == "error"
@@ -127,10 +129,10 @@ def test_broken_init_and_bad_return(tok):
 def test_timeout_ends_only_the_slow_episode(tok):
     rows = [PromptItem("ab", [A, B], {"slow": s}) for s in (False, True, False)]
     start = time.monotonic()
-    ro, _ = play(tok, "Sleeps", [[[A]] * 3], item_list=rows, env_timeout_s=0.3)
+    ro, _ = play(tok, "Sleeps", [[[A]] * 3], item_list=rows, timeout_s=0.3)
     assert time.monotonic() - start < 1.5  # not the 2 s of the slow step
     assert [e["end"] for e in ro.episodes] == ["done", "timeout", "done"]
-    assert ro.episodes[1]["turns"][0]["error"] == "took more than rollout.env_timeout_s=0.3 s"
+    assert ro.episodes[1]["turns"][0]["error"] == "timed out after rollout.env.timeout_s=0.3 s"
     assert ro.gen.turn_rewards[:, 0].tolist() == [1.0, 0.0, 1.0]
 
 
@@ -177,20 +179,11 @@ def test_first_stop(tok):
     assert first_stop([A, B], decode, ()) is None
 
 
-def test_run_calls_concurrent_ordered_and_bounded():
-    def sleeper(i):
-        return lambda: (time.sleep(0.3), i)[1]
-
+def test_sys_exit_in_step_is_an_error_not_a_hang(tok):
+    """An environment whose step calls sys.exit(3) ends its episode at once, named, instead
+    of ending its worker thread in silence and leaving the turn to wait `timeout_s`."""
     start = time.monotonic()
-    out = run_calls([sleeper(i) for i in range(4)], workers=4, timeout_s=0)
-    assert time.monotonic() - start < 1.0  # four 0.3 s calls at once, not 1.2 s in a row
-    assert [r.value for r in out] == [0, 1, 2, 3]
-    start = time.monotonic()
-    run_calls([sleeper(i) for i in range(4)], workers=2, timeout_s=0)
-    assert time.monotonic() - start >= 0.6  # two at a time
-
-    def boom():
-        raise ValueError("no")
-
-    out = run_calls([boom, sleeper(1)], workers=1, timeout_s=0)
-    assert (out[0].kind, out[0].error, out[1].value) == ("error", "ValueError: no", 1)
+    ro, _ = play(tok, "Exits", [[[A]]], n_items=1, timeout_s=30.0)
+    assert time.monotonic() - start < 10
+    assert ro.episodes[0]["end"] == "error"
+    assert ro.episodes[0]["turns"][0]["error"] == "called sys.exit(3)"

@@ -43,11 +43,11 @@ def setup(tmp_path_factory):
             "model.actor_path": str(folder),
             "model.dtype": "float32",
             "data.max_prompt_length": 16,
-            "rollout.env": spec("Never"),
-            "rollout.max_turns": 3,
-            "rollout.max_turn_tokens": 6,
-            "rollout.max_episode_tokens": 30,
-            "rollout.turn_stop": ["="],
+            "rollout.env.cls": spec("Never"),
+            "rollout.env.max_turns": 3,
+            "rollout.env.max_turn_tokens": 6,
+            "rollout.env.max_episode_tokens": 30,
+            "rollout.env.turn_stop": ["="],
             "rollout.temperature": 0.9,
         }
     )

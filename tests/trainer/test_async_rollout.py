@@ -239,9 +239,9 @@ def test_multi_turn_episodes_and_lora_ride_in_the_pending_batch(files, tmp_path)
         files,
         ASYNC,
         f"rollout.env={spec('Never')}",
-        "rollout.max_turns=2",
-        "rollout.max_turn_tokens=3",
-        "rollout.max_episode_tokens=10",
+        "rollout.env.max_turns=2",
+        "rollout.env.max_turn_tokens=3",
+        "rollout.env.max_episode_tokens=10",
         "model.lora_rank=4",
     )
     got = [trainer.step() for _ in range(2)]

@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proxima.config import ActorConfig, AlgorithmConfig, CriticConfig, RolloutConfig
+from proxima.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    EnvConfig,
+    RolloutConfig,
+)
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.critic import PolicyValue, ValueHead, new_value_head
@@ -32,7 +38,7 @@ def episode():
     observation), turn rewards 0.5 then 1.0 (tests/rollout/test_episodes.py checks it)."""
     tok = build_char_tokenizer(ALPHABET)
     cfg = RolloutConfig(
-        env=spec("TwoTurns"), max_turn_tokens=3, max_episode_tokens=12, turn_stop=["c"]
+        env=EnvConfig(spec("TwoTurns"), max_turn_tokens=3, max_episode_tokens=12, turn_stop=["c"])
     )
     engine = ScriptedEngine([[[A, C], [A, A, A]], [[B, EOS], [EOS]]])
     items = [PromptItem("ab", [A, B]) for _ in range(2)]
@@ -146,12 +152,10 @@ def tiny():
 
 def _real_episodes(tok, model, **kw):
     cfg = RolloutConfig(
-        env=spec("Never"),
-        max_turns=3,
-        max_turn_tokens=4,
-        max_episode_tokens=20,
+        env=EnvConfig(
+            spec("Never"), max_turns=3, max_turn_tokens=4, max_episode_tokens=20, turn_stop=["]"]
+        ),
         temperature=0.8,
-        turn_stop=["]"],
     )
     items = [
         PromptItem(p, tok(p, add_special_tokens=False)["input_ids"]) for p in ["1+2=", "33*4="]
@@ -206,9 +210,9 @@ def test_trainer_iteration_with_env(tmp_path, extra):
     trainer = nano_trainer(
         nano_files(tmp_path),
         f"rollout.env={spec('Never')}",
-        "rollout.max_turns=2",
-        "rollout.max_turn_tokens=3",
-        "rollout.max_episode_tokens=10",
+        "rollout.env.max_turns=2",
+        "rollout.env.max_turn_tokens=3",
+        "rollout.env.max_episode_tokens=10",
         *extra,
     )
     metrics, ro = trainer.step()
