@@ -21,7 +21,7 @@ from proxima.tasks import instructions
 from proxima.tasks.common import write_jsonl
 from proxima.trainer.setup import load_prompts
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]  # with the end-to-end tiers
 
 QUESTIONS = [
     "Write one sentence about cats, using only lowercase letters.",
@@ -52,7 +52,8 @@ def prompts(smol, tmp_path_factory):
         tmp_path_factory.mktemp("real") / "p.jsonl",
         [{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS],
     )
-    cfg = load_config(None, [f"model.actor_path={folder}", "data.max_prompt_length=96"])
+    overrides = [f"data.train_path={path}", f"reward.function={instructions.REWARD_FN}"]
+    cfg = load_config(None, [f"model.actor_path={folder}", "data.max_prompt_length=96", *overrides])
     return list(load_prompts(cfg, str(path), tok)), cfg
 
 
@@ -160,14 +161,14 @@ def test_one_ppo_iteration_with_a_critic(smol, tmp_path):
     assert (out / "critic" / "config.json").is_file() and "critic/vf_loss" in m
 
 
-def test_one_grpo_iteration(smol, tmp_path):
-    out, m = _train(tmp_path, smol[1], "algorithm.adv_estimator=grpo")
-    assert not (out / "critic").exists() and m["actor/pg_loss"] == m["actor/pg_loss"]
-
-
-def test_lora_reference_is_the_base(smol, tmp_path):
-    """With LoRA the reference is the actor with its adapters off: at the first iteration the
-    actor equals the base (adapters start at zero), so the KL to the reference is exactly 0."""
-    out, m = _train(tmp_path, smol[1], "algorithm.adv_estimator=grpo", "model.lora_rank=8")
-    assert m["kl"] == 0.0
+def test_one_grpo_iteration_with_lora(smol, tmp_path):
+    """GRPO with LoRA: no critic, and the reference is the actor with its adapters off. The
+    adapters start at zero, so at the first iteration the actor's forward is the base's, bit
+    for bit, and the KL to the reference (both from full forwards: old log-probs recomputed)
+    is exactly 0."""
+    out, m = _train(
+        tmp_path, smol[1], "algorithm.adv_estimator=grpo", "model.lora_rank=8",
+        "rollout.old_logprobs=recompute",
+    )  # fmt: skip
+    assert not (out / "critic").exists() and m["kl"] == 0.0
     assert (out / "actor_adapter" / "adapter_config.json").is_file()
