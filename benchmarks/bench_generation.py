@@ -29,21 +29,17 @@ import torch
 
 from proxima.config import load_config
 from proxima.models import init_model, load_causal_lm, load_tokenizer
-from proxima.rollout.generate import generate_responses
+from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.types import Sampling
 
 
 def _time_generation(model, ids, mask, tok, new_tokens: int, use_cache: bool) -> float:
     torch.manual_seed(0)
     start = time.perf_counter()
     if use_cache:
-        generate_responses(
-            model,
-            ids,
-            mask,
-            max_new_tokens=new_tokens,
-            stop_ids=[len(tok) + 10],  # an id the model can never emit: full length
-            pad_token_id=tok.pad_token_id,
-        )
+        # an id the model can never emit as the stop: full length
+        sampling = Sampling(max_new_tokens=new_tokens, stop_ids=(len(tok) + 10,))
+        HFEngine(model, tok.pad_token_id, len(ids)).generate(ids, mask, sampling)
     else:
         model.generate(
             input_ids=ids,
@@ -129,7 +125,8 @@ def bench_w3(root: str, repeats: int) -> None:
     import sys
     from pathlib import Path
 
-    import proxima.rollout.generate as generate
+    import proxima.rollout.decode as decode
+    import proxima.rollout.hf_engine as hf_engine
 
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_vs_trl
@@ -145,7 +142,7 @@ def bench_w3(root: str, repeats: int) -> None:
     width = max(map(len, rows))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
     mask = (torch.arange(width) >= width - torch.tensor([[len(r)] for r in rows])).long()
-    loop_applies, prefill = generate.loop_applies, generate.PREFILL_TOKENS
+    loop_applies, prefill = hf_engine.loop_applies, decode.PREFILL_TOKENS
     ways = {  # (why the loop does not apply, padded tokens per prefill group)
         "decode loop": (loop_applies, prefill),
         "  one prefill": (loop_applies, 1 << 40),
@@ -159,23 +156,17 @@ def bench_w3(root: str, repeats: int) -> None:
     tokens: dict[str, list[int]] = {k: [] for k in ways}
     for i in range(repeats):
         for name, (applies, tokens_per_prefill) in ways.items():
-            generate.loop_applies = applies
-            generate.PREFILL_TOKENS = tokens_per_prefill
+            hf_engine.loop_applies = applies
+            decode.PREFILL_TOKENS = tokens_per_prefill
             torch.manual_seed(i)
             start = time.perf_counter()
-            gen = generate_responses(
-                model,
-                ids,
-                mask,
-                max_new_tokens=w.response,
-                stop_ids=[tok.eos_token_id],
-                pad_token_id=tok.pad_token_id,
-                temperature=bench_vs_trl.TEMPERATURE,
-                logprobs=True,
+            sampling = Sampling(
+                w.response, (tok.eos_token_id,), temperature=bench_vs_trl.TEMPERATURE, logprobs=True
             )
+            gen = HFEngine(model, tok.pad_token_id, len(ids)).generate(ids, mask, sampling)
             times[name].append(time.perf_counter() - start)
             tokens[name].append(int(gen.response_mask.sum()))
-    generate.loop_applies, generate.PREFILL_TOKENS = loop_applies, prefill
+    hf_engine.loop_applies, decode.PREFILL_TOKENS = loop_applies, prefill
     med = {k: statistics.median(v) for k, v in times.items()}
     for name in ways:
         n = statistics.median(tokens[name])

@@ -58,8 +58,8 @@ def _one_way(args) -> dict:
     from proxima.models import build_char_tokenizer, build_tiny_model
     from proxima.models.lora import add_lora
     from proxima.models.saving import export_weights
-    from proxima.rollout.engine import Sampling
     from proxima.rollout.engines import sync_weights
+    from proxima.rollout.types import Sampling
     from proxima.rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(1)

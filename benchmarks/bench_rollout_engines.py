@@ -27,9 +27,9 @@ import torch
 from proxima.config import Config
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.saving import export_weights
-from proxima.rollout.engine import Sampling
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.score import sequence_logprobs
+from proxima.rollout.types import Sampling
 
 ALPHABET = "0123456789+="
 

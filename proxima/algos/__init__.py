@@ -4,6 +4,7 @@ Per-token tensors are [B, T], aligned on response tokens; ``response_mask`` is n
 real response tokens. Nothing here imports the rest of proxima.
 """
 
+from ._checks import EmptyMaskWarning
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     EXTRA_INPUTS,
@@ -28,18 +29,11 @@ from .advantages import (
     tir_optimal_token_baseline,
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
-from .losses import (
-    POLICY_LOSSES,
-    EmptyMaskWarning,
-    PolicyLoss,
+from .logprobs import (
     entropy_from_logits,
-    explained_variance,
     logprobs_and_entropy,
     logprobs_from_logits,
-    policy_loss,
-    register_policy_loss,
     sum_pi_squared,
-    value_loss,
 )
 from .masked import (
     AGG_MODES,
@@ -52,6 +46,9 @@ from .masked import (
 )
 from .metrics import mean_at_k, pass_at_k, pass_at_k_table
 from .policy_losses import (
+    POLICY_LOSSES,
+    PolicyLoss,
+    PolicyLossOptions,
     cispo_loss,
     clip_cov_loss,
     dppo_kl_loss,
@@ -61,11 +58,14 @@ from .policy_losses import (
     gpg_loss,
     gspo_loss,
     kl_cov_loss,
+    policy_loss,
+    register_policy_loss,
     sapo_loss,
 )
 from .preferences import preference_probability, sample_preferences
 from .rewards import last_token_index, overlong_penalty, shape_rewards, token_rewards
 from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
+from .value import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -73,6 +73,7 @@ __all__ = [
     "POLICY_LOSSES",
     "Estimator",
     "PolicyLoss",
+    "PolicyLossOptions",
     "gae",
     "register_advantage",
     "register_policy_loss",

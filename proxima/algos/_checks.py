@@ -8,6 +8,7 @@ than reaching into each other's private names.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -95,3 +96,19 @@ def weighted(loss_mat: torch.Tensor, is_weights: torch.Tensor | None, mask: torc
     if is_weights is None:
         return loss_mat
     return loss_mat * select(is_weights.detach(), mask)
+
+
+class EmptyMaskWarning(UserWarning):
+    """policy_loss or value_loss got a response_mask with no real token: the loss is 0."""
+
+
+def warn_if_empty(where: str, mask: torch.Tensor, stacklevel: int = 3) -> None:
+    """Warn (``EmptyMaskWarning``) when the mask has no real token: the loss is then 0 with a
+    zero gradient. ``stacklevel=3`` points at the caller of the loss that calls this."""
+    if not bool((mask != 0).any()):
+        warnings.warn(
+            f"{where}: response_mask has no real token; the loss is 0 with a zero gradient "
+            "and the stats are 0 (check the micro-batch: every response may be empty)",
+            EmptyMaskWarning,
+            stacklevel=stacklevel,
+        )

@@ -1,14 +1,25 @@
-"""The policy losses of verl 0.9.1 beyond ``vanilla``, registered in ``POLICY_LOSSES``.
+"""The policy losses, one registry (``POLICY_LOSSES``) under verl 0.9.1's
+``actor.policy_loss.loss_mode`` names, every loss one function of one signature:
 
-Each is a function of the shared signature ``fn(log_prob, old_log_prob, advantages,
-response_mask, agg=..., clip_ratio_low=..., clip_ratio_high=..., clip_ratio_c=...,
-is_weights=..., **options)`` (all tensors [B, T]) returning ``(0-dim loss, stats)``, under
-the name verl gives it in ``actor.policy_loss.loss_mode``; its own options are named as the
-``actor.policy_loss.*`` config fields (verl's names). The math follows verl 0.9.1's
-``verl/trainer/ppo/core_algos.py`` (``compute_policy_loss_<name>``) exactly, which
-``tests/algos/test_verl_parity.py`` checks against verl itself, values and gradients.
+    fn(log_prob, old_log_prob, advantages, response_mask, agg, options, is_weights)
+        -> (0-dim loss, stats)
 
-Shared conventions (as ``policy_loss``, the ``vanilla`` loss):
+with the tensors [B, T], ``agg`` the aggregation mode (``masked.aggregate_loss``),
+``options`` a ``PolicyLossOptions`` (the clip ratios and the ``actor.policy_loss.*`` fields;
+each loss reads only those it needs) and ``is_weights`` [B, T] or None. This is verl's
+``register_policy_loss`` with its config
+(https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py); the log-probs
+come first here, the old ones second.
+
+Formulas: PPO (Schulman et al. 2017, arXiv:1707.06347) as written in DeepSpeed-Chat's
+``actor_loss_fn``
+(https://github.com/microsoft/DeepSpeedExamples/blob/master/applications/DeepSpeed-Chat/dschat/rlhf/ppo_trainer.py);
+the dual clip of Ye et al. 2020 (arXiv:1912.09729), the clamped log-ratio and the stats as
+in verl's ``compute_policy_loss_vanilla``; the other losses follow verl's
+``compute_policy_loss_<name>`` exactly, which ``tests/algos/test_verl_parity.py`` checks
+against verl itself, values and gradients.
+
+Shared conventions:
   - Values on padding never reach the loss or the gradient (selected away, not multiplied by
     0), so NaN or -inf log-probs there are harmless; verl multiplies by the mask.
   - A response_mask with no real token gives loss 0 with a zero gradient, all stats 0 and an
@@ -21,20 +32,31 @@ Shared conventions (as ``policy_loss``, the ``vanilla`` loss):
     ``actor/pg_clipfrac`` -> ``clipfrac``, ``actor/ppo_kl`` -> ``ppo_kl``,
     ``actor/pg_clipfrac_lower`` -> ``clipfrac_lower`` (each docstring says what they count
     for that loss). Metrics verl reports as a constant 0 "for compatibility" are left out.
-  - The log-ratio is clamped to [-20, 20] before ``exp`` where verl clamps it (sapo, cispo,
-    dppo_tv, dppo_kl) and left as is where verl does not (gspo's token ratios, clip_cov,
-    kl_cov, geo_mean), so those follow verl also on huge ratios (``exp`` of a float32
-    log-ratio above 88.7 is inf).
+  - The log-ratio is clamped to [-20, 20] before ``exp`` where verl clamps it (vanilla, sapo,
+    cispo, dppo_tv, dppo_kl) and left as is where verl does not (gspo's token ratios,
+    clip_cov, kl_cov, geo_mean), so those follow verl also on huge ratios (``exp`` of a
+    float32 log-ratio above 88.7 is inf).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-from ._checks import check_ratio_clips, check_same_shape, detached_stats, select, weighted
-from .losses import LOG_RATIO_BOUND, register_policy_loss, warn_if_empty
-from .masked import AGG_MODES, aggregate_loss, masked_mean
+from ._checks import (
+    check_ratio_clips,
+    check_same_shape,
+    detached_stats,
+    select,
+    warn_if_empty,
+    weighted,
+)
+from .masked import AGG_MODES, aggregate_loss, masked_max, masked_mean
 
+# The log-ratio is clamped before exp so exp never overflows (verl clamps to [-20, 20]).
+LOG_RATIO_BOUND = 20.0
 # dppo_tv / dppo_kl: the cap on the truncated importance ratio when clip_ratio_c is None
 # (verl's default for dppo when its config has no clip_ratio_c).
 DPPO_DEFAULT_CLIP_RATIO_C = 20.0
@@ -46,6 +68,134 @@ BINARY_KL_EPS = 1e-8
 GEO_MEAN_IS_EPS = 1e-10
 
 Stats = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PolicyLossOptions:
+    """The options of the policy losses, one object for all of them (verl's actor config):
+    the clip ratios (``actor.clip_ratio*``) and the ``actor.policy_loss.*`` fields, under
+    those names and with their defaults. Each loss reads only the ones it needs; the
+    registry entry lists the ``actor.policy_loss.*`` ones it reads (``PolicyLoss.options``).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float | None = 3.0  # the dual clip's bound (vanilla); None disables it
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    dro_beta: float = 0.0
+
+
+DEFAULT_OPTIONS = PolicyLossOptions()
+PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """An entry of ``POLICY_LOSSES``: calling it calls ``fn`` (the module's signature).
+    ``options``: the ``actor.policy_loss.*`` fields of ``PolicyLossOptions`` it reads (the
+    clip ratios aside), so the config can refuse one set for a loss that ignores it."""
+
+    name: str
+    fn: PolicyLossFn
+    options: tuple[str, ...] = ()
+
+    def __call__(self, *args, **kwargs) -> tuple[torch.Tensor, Stats]:
+        return self.fn(*args, **kwargs)
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str, *, options: tuple[str, ...] = ()):
+    """Decorator: add a policy loss (the module's signature) to ``POLICY_LOSSES`` under
+    ``name`` (verl's ``actor.policy_loss.loss_mode`` names), reading ``options``."""
+
+    def register(fn):
+        POLICY_LOSSES[name] = PolicyLoss(name, fn, options)
+        return fn
+
+    return register
+
+
+@register_policy_loss("vanilla")
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    agg: str = "token-mean",
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """Clipped PPO surrogate loss with the dual clip for negative advantages (``vanilla``).
+
+    Per token (PPO, arXiv:1707.06347): r = exp(log_prob - old_log_prob) with the log-ratio
+    clamped to [-20, 20], and loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    (clip_ratio_high > clip_ratio_low: DAPO's clip-higher). Dual clip (arXiv:1912.09729): where
+    A < 0 the loss is further capped at -A * clip_ratio_c (must be > 1; None disables).
+    The per-token loss [B, T] is reduced with ``aggregate_loss(..., agg)``. Optional
+    ``is_weights`` [B, T] (constants, e.g. ``truncated_is_weights``) multiply the per-token
+    loss after clipping, as verl applies its rollout importance weights.
+
+    All of log_prob, old_log_prob, advantages, response_mask are [B, T]. Returns
+    (0-dim loss, stats) with detached 0-dim stats: ``clipfrac`` (share of tokens where the
+    clipped term is strictly larger), ``clipfrac_lower`` (share where the dual clip binds),
+    ``ppo_kl`` = mean(-clamp(new - old, -20, 20)) (the clamped log-ratio the loss uses, as
+    verl's ``ppo_kl``), ``approx_kl`` = mean(0.5 (new - old)^2) (unclamped), ``ratio_mean``,
+    ``ratio_max`` (means and max over real tokens).
+
+    A response_mask with no real token gives loss 0 (finite, zero gradient, in every ``agg``
+    mode; verl gives NaN), all stats 0, and an ``EmptyMaskWarning`` per call.
+    """
+    check_same_shape(
+        "policy_loss",
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    low, high = options.clip_ratio_low, options.clip_ratio_high
+    clip_ratio_c = options.clip_ratio_c
+    check_ratio_clips("policy_loss", low, high)
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(
+            f"policy_loss: clip_ratio_c must be > 1 (dual clip lower bound), got "
+            f"{clip_ratio_c}; use e.g. 3.0, or None to disable the dual clip"
+        )
+    mask = response_mask
+    warn_if_empty("policy_loss", mask)
+    # Padding may hold -inf log-probs; zero it before exp so no NaN reaches the gradients.
+    log_ratio = select(log_prob - old_log_prob, mask)
+    adv = select(advantages, mask)
+    clamped_log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = torch.exp(clamped_log_ratio)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
+    loss_mat = torch.maximum(loss_unclipped, loss_clipped)
+    dual_binds = torch.zeros_like(mask, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        loss_cap = -adv * clip_ratio_c
+        dual_binds = (adv < 0) & (loss_mat > loss_cap)
+        loss_mat = torch.where(dual_binds, loss_cap, loss_mat)
+    if is_weights is not None:
+        check_same_shape("policy_loss", is_weights=is_weights, response_mask=mask)
+    loss_mat = weighted(loss_mat, is_weights, mask)
+    loss = aggregate_loss(loss_mat, mask, agg)
+    stats = detached_stats(
+        clipfrac=masked_mean((loss_clipped > loss_unclipped).float(), mask),
+        clipfrac_lower=masked_mean(dual_binds.float(), mask),
+        ppo_kl=masked_mean(-clamped_log_ratio, mask),
+        approx_kl=masked_mean(0.5 * log_ratio.square(), mask),
+        ratio_mean=masked_mean(ratio, mask),
+        ratio_max=masked_max(ratio, mask),
+    )
+    return loss, stats
 
 
 def _inputs(
@@ -97,9 +247,7 @@ def gspo_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
@@ -118,7 +266,7 @@ def gspo_loss(
     ``pg_clipfrac_lower`` is left out.
     """
     where = "gspo_loss"
-    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
+    check_ratio_clips(where, options.clip_ratio_low, options.clip_ratio_high)
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
@@ -126,7 +274,7 @@ def gspo_loss(
     log_s = lp - lp.detach() + seq_log_ratio.detach().unsqueeze(-1)
     s = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
     loss_unclipped = -adv * s
-    loss_clipped = -adv * s.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss_clipped = -adv * s.clamp(1 - options.clip_ratio_low, 1 + options.clip_ratio_high)
     loss_mat = weighted(torch.maximum(loss_unclipped, loss_clipped), is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = detached_stats(
@@ -143,12 +291,8 @@ def sapo_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
 ) -> tuple[torch.Tensor, Stats]:
     """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv:2511.20347).
 
@@ -163,6 +307,7 @@ def sapo_loss(
     ``pg_clipfrac`` and ``pg_clipfrac_lower`` are left out.
     """
     where = "sapo_loss"
+    tau_pos, tau_neg = options.tau_pos, options.tau_neg
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"{where}: tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
     mask = response_mask
@@ -186,9 +331,7 @@ def cispo_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """CISPO, clipped IS-weight policy optimization (MiniMax-M1, arXiv:2506.13585).
@@ -203,12 +346,12 @@ def cispo_loss(
     ``ppo_kl`` (clamped, as vanilla). verl's constant-0 ``pg_clipfrac_lower`` is left out.
     """
     where = "cispo_loss"
-    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
+    check_ratio_clips(where, options.clip_ratio_low, options.clip_ratio_high)
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = (lp - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
-    clipped = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    clipped = ratio.clamp(1 - options.clip_ratio_low, 1 + options.clip_ratio_high)
     loss_mat = weighted(-clipped.detach() * adv * lp, is_weights, mask)
     loss = aggregate_loss(loss_mat, mask, agg)
     stats = detached_stats(
@@ -225,9 +368,7 @@ def gpg_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): the plain policy
@@ -251,13 +392,8 @@ def clip_cov_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
-    clip_cov_ratio: float = 0.0002,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
 ) -> tuple[torch.Tensor, Stats]:
     """Clip-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
     arXiv:2505.22617): PPO's clipped surrogate, with the gradient of a few high-covariance
@@ -281,25 +417,25 @@ def clip_cov_loss(
     ``ppo_kl`` = mean(old_log_prob - log_prob).
     """
     where = "clip_cov_loss"
-    check_ratio_clips(where, clip_ratio_low, clip_ratio_high)
-    if not clip_cov_ratio > 0:
-        raise ValueError(f"{where}: clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    check_ratio_clips(where, options.clip_ratio_low, options.clip_ratio_high)
+    if not options.clip_cov_ratio > 0:
+        raise ValueError(f"{where}: clip_cov_ratio must be > 0, got {options.clip_cov_ratio}")
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
     ratio = torch.exp(log_ratio)
     loss_unclipped = -adv * ratio
-    loss_clipped = -adv * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    loss_clipped = -adv * ratio.clamp(1 - options.clip_ratio_low, 1 + options.clip_ratio_high)
     real = mask != 0
     with torch.no_grad():
         lp_d = lp.detach()
         cov = (adv - masked_mean(adv, mask)) * (lp_d - masked_mean(lp_d, mask))
-        candidates = real & ~(loss_clipped > loss_unclipped) & (cov > clip_cov_lb)
-        candidates &= cov < clip_cov_ub
+        candidates = real & ~(loss_clipped > loss_unclipped) & (cov > options.clip_cov_lb)
+        candidates &= cov < options.clip_cov_ub
         positions = torch.nonzero(candidates)
         cut = torch.zeros_like(real)
         if len(positions) > 0:
-            n_cut = max(int(clip_cov_ratio * int(real.sum())), 1)
+            n_cut = max(int(options.clip_cov_ratio * int(real.sum())), 1)
             order = torch.randperm(len(positions)).to(positions.device)
             chosen = positions[order[: min(n_cut, len(positions))]]
             cut[chosen[:, 0], chosen[:, 1]] = True
@@ -319,12 +455,8 @@ def kl_cov_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
-    kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 0.1,
 ) -> tuple[torch.Tensor, Stats]:
     """KL-Cov (Cui et al. 2025, The Entropy Mechanism of RL for Reasoning LMs,
     arXiv:2505.22617): the unclipped surrogate, plus a KL penalty on the tokens of highest
@@ -344,15 +476,15 @@ def kl_cov_loss(
     ``ppo_kl`` = mean(old_log_prob - log_prob).
     """
     where = "kl_cov_loss"
-    if not 0 < kl_cov_ratio <= 1:
-        raise ValueError(f"{where}: kl_cov_ratio must be in (0, 1], got {kl_cov_ratio}")
+    if not 0 < options.kl_cov_ratio <= 1:
+        raise ValueError(f"{where}: kl_cov_ratio must be in (0, 1], got {options.kl_cov_ratio}")
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
     abs_log_ratio = log_ratio.abs()
     ratio = torch.exp(log_ratio)
     loss_plain = -adv * ratio
-    loss_penalised = -adv * ratio + ppo_kl_coef * abs_log_ratio
+    loss_penalised = -adv * ratio + options.ppo_kl_coef * abs_log_ratio
     real = mask != 0
     penalised = torch.zeros_like(real)
     with torch.no_grad():
@@ -361,7 +493,7 @@ def kl_cov_loss(
             adv_real = adv[real].detach().reshape(-1).cpu()
             lp_real = lp[real].detach().reshape(-1).cpu()
             cov = (adv_real - adv_real.mean()) * (lp_real - lp_real.mean())
-            k = max(1, int(len(cov) * kl_cov_ratio))
+            k = max(1, int(len(cov) * options.kl_cov_ratio))
             top = torch.topk(cov, k, largest=True).indices.to(flat_real.device)
             penalised.view(-1)[flat_real[top]] = True
     loss_mat = torch.where(penalised, loss_penalised, loss_plain)
@@ -379,9 +511,7 @@ def geo_mean_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673).
@@ -404,12 +534,12 @@ def geo_mean_loss(
     mean(old_log_prob - log_prob).
     """
     where = "geo_mean_loss"
-    _check_nonnegative(where, "log-ratio bounds", clip_ratio_low, clip_ratio_high)
+    _check_nonnegative(where, "log-ratio bounds", options.clip_ratio_low, options.clip_ratio_high)
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
     sgn = torch.sign(adv)
-    log_ratio_clipped = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    log_ratio_clipped = log_ratio.clamp(-options.clip_ratio_low, options.clip_ratio_high)
     kept = sgn * torch.minimum(sgn * log_ratio, sgn * log_ratio_clipped)
     n = _row_count(mask)
     row_ratio = torch.exp(select(kept, mask).sum(dim=-1) / n)
@@ -436,14 +566,13 @@ def _dppo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float | None,
+    options: PolicyLossOptions,
     is_weights: torch.Tensor | None,
 ) -> tuple[torch.Tensor, Stats]:
     """dppo_tv and dppo_kl: the same loss with a different trust region (``divergence``)."""
-    _check_nonnegative(where, "divergence thresholds", clip_ratio_low, clip_ratio_high)
-    cap = DPPO_DEFAULT_CLIP_RATIO_C if clip_ratio_c is None else clip_ratio_c
+    low, high = options.clip_ratio_low, options.clip_ratio_high
+    _check_nonnegative(where, "divergence thresholds", low, high)
+    cap = DPPO_DEFAULT_CLIP_RATIO_C if options.clip_ratio_c is None else options.clip_ratio_c
     if not cap > 0:
         raise ValueError(f"{where}: clip_ratio_c (the ratio's cap) must be > 0, got {cap}")
     mask = response_mask
@@ -454,15 +583,15 @@ def _dppo(
     with torch.no_grad():
         p, p_old = torch.exp(lp), torch.exp(old)
         if divergence == "tv":
-            up_ok = p - p_old <= clip_ratio_high
-            down_ok = p - p_old >= -clip_ratio_low
+            up_ok = p - p_old <= high
+            down_ok = p - p_old >= -low
         else:
             eps = BINARY_KL_EPS
             binary_kl = p_old * (old - lp) + (1 - p_old) * torch.log(
                 (1.0 - p_old + eps) / (1.0 - p + eps)
             )
-            up_ok = (binary_kl <= clip_ratio_high) | (p <= p_old)
-            down_ok = (binary_kl <= clip_ratio_low) | (p >= p_old)
+            up_ok = (binary_kl <= high) | (p <= p_old)
+            down_ok = (binary_kl <= low) | (p >= p_old)
         inside = torch.where(adv > 0, up_ok, down_ok)
     loss_mat = torch.where(inside, -adv * truncated * lp, torch.zeros_like(lp))
     loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
@@ -502,14 +631,12 @@ def dppo_tv_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     return _dppo(
-        "dppo_tv_loss", "tv", log_prob, old_log_prob, advantages, response_mask, agg,
-        clip_ratio_low, clip_ratio_high, clip_ratio_c, is_weights,
+        "dppo_tv_loss", "tv", log_prob, old_log_prob, advantages, response_mask, agg, options,
+        is_weights,
     )  # fmt: skip
 
 
@@ -527,14 +654,12 @@ def dppo_kl_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     return _dppo(
-        "dppo_kl_loss", "kl", log_prob, old_log_prob, advantages, response_mask, agg,
-        clip_ratio_low, clip_ratio_high, clip_ratio_c, is_weights,
+        "dppo_kl_loss", "kl", log_prob, old_log_prob, advantages, response_mask, agg, options,
+        is_weights,
     )  # fmt: skip
 
 
@@ -554,11 +679,8 @@ def dro_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     agg: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float | None = 3.0,
+    options: PolicyLossOptions = DEFAULT_OPTIONS,
     is_weights: torch.Tensor | None = None,
-    dro_beta: float = 0.0,
 ) -> tuple[torch.Tensor, Stats]:
     """DRO, Direct Reward Optimisation (Richemond et al. 2024, arXiv:2405.19107): the policy
     gradient with a quadratic log-ratio penalty, the policy part of DRO's mean-squared
@@ -571,14 +693,15 @@ def dro_loss(
     Stats: ``ppo_kl`` = mean(old_log_prob - log_prob).
     """
     where = "dro_loss"
-    if not dro_beta > 0:
+    beta = options.dro_beta
+    if not beta > 0:
         raise ValueError(
-            f"{where}: dro_beta must be > 0, got {dro_beta}; set actor.policy_loss.dro_beta "
+            f"{where}: dro_beta must be > 0, got {beta}; set actor.policy_loss.dro_beta "
             "(the coefficient of the quadratic log-ratio penalty, e.g. 0.05)"
         )
     mask = response_mask
     lp, old, adv = _inputs(where, log_prob, old_log_prob, advantages, mask, is_weights, agg)
     log_ratio = lp - old
-    loss_mat = -(lp * adv - 0.5 * dro_beta * log_ratio.square())
+    loss_mat = -(lp * adv - 0.5 * beta * log_ratio.square())
     loss = aggregate_loss(weighted(loss_mat, is_weights, mask), mask, agg)
     return loss, detached_stats(ppo_kl=masked_mean(-log_ratio, mask))

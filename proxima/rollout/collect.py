@@ -13,10 +13,10 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
-from proxima.rollout.engine import RolloutEngine, Sampling
+from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.engines import as_engine
 from proxima.rollout.episodes import play_episodes
-from proxima.rollout.generate import Generation, cat_generations
+from proxima.rollout.types import Generation, Sampling, cat_generations
 
 
 @dataclass

@@ -7,14 +7,15 @@ releases it in `sleep()` and takes it back in `wake_up()`. The shape follows ver
 workers (`rollout.name`, `update_weights`, sleep / wake-up around generation) and TRL's
 colocated vLLM mode.
 
-- `hf` (`proxima.rollout.hf_engine.HFEngine`): transformers `generate` with the KV cache
-  on the trainer's own actor (a thin wrapper over `generate_responses`); nothing to push,
-  works everywhere.
+- `hf` (`proxima.rollout.hf_engine.HFEngine`): a KV-cached decode loop
+  (`proxima.rollout.decode`) on the trainer's own actor, transformers `generate` where the
+  loop does not apply; nothing to push, works everywhere.
 - `vllm` (`proxima.rollout.vllm_engine.VLLMEngine`): vLLM in the training process, loaded
   from the actor and updated after each optimizer phase.
 
-This module is the contract only (`Sampling`, `RolloutEngine`); `proxima.rollout.engines`
-builds the engine `rollout.name` names.
+This module is the contract only (`RolloutEngine`; what it exchanges, `Sampling` and
+`Generation`, is `proxima.rollout.types`); `proxima.rollout.engines` builds the engine
+`rollout.name` names.
 
 A LoRA actor can reach an engine as its frozen base and its adapter instead of a merged copy
 of the whole model: an engine that applies adapters itself also has `takes_adapter(model)`
@@ -30,65 +31,15 @@ fake engine that serves from its own copy).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from proxima.config import RolloutConfig
-from proxima.rollout.generate import Generation
+from proxima.rollout.types import Generation, Sampling
 
 
 class LogprobMismatchWarning(UserWarning):
     """The engine's log-probs are further from the trainer's than rollout.logprob_diff_warn."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to sample one batch: what every engine must honour."""
-
-    max_new_tokens: int
-    stop_ids: tuple[int, ...]  # a response ends at (and includes) the first of these
-    greedy: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    n: int = 1  # samples per prompt: rows i * n ... i * n + n - 1 answer prompt i
-    logprobs: bool = False  # also return the engine's own log-probs (`Generation.logprobs`)
-    # also the values of the states the tokens were sampled from (`Generation.values`): only
-    # the hf engine serving an actor that carries the critic can
-    values: bool = False
-    # strings that also end a response, at the token that completes one (multi-turn
-    # episodes' rollout.env.turn_stop); an engine that cannot stop on them may run on: the
-    # episode cuts each action at the first one all the same
-    stop_strings: tuple[str, ...] = ()
-
-    @classmethod
-    def from_config(
-        cls,
-        cfg: RolloutConfig,
-        stop_ids: list[int],
-        *,
-        greedy: bool,
-        n: int,
-        logprobs: bool,
-        values: bool = False,
-    ) -> Sampling:
-        """The rollout section's sampling; with `rollout.env`, that of one turn of an
-        episode (its action budget and stop strings)."""
-        episode = bool(cfg.env.cls)
-        return cls(
-            max_new_tokens=(cfg.env.max_turn_tokens if episode else 0) or cfg.max_response_length,
-            stop_ids=tuple(stop_ids),
-            greedy=greedy,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            n=n,
-            logprobs=logprobs,
-            values=values,
-            stop_strings=tuple(cfg.env.turn_stop) if episode else (),
-        )
 
 
 @runtime_checkable

@@ -34,9 +34,9 @@ import torch
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts, observation_text, tokenize_text
 from proxima.guarded import Outcome, run_all
-from proxima.rollout.engine import RolloutEngine, Sampling
+from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.environments import load_env_class
-from proxima.rollout.generate import Generation
+from proxima.rollout.types import Generation, Sampling
 
 # why an episode ended; the first three count as stopped
 ENDS = ("done", "error", "timeout", "max_turns", "max_episode_tokens")

@@ -1,17 +1,31 @@
-"""`rollout.name=hf`: transformers `generate` with the KV cache, on the trainer's own actor."""
+"""`rollout.name=hf`: sampling on the trainer's own actor, with the KV cache.
+
+`HFEngine` serves the actor in micro-batches, each by the decode loop
+(`proxima.rollout.decode`) or, where the loop does not apply (`decode.loop_applies`), by
+HF `generate` with the glue it needs here: stop strings (`StopOnStrings`) and the log-probs
+of the sampled tokens (`SampledLogprobs`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
-from proxima.rollout.engine import Sampling
-from proxima.rollout.generate import Generation, cat_generations, generate_responses
+from proxima.models.critic import generate_with_values
+from proxima.rollout.decode import decode_loop, loop_applies, sampling_warpers, synced_generation
+from proxima.rollout.types import Generation, Sampling, cat_generations
 
 
 class HFEngine:
-    """`rollout.name=hf`: transformers `generate` (KV cache) in micro-batches of sequences.
+    """`rollout.name=hf`: the decode loop (HF `generate` where it does not apply) in
+    micro-batches of sequences.
 
     It serves the model it was given, the trainer's actor module itself: its weights are
     always current, so `update_weights` only records the version and never reads the
@@ -31,7 +45,7 @@ class HFEngine:
     ) -> None:
         self.model, self.pad_token_id = model, pad_token_id
         self.micro_batch_size = micro_batch_size
-        self.decode = None
+        self.decode: Callable[[list[int]], str] | None = None
         if tokenizer is not None:
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         self.weight_version = -1
@@ -43,25 +57,90 @@ class HFEngine:
         mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         size = self.micro_batch_size
         parts = [
-            generate_responses(
-                self.model,
-                ids[i : i + size],
-                mask[i : i + size],
-                max_new_tokens=sampling.max_new_tokens,
-                stop_ids=list(sampling.stop_ids),
-                pad_token_id=self.pad_token_id,
-                greedy=sampling.greedy,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                logprobs=sampling.logprobs,
-                values=sampling.values,
-                stop_strings=sampling.stop_strings,
-                decode=self.decode,
-            )
+            self._respond(ids[i : i + size], mask[i : i + size], sampling)
             for i in range(0, ids.shape[0], size)
         ]
         return cat_generations(parts, self.pad_token_id)
+
+    @torch.no_grad()
+    def _respond(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
+    ) -> Generation:
+        """One response per row of a micro-batch of left-padded prompts [B, P]: the decode
+        loop's, or HF `generate`'s where the loop does not apply. With `sampling.logprobs`,
+        also the log-prob of each sampled token (`Generation.logprobs`); with
+        `sampling.values` (a model that carries the critic), also the value of the state
+        each token was sampled from (`Generation.values`: the decode step's final hidden
+        state, the one its logits came from)."""
+        model, pad_token_id = self.model, self.pad_token_id
+        was_training = model.training
+        model.eval()
+        if loop_applies(model):
+            out = self._hf_generate(prompt_ids, prompt_mask, sampling)
+        else:
+            out = decode_loop(model, prompt_ids, prompt_mask, sampling, pad_token_id, self.decode)
+        response_ids, mask, stopped, sampled, state_values = out
+        model.train(was_training)
+        # tokens after the first stop become padding so they can never leak into a forward pass
+        response_ids = torch.where(
+            mask.bool(), response_ids, torch.full_like(response_ids, pad_token_id)
+        )
+        return Generation(
+            input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+            attention_mask=torch.cat([prompt_mask.long(), mask], dim=1),
+            response_mask=mask,
+            stopped=stopped,
+            # after its stop a row's tokens are padding, possibly outside the top-k / top-p
+            # set (-inf): where, not a product, so no NaN
+            logprobs=torch.where(mask.bool(), sampled, 0.0) if sampling.logprobs else None,
+            values=state_values * mask if state_values is not None else None,
+        )
+
+    def _hf_generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
+    ) -> tuple[torch.Tensor, ...]:
+        """`decode_loop`'s result from HF `generate`: (tokens [B, n], mask [B, n], stopped
+        [B], log-probs [B, n] or None, values [B, n] or None), the stop strings met by
+        `StopOnStrings`, the log-probs recorded by `SampledLogprobs`."""
+        stop_ids = list(sampling.stop_ids)
+        sample = (
+            {"do_sample": False}
+            if sampling.greedy
+            else {
+                "do_sample": True,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "top_k": sampling.top_k,
+            }
+        )
+        recorder = SampledLogprobs(sampling_warpers(sampling)) if sampling.logprobs else None
+        strings = None
+        if sampling.stop_strings and self.decode is not None:
+            width = prompt_ids.shape[1]
+            strings = StopOnStrings(sampling.stop_strings, self.decode, width, stop_ids)
+        kwargs = dict(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            synced_gpus=synced_generation(self.model),
+            logits_processor=LogitsProcessorList([recorder]) if recorder else None,
+            stopping_criteria=StoppingCriteriaList([strings]) if strings else None,
+            **sample,
+        )
+        state_values = None
+        if sampling.values:
+            out, state_values = generate_with_values(self.model, **kwargs)
+        else:
+            out = self.model.generate(**kwargs)
+        response_ids = out[:, prompt_ids.shape[1] :]
+        mask, stopped = response_mask_after_stop(response_ids, stop_ids)
+        if strings is not None:
+            mask, stopped = strings.cut(mask, stopped)
+        sampled = recorder.finish(out[:, -1]) if recorder else None
+        return response_ids, mask, stopped, sampled, state_values
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int
@@ -76,3 +155,79 @@ class HFEngine:
 
     def close(self) -> None:  # the actor belongs to the trainer
         pass
+
+
+def response_mask_after_stop(
+    response_ids: torch.Tensor, stop_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of tokens up to and including the first stop token, and whether one occurred.
+
+    response_ids: [B, R]. Returns (mask [B, R] long, stopped [B] bool). Everything after the
+    first stop token (padding, or tokens a batch-mate kept generating) is masked out.
+    """
+    is_stop = torch.isin(response_ids, torch.tensor(stop_ids, device=response_ids.device))
+    # number of stop tokens strictly before position t; a token is kept while that is 0
+    before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    return (before == 0).long(), is_stop.any(dim=1)
+
+
+class StopOnStrings(StoppingCriteria):
+    """Ends a row once the text of its new tokens contains one of `stop_strings` (a turn's
+    end, `rollout.env.turn_stop`); `stop_at[b]` is then the index of the response token that
+    completed it. Rows that already produced one of `stop_ids` are left to those."""
+
+    def __init__(
+        self,
+        stop_strings: tuple[str, ...],
+        decode: Callable[[list[int]], str],
+        prompt_width: int,
+        stop_ids: list[int],
+    ) -> None:
+        self.stop_strings, self.decode = stop_strings, decode
+        self.start, self.stop_ids = prompt_width, set(stop_ids)
+        self.stop_at: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **_) -> torch.BoolTensor:
+        for b, row in enumerate(input_ids[:, self.start :].tolist()):
+            if b in self.stop_at or self.stop_ids.intersection(row):
+                continue
+            if any(s in self.decode(row) for s in self.stop_strings):
+                self.stop_at[b] = len(row) - 1
+        hit = [b in self.stop_at for b in range(input_ids.shape[0])]
+        return torch.tensor(hit, dtype=torch.bool, device=input_ids.device)
+
+    def cut(self, mask: torch.Tensor, stopped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`mask` [B, R] and `stopped` [B] with the rows that met a string ending there."""
+        mask, stopped = mask.clone(), stopped.clone()
+        for b, at in self.stop_at.items():
+            mask[b, at + 1 :] = 0
+            stopped[b] = True
+        return mask, stopped
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records the log-prob of each sampled token under the distribution it was drawn from.
+
+    transformers runs the processors a caller passes before its own temperature / top-k /
+    top-p warpers, so this one applies the same warpers, in generate's order, to a copy of
+    the scores and keeps the log-softmax of the step; the token drawn from it is known one
+    step later (the last column of `input_ids`), or after generate returns for the last step
+    (`finish`). Memory: one [B, V] step, never [B, R, V]. Scores pass through unchanged.
+    """
+
+    def __init__(self, warpers: LogitsProcessorList) -> None:
+        self.warpers = warpers
+        self.previous: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor):
+        if self.previous is not None:
+            self.picked.append(self.previous.gather(1, input_ids[:, -1:]))
+        warped = self.warpers(input_ids, scores.detach().float().clone())
+        self.previous = torch.log_softmax(warped, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, R] float32, given the last generated column [B]."""
+        self.picked.append(self.previous.gather(1, last_tokens.unsqueeze(1)))
+        return torch.cat(self.picked, dim=1)

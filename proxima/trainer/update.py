@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from proxima.algos import (
     POLICY_LOSSES,
+    PolicyLossOptions,
     aggregate_loss,
     kl_full,
     kl_penalty,
@@ -130,6 +131,20 @@ class StatsAccumulator:
 # --------------------------------------------------------------------------- objectives
 
 
+def policy_loss_options(cfg: ActorConfig) -> PolicyLossOptions:
+    """The policy losses' options from the actor's section: `actor.clip_ratio_low` /
+    `_high` (0: `actor.clip_ratio`), `actor.clip_ratio_c` (0: no dual clip) and every
+    `actor.policy_loss.*` option under its own name."""
+    section = {f.name: getattr(cfg.policy_loss, f.name) for f in fields(cfg.policy_loss)}
+    del section["loss_mode"]
+    return PolicyLossOptions(
+        clip_ratio_low=cfg.clip_ratio_low or cfg.clip_ratio,
+        clip_ratio_high=cfg.clip_ratio_high or cfg.clip_ratio,
+        clip_ratio_c=cfg.clip_ratio_c or None,
+        **section,
+    )
+
+
 @dataclass(frozen=True)
 class PolicyObjective:
     """The actor's loss on a micro-batch: the policy loss `actor.policy_loss.loss_mode` with
@@ -179,19 +194,14 @@ class PolicyObjective:
                 logits, mb.response_ids[keep], entropy_grad=bool(cfg.entropy_coef)
             )
         )
-        chosen = POLICY_LOSSES[cfg.policy_loss.loss_mode]
-        options = {k: getattr(cfg.policy_loss, k) for k in chosen.options}
-        loss, stats = chosen(
+        loss, stats = POLICY_LOSSES[cfg.policy_loss.loss_mode](
             logprobs,
             mb.old_logprobs,
             mb.advantages,
             mb.response_mask,
-            agg=cfg.loss_agg_mode,
-            clip_ratio_low=cfg.clip_ratio_low or cfg.clip_ratio,
-            clip_ratio_high=cfg.clip_ratio_high or cfg.clip_ratio,
-            clip_ratio_c=cfg.clip_ratio_c or None,
-            is_weights=mb.is_weights,
-            **options,
+            cfg.loss_agg_mode,
+            policy_loss_options(cfg),
+            mb.is_weights,
         )
         stats = {k: float(v) for k, v in stats.items()}
         stats["pg_loss"] = float(loss.detach())

@@ -9,6 +9,7 @@ from proxima.algos import (
     AGG_MODES,
     POLICY_LOSSES,
     EmptyMaskWarning,
+    PolicyLossOptions,
     entropy_from_logits,
     explained_variance,
     logprobs_and_entropy,
@@ -199,7 +200,8 @@ def test_policy_loss_literal_and_stats():
 
 def test_policy_loss_without_dual_clip():
     # Token 6 keeps its loss 4: (1.4 - 3 + 4) / 6 = 2.4 / 6.
-    loss, stats = policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=None)
+    no_dual_clip = PolicyLossOptions(clip_ratio_c=None)
+    loss, stats = policy_loss(LOGPROBS, OLD, ADV, PMASK, options=no_dual_clip)
     assert loss.item() == pytest.approx(2.4 / 6, rel=1e-6)
     assert stats["clipfrac_lower"].item() == 0.0
 
@@ -207,7 +209,8 @@ def test_policy_loss_without_dual_clip():
 def _one_token_loss(ratio: float, advantage: float, **kwargs) -> float:
     one = torch.ones(1, 1)
     lp = torch.tensor([[LN(ratio)]])
-    return policy_loss(lp, 0 * one, advantage * one, one, **kwargs)[0].item()
+    options = PolicyLossOptions(**kwargs)
+    return policy_loss(lp, 0 * one, advantage * one, one, options=options)[0].item()
 
 
 def test_policy_loss_asymmetric_clip():
@@ -274,13 +277,13 @@ def test_policy_loss_ppo_kl_uses_the_clamped_log_ratio():
 
 def test_policy_loss_errors_and_inputs_untouched():
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
-        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_c=1.0)
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, options=PolicyLossOptions(clip_ratio_c=1.0))
     with pytest.raises(ValueError, match=r"log_prob \[2, 4\] vs advantages \[2, 3\]"):
         policy_loss(LOGPROBS, OLD, ADV[:, :3], PMASK)
     with pytest.raises(ValueError, match="unknown loss aggregation mode"):
         policy_loss(LOGPROBS, OLD, ADV, PMASK, agg="mean")
     with pytest.raises(ValueError, match="clip ratios must satisfy"):
-        policy_loss(LOGPROBS, OLD, ADV, PMASK, clip_ratio_low=1.5)
+        policy_loss(LOGPROBS, OLD, ADV, PMASK, options=PolicyLossOptions(clip_ratio_low=1.5))
     copies = [t.clone() for t in (LOGPROBS, OLD, ADV, PMASK)]
     policy_loss(*copies)
     for copy, original in zip(copies, (LOGPROBS, OLD, ADV, PMASK), strict=True):
@@ -369,7 +372,12 @@ def test_policy_loss_all_zero_mask_every_mode(agg, clip_ratio_c):
     adv = torch.tensor([[NAN, 1.0, -1.0], [float("inf"), -2.0, 3.0]])
     with pytest.warns(EmptyMaskWarning, match="policy_loss: response_mask has no real token"):
         loss, stats = policy_loss(
-            logprobs, old, adv, torch.zeros(2, 3), agg=agg, clip_ratio_c=clip_ratio_c
+            logprobs,
+            old,
+            adv,
+            torch.zeros(2, 3),
+            agg=agg,
+            options=PolicyLossOptions(clip_ratio_c=clip_ratio_c),
         )
     assert loss.item() == 0.0
     loss.backward()

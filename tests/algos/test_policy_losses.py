@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from proxima.algos import AGG_MODES, POLICY_LOSSES, EmptyMaskWarning
+from proxima.algos import AGG_MODES, POLICY_LOSSES, EmptyMaskWarning, PolicyLossOptions
 from proxima.config.sections import PolicyLossConfig
 
 LN, EXP = math.log, math.exp
@@ -24,11 +24,15 @@ def t(rows):
     return torch.tensor(rows, dtype=F64)
 
 
-def run(name, log_prob, old_log_prob, advantages, mask, **kwargs):
+def run(name, log_prob, old_log_prob, advantages, mask, agg="token-mean", is_weights=None, **kw):
     """(loss as a float, stats as floats, d loss / d log_prob); float64 tensors, so the loss
-    and gradient are compared to 1e-9, the stats (float32, as all stats) to 1e-6."""
+    and gradient are compared to 1e-9, the stats (float32, as all stats) to 1e-6. `kw`: the
+    loss's options (`PolicyLossOptions`)."""
     lp = t(log_prob).requires_grad_(True)
-    loss, stats = POLICY_LOSSES[name](lp, t(old_log_prob), t(advantages), t(mask), **kwargs)
+    options = PolicyLossOptions(**kw)
+    loss, stats = POLICY_LOSSES[name](
+        lp, t(old_log_prob), t(advantages), t(mask), agg, options, is_weights
+    )
     (grad,) = torch.autograd.grad(loss, lp)
     return float(loss.detach()), {k: float(v) for k, v in stats.items()}, grad
 
@@ -421,7 +425,8 @@ def test_dro_refuses_a_non_positive_beta(beta):
 
 # --------------------------------------------------------------------------- all losses
 
-OPTIONS = {"dro": {"dro_beta": 0.1}}
+OPTIONS = {"dro": PolicyLossOptions(dro_beta=0.1)}
+DEFAULTS = PolicyLossOptions()
 NEW_LOSSES = sorted(set(POLICY_LOSSES) - {"vanilla"})
 
 
@@ -437,6 +442,16 @@ def test_registry_names_and_options_are_verls_and_the_configs():
     assert POLICY_LOSSES["dro"].options == ("dro_beta",)
 
 
+def test_options_are_the_configs_fields_with_their_defaults():
+    """`PolicyLossOptions` holds the clip ratios and every `actor.policy_loss.*` option, with
+    the config's defaults (the trainer builds it from the config field by field)."""
+    config = {f.name: f.default for f in dataclasses.fields(PolicyLossConfig)}
+    del config["loss_mode"]
+    options = {f.name: f.default for f in dataclasses.fields(PolicyLossOptions)}
+    clips = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
+    assert options == {**clips, **config}
+
+
 @pytest.mark.parametrize("name", NEW_LOSSES)
 def test_empty_mask_gives_zero_and_warns(name):
     lp = t([[float("nan"), -float("inf")], [1.0, 2.0]]).requires_grad_(True)
@@ -444,7 +459,7 @@ def test_empty_mask_gives_zero_and_warns(name):
     for agg in AGG_MODES:
         with pytest.warns(EmptyMaskWarning, match="response_mask has no real token"):
             loss, stats = POLICY_LOSSES[name](
-                lp, lp, t([[1, -1], [2, 3]]), mask, agg=agg, **OPTIONS.get(name, {})
+                lp, lp, t([[1, -1], [2, 3]]), mask, agg, OPTIONS.get(name, DEFAULTS)
             )
         (grad,) = torch.autograd.grad(loss, lp)
         assert float(loss.detach()) == 0.0 and not grad.any()
@@ -467,7 +482,8 @@ def test_non_finite_padding_never_reaches_the_loss(name):
     for a, b, c, d in [(lp, old, adv, w), dirty]:
         a = a.clone().requires_grad_(True)
         torch.manual_seed(0)
-        loss, stats = POLICY_LOSSES[name](a, b, c, mask, is_weights=d, **OPTIONS.get(name, {}))
+        options = OPTIONS.get(name, DEFAULTS)
+        loss, stats = POLICY_LOSSES[name](a, b, c, mask, options=options, is_weights=d)
         (grad,) = torch.autograd.grad(loss, a)
         results.append((loss, grad, {k: float(v) for k, v in stats.items()}))
     (clean_loss, clean_grad, clean_stats), (loss, grad, stats) = results
@@ -481,9 +497,9 @@ def test_non_finite_padding_never_reaches_the_loss(name):
 def test_argument_errors(name):
     x = t([[0.0, 0.0]])
     with pytest.raises(ValueError, match="shape mismatch"):
-        POLICY_LOSSES[name](x, x, x, t([[1]]), **OPTIONS.get(name, {}))
+        POLICY_LOSSES[name](x, x, x, t([[1]]), options=OPTIONS.get(name, DEFAULTS))
     with pytest.raises(ValueError, match="unknown loss aggregation mode 'mean'"):
-        POLICY_LOSSES[name](x, x, x, x + 1, agg="mean", **OPTIONS.get(name, {}))
+        POLICY_LOSSES[name](x, x, x, x + 1, "mean", OPTIONS.get(name, DEFAULTS))
 
 
 @pytest.mark.parametrize(
@@ -501,4 +517,4 @@ def test_argument_errors(name):
 def test_bad_options(name, kwargs, message):
     x = t([[0.0]])
     with pytest.raises(ValueError, match=message):
-        POLICY_LOSSES[name](x, x, x, x + 1, **kwargs)
+        POLICY_LOSSES[name](x, x, x, x + 1, options=PolicyLossOptions(**kwargs))

@@ -9,6 +9,7 @@ from proxima.algos import (
     ADVANTAGE_ESTIMATORS,
     AGG_MODES,
     AdaptiveKLController,
+    PolicyLossOptions,
     aggregate_loss,
     compute_advantages,
     compute_gae,
@@ -146,9 +147,7 @@ def test_policy_gradient_zero_exactly_where_clipping_binds(log_ratio, adv_seed, 
         torch.zeros_like(lr),
         adv,
         mask,
-        clip_ratio_low=clip,
-        clip_ratio_high=clip,
-        clip_ratio_c=clip_c,
+        options=PolicyLossOptions(clip_ratio_low=clip, clip_ratio_high=clip, clip_ratio_c=clip_c),
     )[0].backward()
     binds = (
         ((adv > 0) & (ratio > 1 + clip))  # upper clip, positive advantage

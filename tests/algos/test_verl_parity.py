@@ -34,7 +34,12 @@ core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 actor_config = pytest.importorskip("verl.workers.config.actor")
 omegaconf = pytest.importorskip("omegaconf")
 
-from proxima.algos import AGG_MODES, POLICY_LOSSES, EmptyMaskWarning  # noqa: E402
+from proxima.algos import (  # noqa: E402
+    AGG_MODES,
+    POLICY_LOSSES,
+    EmptyMaskWarning,
+    PolicyLossOptions,
+)
 
 CASES_PER_MODE = 24
 RTOL = 1e-5
@@ -172,18 +177,10 @@ def run_both(name, agg, seed):
     ours_lp = log_prob.clone().requires_grad_(True)
     verl_lp = log_prob.clone().requires_grad_(True)
     torch.manual_seed(seed)  # clip_cov draws from torch's default generator, as verl
-    loss, stats = POLICY_LOSSES[name](
-        ours_lp,
-        old,
-        adv,
-        mask,
-        agg=agg,
-        clip_ratio_low=low,
-        clip_ratio_high=high,
-        clip_ratio_c=clip_c,
-        is_weights=w,
-        **options,
+    ours = PolicyLossOptions(
+        clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, **options
     )
+    loss, stats = POLICY_LOSSES[name](ours_lp, old, adv, mask, agg, ours, w)
     config = verl_config(name, agg, low, high, clip_c, options)
     torch.manual_seed(seed)
     ref, metrics = verl_function(name)(
@@ -230,9 +227,8 @@ def test_clip_cov_cuts_some_tokens_in_the_random_cases():
     for seed in range(200):
         (lp, old, adv, mask, w), (low, high, _, options) = random_case(seed, "clip_cov")
         torch.manual_seed(seed)
-        _, stats = POLICY_LOSSES["clip_cov"](
-            lp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, **options
-        )
+        ours = PolicyLossOptions(clip_ratio_low=low, clip_ratio_high=high, **options)
+        _, stats = POLICY_LOSSES["clip_cov"](lp, old, adv, mask, options=ours)
         cut += float(stats["clipfrac"]) > 0
     assert cut >= 20
 
@@ -241,9 +237,8 @@ def test_vanilla_without_dual_clip_is_verl_with_a_cap_that_never_binds():
     for seed in range(40):
         (lp, old, adv, mask, w), (low, high, _, _) = random_case(seed, "vanilla")
         lp.requires_grad_(True)
-        loss, _ = POLICY_LOSSES["vanilla"](
-            lp, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=None
-        )
+        ours = PolicyLossOptions(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=None)
+        loss, _ = POLICY_LOSSES["vanilla"](lp, old, adv, mask, options=ours)
         (grad,) = torch.autograd.grad(loss, lp)
         config = verl_config("vanilla", "token-mean", low, high, 1e30, {})
         ref, _ = verl_function("vanilla")(old, lp, adv, mask, config=config)
@@ -261,7 +256,8 @@ def test_dppo_near_certain_tokens(name):
     adv = torch.ones_like(old)
     adv[::2] = -1.0
     mask = torch.ones_like(old)
-    loss, stats = POLICY_LOSSES[name](lp, old, adv, mask, clip_ratio_low=0.1, clip_ratio_high=0.2)
+    ours = PolicyLossOptions(clip_ratio_low=0.1, clip_ratio_high=0.2)
+    loss, stats = POLICY_LOSSES[name](lp, old, adv, mask, options=ours)
     (grad,) = torch.autograd.grad(loss, lp)
     verl_lp = lp.detach().clone().requires_grad_(True)
     ref, metrics = verl_function(name)(
@@ -283,17 +279,10 @@ def test_empty_batch_is_the_deliberate_difference(name):
     for agg in AGG_MODES:
         lp_ours = lp.clone().requires_grad_(True)
         with pytest.warns(EmptyMaskWarning):
-            loss, _ = POLICY_LOSSES[name](
-                lp_ours,
-                old,
-                adv,
-                mask,
-                agg=agg,
-                clip_ratio_low=low,
-                clip_ratio_high=high,
-                clip_ratio_c=clip_c,
-                **options,
+            ours = PolicyLossOptions(
+                clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=clip_c, **options
             )
+            loss, _ = POLICY_LOSSES[name](lp_ours, old, adv, mask, agg, ours)
         loss.backward()
         assert float(loss.detach()) == 0.0 and not lp_ours.grad.any()
         config = verl_config(name, agg, low, high, clip_c, options)

@@ -25,7 +25,8 @@ from proxima.models.lora import (
     merged_copy,
 )
 from proxima.models.saving import export_base_weights, export_weights, save_role
-from proxima.rollout.generate import generate_responses
+from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.types import Sampling
 
 ALPHABET = "0123456789+="
 LORA = ModelConfig(lora_rank=4)
@@ -179,9 +180,9 @@ def test_generate_on_the_peft_model_equals_the_merged_model(tok):
     actor = _actor(tok)
     _perturb(actor, scale=0.5)
     ids, mask = _batch()
-    kwargs = dict(max_new_tokens=4, stop_ids=[tok.eos_token_id], pad_token_id=0, greedy=True)
-    got = generate_responses(actor, ids, mask, **kwargs)
-    want = generate_responses(merged_copy(actor), ids, mask, **kwargs)
+    greedy = Sampling(max_new_tokens=4, stop_ids=(tok.eos_token_id,), greedy=True)
+    got = HFEngine(actor, 0, len(ids)).generate(ids, mask, greedy)
+    want = HFEngine(merged_copy(actor), 0, len(ids)).generate(ids, mask, greedy)
     assert torch.equal(got.input_ids, want.input_ids)
     assert actor.training  # generation restores train mode
 

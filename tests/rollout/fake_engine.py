@@ -15,9 +15,8 @@ import torch
 from proxima.models.critic import policy_of
 from proxima.models.lora import is_lora, merged_copy
 from proxima.models.saving import export_weights, load_named_weights
-from proxima.rollout.engine import Sampling
-from proxima.rollout.generate import Generation
 from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.types import Generation, Sampling
 
 
 class StaleWeightsError(AssertionError):

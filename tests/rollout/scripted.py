@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-from proxima.rollout.engine import Sampling
-from proxima.rollout.generate import Generation
+from proxima.rollout.types import Generation, Sampling
 
 ALPHABET = "abcxyz"  # the char tokenizer's ids: 0 <pad>, 1 <s>, 2 </s>, 3 <unk>, a=4, b=5, ...
 EOS = 2

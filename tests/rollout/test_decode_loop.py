@@ -1,4 +1,4 @@
-"""The hf engine's decode loop (`rollout.generate.decode_loop`) against HF `generate` (the
+"""The hf engine's decode loop (`rollout.decode.decode_loop`) against HF `generate` (the
 loop's fallback) on the same weights: greedy tokens, masks and stop flags equal, log-probs
 and values within float rounding; the inverse-CDF draw picks tokens with their
 probabilities; rows that end leave the batch; and where the loop does not apply. Every
@@ -10,14 +10,17 @@ import pytest
 import torch
 from torch import nn
 
-import proxima.rollout.generate as generate
+import proxima.rollout.decode as decode
+import proxima.rollout.hf_engine as hf_engine
 from proxima.algos import logprobs_from_logits
 from proxima.models import ARCHITECTURES
 from proxima.models.critic import PolicyValue
 from proxima.models.forward import response_logits, response_logits_values
 from proxima.models.tiny import build_tiny_model
 from proxima.models.tokenizers import build_char_tokenizer
-from proxima.rollout.generate import generate_responses, inverse_cdf_draw, loop_applies
+from proxima.rollout.decode import inverse_cdf_draw, loop_applies
+from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.types import Sampling
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,7 +33,7 @@ MAX_NEW = 10
 def prefill_tokens(request, monkeypatch):
     """Every test with the prompts prefilled in groups of similar length (12 padded tokens
     each: groups of 2, 2, 3 and 1 rows, 6, 5, 4 and 2 tokens wide) and in one pass."""
-    monkeypatch.setattr(generate, "PREFILL_TOKENS", request.param)
+    monkeypatch.setattr(decode, "PREFILL_TOKENS", request.param)
     return request.param
 
 
@@ -56,17 +59,10 @@ def _batch(tok):
 
 def _run(model, tok, loop: bool, monkeypatch, stops, **kw):
     reason = "" if loop else "the test asks for HF generate"
-    monkeypatch.setattr(generate, "loop_applies", lambda m: reason)
+    monkeypatch.setattr(hf_engine, "loop_applies", lambda m: reason)
     ids, mask = _batch(tok)
-    return generate_responses(
-        model,
-        ids,
-        mask,
-        max_new_tokens=MAX_NEW,
-        stop_ids=stops,
-        pad_token_id=tok.pad_token_id,
-        **kw,
-    )
+    engine = HFEngine(model, tok.pad_token_id, len(PROMPTS), tok)  # one micro-batch
+    return engine.generate(ids, mask, Sampling(MAX_NEW, tuple(stops), **kw))
 
 
 def _splitting_stop(model, tok, monkeypatch) -> int:
@@ -130,8 +126,7 @@ def test_stop_strings_end_rows_as_in_hf_generate(model, tok, monkeypatch):
     free = _run(model, tok, False, monkeypatch, [tok.eos_token_id], greedy=True)
     texts = [tok.decode(r) for r in free.response_ids[:, :4].tolist()]
     string = next(t[1:3] for t in texts if t[1:3] and sum(t[1:3] in x for x in texts) >= 2)
-    decode = lambda ids: tok.decode(ids)  # noqa: E731
-    kw = dict(stops=[tok.eos_token_id], greedy=True, stop_strings=(string,), decode=decode)
+    kw = dict(stops=[tok.eos_token_id], greedy=True, stop_strings=(string,))
     got = _run(model, tok, True, monkeypatch, **kw)
     want = _run(model, tok, False, monkeypatch, **kw)
     assert torch.equal(got.response_ids, want.response_ids)

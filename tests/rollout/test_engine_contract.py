@@ -1,5 +1,5 @@
 """One contract for every rollout engine: hf and the fake engine here, vLLM under the `vllm`
-marker (`make test-vllm`). The reference is HF `generate` (`generate_responses`) and the
+marker (`make test-vllm`). The reference is the hf engine in one micro-batch and the
 trainer's own scoring pass (`sequence_logprobs`) on the same weights.
 
 The model is a one-layer Llama with one 32-wide attention head (vLLM's CPU kernels need a
@@ -16,10 +16,10 @@ import torch
 from proxima.config import Config
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.saving import export_weights, load_named_weights
-from proxima.rollout.engine import RolloutEngine, Sampling
-from proxima.rollout.generate import generate_responses
+from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.score import sequence_logprobs
+from proxima.rollout.types import Sampling
 from tests.rollout.fake_engine import FakeEngine
 
 ALPHABET = "0123456789+="
@@ -106,9 +106,8 @@ def _push(engine, model, version: int) -> None:
 
 def _hf(model, ids, mask, stops, **kw):
     pad = build_char_tokenizer(ALPHABET).pad_token_id
-    return generate_responses(
-        model, ids, mask, max_new_tokens=MAX_NEW, stop_ids=stops, pad_token_id=pad, **kw
-    )
+    sampling = Sampling(MAX_NEW, tuple(stops), **kw)
+    return HFEngine(model, pad, len(ids)).generate(ids, mask, sampling)
 
 
 def _assert_same_generation(got, want):

@@ -9,7 +9,6 @@ import torch
 from proxima.models.critic import PolicyValue, new_value_head
 from proxima.models.forward import reward_model_scores
 from proxima.rewards.model import ModelReward
-from proxima.rollout.generate import Generation
 from proxima.rollout.score import (
     Chunks,
     sequence_kl_full,
@@ -18,6 +17,7 @@ from proxima.rollout.score import (
     sequence_logprobs_values,
     sequence_values,
 )
+from proxima.rollout.types import Generation
 from proxima.types import token_budget_groups
 from tests.distributed.common import TEMPERATURE, global_batch, models
 

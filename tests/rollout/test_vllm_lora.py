@@ -17,9 +17,9 @@ from proxima.config import Config
 from proxima.models import build_tiny_model
 from proxima.models.lora import add_lora, export_adapter, merged_copy
 from proxima.models.saving import export_weights
-from proxima.rollout.engine import Sampling
 from proxima.rollout.engines import sync_weights
 from proxima.rollout.score import sequence_logprobs
+from proxima.rollout.types import Sampling
 from tests.rollout.test_engine_contract import (
     LOGPROB_TOL,
     MAX_NEW,

@@ -12,6 +12,7 @@ import torch
 
 from proxima.algos import (
     POLICY_LOSSES,
+    PolicyLossOptions,
     aggregate_loss,
     entropy_from_logits,
     kl_full,
@@ -241,20 +242,14 @@ def test_the_actor_loss_and_gradients_are_those_of_the_full_logits(loss_mode):
     with torch.no_grad():
         ref_logits = response_logits(reference, mb.input_ids, mb.attention_mask, r, 0.7)
     chosen = POLICY_LOSSES[loss_mode]
-    options = {k: getattr(cfg.policy_loss, k) for k in chosen.options}
-    lp = logprobs_from_logits(logits, mb.response_ids)
-    pg, _ = chosen(
-        lp,
-        mb.old_logprobs,
-        mb.advantages,
-        mask,
-        agg=agg,
+    options = PolicyLossOptions(
         clip_ratio_low=0.2,
         clip_ratio_high=0.2,
         clip_ratio_c=cfg.clip_ratio_c or None,
-        is_weights=None,
-        **options,
+        **{k: getattr(cfg.policy_loss, k) for k in chosen.options},
     )
+    lp = logprobs_from_logits(logits, mb.response_ids)
+    pg, _ = chosen(lp, mb.old_logprobs, mb.advantages, mask, agg, options, None)
     want_loss = (
         pg
         - 0.01 * aggregate_loss(entropy_from_logits(logits), mask, agg)

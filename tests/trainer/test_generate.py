@@ -2,7 +2,7 @@
 
 import torch
 
-from proxima.rollout.generate import response_mask_after_stop
+from proxima.rollout.hf_engine import response_mask_after_stop
 
 
 def test_mask_keeps_tokens_through_first_stop():

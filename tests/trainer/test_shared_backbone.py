@@ -20,10 +20,10 @@ from proxima.models.forward import (
     response_logits,
     response_logits_values,
 )
-from proxima.rollout.engine import Sampling
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import build_experience, sequence_logprobs
+from proxima.rollout.types import Sampling
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer

@@ -1,0 +1,251 @@
+"""The `hf` engine's decode loop: KV-cached sampling on the actor itself.
+
+The prompts are prefilled in groups of similar length (no left padding computed), a row that
+has ended leaves the batch (its KV cache with it), so the later steps compute only the rows
+still going, and a token is drawn by inverting the cumulative distribution (one uniform
+number per row and a binary search: an exact draw from p, where `torch.multinomial` draws an
+exponential number per token of the vocabulary). Where the loop does not apply
+(`loop_applies`: an FSDP2 model under torchrun, whose ranks must step together; a model
+whose forward takes no `cache`, `position_ids` or `logits_to_keep`; a generation_config
+with logits processors beyond `suppress_tokens`) the engine runs HF `generate`
+(`proxima.rollout.hf_engine`), whose samples come from the same distribution.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch.nn.functional import pad
+from transformers import (
+    DynamicCache,
+    LogitsProcessorList,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.cache_utils import DynamicLayer
+
+from proxima.models.critic import HeadInput, PolicyValue, check_policy_value, value_of
+from proxima.models.unwrap import base_model
+from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
+from proxima.rollout.types import Sampling
+from proxima.types import token_budget_groups
+
+# what the decode loop applies of the actor's generation_config, beyond the neutral fields
+LOOP_GENERATION_FIELDS = NEUTRAL_GENERATION_FIELDS | {"suppress_tokens"}
+# compact the batch once this share of its rows has ended (each compaction copies the cache)
+COMPACT_SHARE = 0.25
+# padded prompt tokens per prefill pass, when prompts of different lengths are prefilled in
+# groups of similar length
+PREFILL_TOKENS = 2048
+
+
+def synced_generation(model: torch.nn.Module) -> bool:
+    """An FSDP2-sharded model in a multi-process job: every forward all-gathers the layers
+    from all ranks, so a rank whose responses have all ended must keep stepping until every
+    rank has (transformers' `synced_gpus`), else the ranks' collectives fall out of step
+    (transformers #33483)."""
+    import torch.distributed as tdist
+    from torch.distributed.fsdp import FSDPModule
+
+    multi = tdist.is_available() and tdist.is_initialized() and tdist.get_world_size() > 1
+    return multi and isinstance(model, FSDPModule)
+
+
+def sampling_warpers(sampling: Sampling) -> LogitsProcessorList:
+    """transformers' warpers for `sampling` (temperature, top-k, top-p, in `generate`'s
+    order); none when it is greedy."""
+    if sampling.greedy:
+        return LogitsProcessorList()
+    out = LogitsProcessorList()
+    if sampling.temperature != 1.0:
+        out.append(TemperatureLogitsWarper(sampling.temperature))
+    if sampling.top_k:
+        out.append(TopKLogitsWarper(top_k=sampling.top_k, min_tokens_to_keep=1))
+    if sampling.top_p < 1.0:
+        out.append(TopPLogitsWarper(top_p=sampling.top_p, min_tokens_to_keep=1))
+    return out
+
+
+def loop_applies(model: torch.nn.Module) -> str:
+    """Why `decode_loop` cannot serve `model` ("" when it can): see the module's docstring."""
+    if synced_generation(model):
+        return "an FSDP2 model under torchrun: every rank steps until all have ended"
+    hf = base_model(model.policy if isinstance(model, PolicyValue) else model)
+    params = inspect.signature(hf.forward).parameters
+    missing = [k for k in ("cache", "position_ids", "logits_to_keep") if k not in params]
+    if missing:
+        return f"{type(hf).__name__}.forward takes no {', '.join(missing)}"
+    config = getattr(hf, "generation_config", None)
+    extra = set(config.to_diff_dict()) - LOOP_GENERATION_FIELDS if config is not None else ()
+    if extra:
+        return f"the generation_config sets {', '.join(sorted(extra))}"
+    return ""
+
+
+def inverse_cdf_draw(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of `probs` [B, V] (any non-negative weights): the first token whose
+    cumulative weight exceeds u x the total, u ~ U[0, 1) one per row. The cumulative sum is
+    in float64, so the draw is from p to ~1e-16; a token of weight 0 is never picked (its
+    cumulative weight equals its predecessor's, which would be picked first). A row of
+    non-finite weights (a diverged policy) gets a token in range, and its non-finite
+    log-probs are what the trainer's checks report."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, x, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
+
+
+def _cache_groupable(policy: torch.nn.Module) -> bool:
+    """Whether prefill groups' caches can be joined: the model's cache holds every layer's
+    keys and values in full (a `DynamicLayer`), not a sliding window's."""
+    try:
+        probe = DynamicCache(config=base_model(policy).config)
+    except Exception:  # a config the cache cannot read: leave the prefill whole
+        return False
+    return all(type(layer) is DynamicLayer for layer in probe.layers)
+
+
+def _last_position(policy, ids, mask, positions, cache, values: bool):
+    """One KV-cached forward pass that projects only the last position: (its output, and
+    with `values` the LM head's input there [B, H], else None)."""
+    with HeadInput(policy) if values else nullcontext() as seen:
+        out = policy(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return out, seen.calls[-1][:, -1] if values else None
+
+
+def _prefill(policy, ids, mask, positions, values: bool):
+    """The prompts' forward pass, in groups of rows of similar length
+    (`types.token_budget_groups`, PREFILL_TOKENS padded tokens each), each group cut to
+    its longest prompt, so left padding is not computed; the groups' KV caches are then
+    left-padded back to the batch's width (the padding masked, as in one pass) and joined.
+    Returns (the rows' order, the last position's logits [B, V], the cache, and with
+    `values` the LM head's input there [B, H])."""
+    groups = [list(range(ids.shape[0]))]
+    if ids.shape[0] > 1 and _cache_groupable(policy):
+        groups = token_budget_groups(mask, PREFILL_TOKENS)
+    starts, outs, hidden = [], [], []
+    for group in groups:
+        rows = torch.tensor(group, device=ids.device)
+        start = 0 if len(groups) == 1 else int(mask[rows].argmax(dim=1).min())
+        out, last = _last_position(
+            policy, ids[rows, start:], mask[rows, start:], positions[rows, start:], None, values
+        )
+        starts.append(start)
+        outs.append(out)
+        hidden += [last] if values else []
+    order = torch.tensor([i for group in groups for i in group], device=ids.device)
+    logits = torch.cat([out.logits[:, -1] for out in outs])
+    hidden = torch.cat(hidden) if values else None
+    if len(outs) == 1:
+        return order, logits, outs[0].cache, hidden
+
+    def joined(layer: int, name: str) -> torch.Tensor:  # its keys or values, every row
+        return torch.cat(
+            [
+                pad(getattr(out.cache.layers[layer], name), (0, 0, start, 0))
+                for start, out in zip(starts, outs, strict=True)
+            ]
+        )
+
+    layers = range(len(outs[0].cache.layers))
+    cache = DynamicCache([(joined(i, "keys"), joined(i, "values")) for i in layers])
+    return order, logits, cache, hidden
+
+
+@torch.no_grad()
+def decode_loop(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    sampling: Sampling,
+    pad_token_id: int,
+    decode: Callable[[list[int]], str] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """One response per row of the left-padded prompts [B, P], sampled as `sampling` says
+    (`n` aside: the engine repeats the rows): the tokens [B, n] (pad after a row's end; n:
+    the longest row's steps), their mask [B, n] (up to and including the token that ended
+    the row), whether each row ended [B] (else it ran out of tokens), with
+    `sampling.logprobs` the log-prob of each token under the distribution it was drawn from
+    [B, n] (the generation_config's suppressed tokens removed, then `sampling_warpers`;
+    else None), and with `sampling.values` (a PolicyValue) the value of each state a token
+    was drawn from [B, n] (else None). `decode` (ids -> text) lets `sampling.stop_strings`
+    end rows.
+
+    Positions are HF generate's (the attention mask's cumulative sum); the prompts are
+    prefilled in groups of similar length (`_prefill`); a row that ends (a
+    stop id, or its text meets a stop string) stops being recorded, and once
+    COMPACT_SHARE of the batch has ended those rows leave it, KV cache included."""
+    greedy, logprobs, values = sampling.greedy, sampling.logprobs, sampling.values
+    max_new_tokens, stop_strings = sampling.max_new_tokens, sampling.stop_strings
+    if values:
+        check_policy_value(model)
+    policy = model.policy if isinstance(model, PolicyValue) else model
+    config = getattr(base_model(policy), "generation_config", None)
+    suppress = list(getattr(config, "suppress_tokens", None) or [])
+    n_rows, device = prompt_ids.shape[0], prompt_ids.device
+    processors = LogitsProcessorList()
+    if suppress:
+        processors.append(SuppressTokensLogitsProcessor(suppress, device=device))
+    processors.extend(sampling_warpers(sampling))
+    stop = torch.tensor(list(sampling.stop_ids), device=device)
+    tokens = torch.full((n_rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    sampled = torch.zeros((n_rows, max_new_tokens), device=device) if logprobs else None
+    state_values = torch.zeros((n_rows, max_new_tokens), device=device) if values else None
+    mask = prompt_mask.long()
+    positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+    rows = torch.arange(n_rows, device=device)  # the batch's rows, as indices of the output
+    ended = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
+    stopped = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    ids, cache, steps = prompt_ids, None, 0
+    for t in range(max_new_tokens):
+        if t == 0:  # the prompts, in groups of similar length (the rows in their order)
+            order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
+            rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]
+        else:
+            out, hidden = _last_position(policy, ids, mask, positions, cache, values)
+            cache, logits = out.cache, out.logits[:, -1]
+        steps = t + 1
+        scores = processors(ids, logits.float())
+        picked = scores.argmax(dim=-1) if greedy else inverse_cdf_draw(scores.softmax(dim=-1))
+        live = ~ended
+        at = rows[live]
+        tokens[at, t] = picked[live]
+        if logprobs:
+            sampled[at, t] = scores.log_softmax(dim=-1).gather(1, picked[:, None])[live, 0]
+        if values:
+            state_values[at, t] = value_of(model.value_head, hidden[live])
+        ended |= torch.isin(picked, stop)
+        if stop_strings and decode is not None:
+            for b in live.nonzero()[:, 0].tolist():
+                text = decode(tokens[rows[b], : t + 1].tolist())
+                ended[b] |= any(x in text for x in stop_strings)
+        lengths[at] += 1
+        stopped[at] = ended[live]
+        if bool(ended.all()):
+            break
+        if ended.sum() >= max(1, COMPACT_SHARE * len(rows)):
+            keep = (~ended).nonzero()[:, 0]
+            cache.batch_select_indices(keep)
+            rows, mask, positions, picked = rows[keep], mask[keep], positions[keep], picked[keep]
+            ended = ended[keep]
+        ids = picked[:, None]
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+        positions = positions[:, -1:] + 1
+    mask = (torch.arange(steps, device=device) < lengths[:, None]).long()
+    vals = state_values[:, :steps] if values else None
+    lps = sampled[:, :steps] if logprobs else None
+    return tokens[:, :steps], mask, stopped, lps, vals
