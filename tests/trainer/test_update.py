@@ -14,11 +14,10 @@ from transformers import AutoModelForTokenClassification
 
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.critic import ValueModel
+from proxima.models.critic import ValueModel, ValueObjective
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import (
     PolicyObjective,
-    ValueObjective,
     micro_weight,
     mini_batches,
     run_epochs,
