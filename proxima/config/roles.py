@@ -82,26 +82,28 @@ class RolePlan:
         """The reward model folders of the sources, in order."""
         return tuple(s.target for s in self.rewards if s.kind == "model_path")
 
-    @property
-    def critic_start(self) -> str:
-        """What a value model starts from, and the key naming its folder."""
-        start = CRITIC_STARTS[self.critic_init]
-        return f"{start}, from {_named(self.critic_key, self.critic_folder)}"
-
     def describe(self) -> str:
         """The lines start-up and `proxima config` print: where each role comes from."""
-        reference = {
-            "adapters off": "the actor with its LoRA adapters off (no weights of its own)",
-            "folder": f"a frozen model from {_named(self.reference_key, self.reference_folder)}",
-            "none": "none (no KL term)",
-        }[self.reference]
-        critic = {
-            "head": f"a value head on the actor's backbone, trained in the actor's steps "
-            f"(loss + {self.vf_coef:g} x value loss)",
-            "model": f"a value model of its own: {self.critic_start}"
-            + (", LoRA adapters" if self.critic_lora else ""),
-            "none": f"none ({self.estimator} trains no critic)",
-        }[self.critic]
+        if self.reference == "adapters off":
+            reference = "the actor with its LoRA adapters off (no weights of its own)"
+        elif self.reference == "folder":
+            what = "model" if self.reference_reads_other_folder else "copy of the starting actor"
+            reference = f"a frozen {what}, from {_named(self.reference_key, self.reference_folder)}"
+        else:
+            reference = "none (no KL term)"
+        if self.critic == "head":
+            critic = (
+                "a value head on the actor's backbone, trained in the actor's steps "
+                f"(loss + {self.vf_coef:g} x value loss)"
+            )
+        elif self.critic == "model":
+            critic = (
+                f"a value model of its own: {CRITIC_STARTS[self.critic_init]}, from "
+                f"{_named(self.critic_key, self.critic_folder)}"
+                + (", LoRA adapters" if self.critic_lora else "")
+            )
+        else:
+            critic = f"none ({self.estimator} trains no critic)"
         rewards = "; ".join(_describe_source(s, len(self.rewards)) for s in self.rewards)
         return (
             f"role plan:\n  reference: {reference}\n  critic   : {critic}\n"
