@@ -170,3 +170,14 @@ def test_the_printed_plan():
         "  critic   : none (grpo trains no critic)\n"
         "  reward   : the function f.py:fn"
     )
+
+
+def test_proxima_config_prints_it_after_the_batch_plan(capsys, tmp_path, monkeypatch):
+    from proxima.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["config", "task.name=", *BASE, "critic.shared_backbone=true"]) == 0
+    out = capsys.readouterr().out
+    batch, roles = out.index("batch plan:"), out.index("role plan:")
+    assert batch < roles
+    assert "  critic   : a value head on the actor's backbone" in out[roles:]
