@@ -239,11 +239,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def cmd_config(ns: argparse.Namespace) -> int:
     """The resolved config (with trainer.resume_from, the checkpoint's own, and what changed
-    since it), the batch plan and, when the actor's folder is there to read its generation
-    config, the scoring plan."""
+    since it), the batch plan, the role plan and, when the actor's folder is there to read
+    its generation config, the scoring plan."""
     from proxima.checkpoint import check_resume
     from proxima.config import batch_plan
+    from proxima.config.roles import role_plan
     from proxima.models.loading import generation_config
+    from proxima.rollout.engines import engine_class
     from proxima.rollout.plan import plan_scoring
 
     cfg = _load(ns, default_example=True)
@@ -256,10 +258,10 @@ def cmd_config(ns: argparse.Namespace) -> int:
         print(f"warning: {line}", file=sys.stderr)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
+    print(role_plan(cfg).describe())
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():
-        print(
-            plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path)).describe()
-        )
+        engine = engine_class(cfg.rollout.name)
+        print(plan_scoring(cfg, engine, generation_config(cfg.model.actor_path)).describe())
     return 0
 
 

@@ -1,5 +1,6 @@
 """What start-up prints and the docs show: the batch plan, where the KL goes, and the
-table of every key with its default and help (`python -m proxima.config`)."""
+table of every key with its default and help (`python -m proxima.config`). The role plan
+(`roles.RolePlan.describe`) is printed after the batch plan."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from proxima.config.schema import Config
 
 def batch_plan(cfg: Config, world: int = 1) -> str:
     """Human-readable batch plan, printed at start-up: one unit (sequences), every count,
-    global and per process."""
+    global and per process, for each role trained with steps of its own (a value head
+    trains in the actor's)."""
     rollout = cfg.rollout_batch_size
     lines = [
         f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
@@ -28,13 +30,6 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
             f"{mini}{per} = {cfg.steps_per_iteration(sec)} optimizer step(s) per "
             f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
         )
-    if cfg.critic_on_actor:
-        lines.append(
-            f"  critic: a value head on the actor's backbone, trained in the actor's steps "
-            f"(loss + {cfg.critic.vf_coef:g} x value loss)"
-        )
-    elif not cfg.uses_critic:
-        lines.append(f"  critic: none ({cfg.algorithm.adv_estimator} trains no critic)")
     lines += kl_plan(cfg)
     lines.append(
         f"  total : {cfg.trainer.iterations} iterations, "

@@ -209,12 +209,6 @@ class Config:
         estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
         return estimator is not None and estimator.critic
 
-    @property
-    def critic_on_actor(self) -> bool:
-        """The critic is a value head on the actor's backbone (critic.shared_backbone), not
-        a value model of its own."""
-        return self.uses_critic and self.critic.shared_backbone
-
     def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
         """The config section of each role PPO trains with its own optimizer steps, by role
         name (a shared-backbone critic is trained in the actor's steps; a critic-free

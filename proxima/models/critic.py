@@ -17,9 +17,10 @@ its input (`HeadInput`), which works for every architecture, through peft, DDP, 
 the KV-cached decode of `generate`, and keeps h_t in the autograd graph (the value loss
 trains the backbone too).
 
-The rest of proxima asks a critic whether its values come out of the actor's forward pass
-(`on_actor`), for the model it trains as a role of its own (`model`), for its value-loss
-terms (`value_terms`) and for a line of description; the module-level functions
+The rest of proxima asks a critic for the objective of each role it trains in
+(`objectives`: a head adds its value loss to the actor's, a value model has an objective of
+its own, `ValueObjective`), for the model it trains as a role of its own (`model`), for its
+value-loss terms (`value_terms`) and for a line of description; the module-level functions
 `optimizer_groups`, `save_module`, `load_module` and `read_module` treat every trained
 module alike, a plain model or a `PolicyValue`.
 """
@@ -27,7 +28,8 @@ module alike, a plain model or a `PolicyValue`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +38,9 @@ from torch import nn
 from transformers.utils import ModelOutput
 
 from proxima.algos import value_loss
-from proxima.config import Config, ConfigError, CriticConfig, OptimConfig, reward_model_paths
+from proxima.config import Config, ConfigError, CriticConfig, OptimConfig
+from proxima.config.roles import CRITIC_STARTS, role_plan
+from proxima.models.forward import response_values
 from proxima.models.loading import DTYPES, load_critic
 from proxima.models.lora import add_lora
 from proxima.models.saving import load_role, read_role_weights, save_role
@@ -44,6 +48,9 @@ from proxima.models.unwrap import base_model
 from proxima.types import Experience
 
 VALUE_HEAD_FOLDER = "value_head"
+# a trained role's loss and stats on a micro-batch, from one pass of its module
+# (`trainer.update.run_epochs`)
+Objective = Callable[[nn.Module, Experience], tuple[torch.Tensor, dict[str, float]]]
 
 
 # --------------------------------------------------------------------------- the head
@@ -180,7 +187,6 @@ def policy_of(module: nn.Module) -> nn.Module:
 class Critic:
     """What PPO asks of its value function (`ValueModel` or `ValueHead`)."""
 
-    on_actor: bool  # its values come out of the actor's forward pass
     model: nn.Module | None  # the model it trains as a role of its own
 
     def __init__(self, cfg: CriticConfig) -> None:
@@ -204,6 +210,12 @@ class Critic:
         stats["vf_loss"] = float(loss.detach())
         return loss, stats
 
+    def objectives(self, actor: Objective) -> dict[str, Objective]:
+        """The objective of each role trained with this critic, by role name, given the
+        actor's objective without a critic (a frozen dataclass with a `critic` field,
+        `trainer.update.PolicyObjective`)."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -211,25 +223,44 @@ class Critic:
 class ValueModel(Critic):
     """A value network of its own, trained as the `critic` role."""
 
-    on_actor = False
-
     def __init__(self, cfg: CriticConfig, model: nn.Module, source: str) -> None:
         super().__init__(cfg)
         self.model, self.source = model, source
+
+    def objectives(self, actor: Objective) -> dict[str, Objective]:
+        """The actor's objective as given; the critic role's, the value loss."""
+        return {"actor": actor, "critic": ValueObjective(self)}
 
     def describe(self) -> str:
         return f"a value model of its own, initialised from {self.source}"
 
 
+@dataclass(frozen=True)
+class ValueObjective:
+    """A value model's loss on a micro-batch: its clipped value loss."""
+
+    critic: Critic
+
+    def during_warmup(self) -> ValueObjective:
+        return self  # the critic's warm-up is what it trains in
+
+    def __call__(self, model: nn.Module, mb: Experience):
+        values = response_values(model, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
+        return self.critic.value_terms(values, mb)
+
+
 class ValueHead(Critic):
     """A value head on the actor's final hidden state, trained in the actor's steps."""
 
-    on_actor = True
     model = None
 
     def __init__(self, cfg: CriticConfig, head: nn.Linear) -> None:
         super().__init__(cfg)
         self.head = head
+
+    def objectives(self, actor: Objective) -> dict[str, Objective]:
+        """The actor's objective with this head's value loss added (no role of its own)."""
+        return {"actor": replace(actor, critic=self)}
 
     def describe(self) -> str:
         n = sum(p.numel() for p in self.head.parameters())
@@ -285,46 +316,29 @@ def check_critic(cfg: Config) -> None:
         )
 
 
-def critic_source(cfg: Config) -> str:
-    """The folder a value model starts from: explicit, else the reward model or the actor."""
-    if cfg.model.critic_path:
-        return cfg.model.critic_path
-    if cfg.model.critic_init == "reward_model":
-        folders = reward_model_paths(cfg)
-        if not folders:
-            raise ValueError(
-                "`model.critic_init=reward_model` needs `reward.model_path` (or a "
-                "`reward.sources` entry with a model_path) or `model.critic_path` (a reward "
-                "model folder)."
-            )
-        return folders[0]
-    return cfg.model.actor_path
-
-
 def build_critic(
     cfg: Config, actor: nn.Module, device: torch.device
 ) -> tuple[nn.Module, Critic | None]:
-    """The critic the config asks for, and the actor module that carries it: `actor` itself,
-    or with critic.shared_backbone a PolicyValue around it. No critic (None) for the
+    """The critic the role plan names (`config.roles`), and the actor module that carries it:
+    `actor` itself, or for a value head a PolicyValue around it. No critic (None) for the
     critic-free estimators."""
-    dtype = DTYPES[cfg.model.dtype]
-    if cfg.critic.shared_backbone:
+    dtype, plan = DTYPES[cfg.model.dtype], role_plan(cfg)
+    if plan.critic_on_actor:
         head = new_value_head(actor, seed=cfg.trainer.seed, dtype=dtype, device=device)
         return PolicyValue(actor, head), ValueHead(cfg.critic, head)
-    if not cfg.uses_critic:
+    if not plan.critic_model:
         return actor, None
-    source = critic_source(cfg)
     model = load_critic(
-        source, dtype=dtype, device=device, init_from=cfg.model.critic_init, seed=cfg.trainer.seed
+        plan.critic_folder,
+        dtype=dtype,
+        device=device,
+        init_from=plan.critic_init,
+        seed=cfg.trainer.seed,
     )
-    if cfg.model.lora_rank > 0 and cfg.model.critic_lora:
+    if plan.critic_lora:
         model = add_lora(model, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)
-    start = {
-        "actor": "the actor's backbone and a new value head",
-        "reward_model": "the reward model (backbone and head)",
-        "critic": "a saved critic",
-    }[cfg.model.critic_init]
-    return actor, ValueModel(cfg.critic, model, f"{start}, {source}")
+    start = f"{CRITIC_STARTS[plan.critic_init]}, {plan.critic_folder}"
+    return actor, ValueModel(cfg.critic, model, start)
 
 
 # --------------------------------------------------------------------------- trained modules

@@ -32,6 +32,7 @@ from proxima import env
 from proxima.algos import sample_preferences
 from proxima.checkpoint import checkpoint_iteration, list_checkpoints
 from proxima.config import Config, ConfigError, validate
+from proxima.config.roles import role_plan
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.data.prompts import render_prompt
@@ -381,11 +382,10 @@ class Pipeline:
             "trainer.keep_checkpoints": 0,
             "trainer.resume_from": "",
         }
-        if cfg.uses_critic and not cfg.critic_on_actor and cfg.pipeline.critic_from_rm:
-            changes.update(
-                {"model.critic_init": "reward_model", "model.critic_path": str(self.rm_dir)}
-            )
         ppo_cfg = cfg.replace(changes)
+        if role_plan(ppo_cfg).critic_model and cfg.pipeline.critic_from_rm:
+            critic = {"model.critic_init": "reward_model", "model.critic_path": str(self.rm_dir)}
+            ppo_cfg = ppo_cfg.replace(critic)
         validate(ppo_cfg)
         return ppo_cfg
 

@@ -33,6 +33,7 @@ from proxima.checkpoint import (
     save_periodic,
 )
 from proxima.config import Config, ConfigError, batch_plan, check_sources
+from proxima.config.roles import role_plan
 from proxima.logging import RunLogger, format_line, plot_metrics, plot_pass_at_k, progress
 from proxima.recipes.common import (
     check_shared_run_dir,
@@ -160,7 +161,8 @@ class PPORecipe:
         self._open_run_dir()
         memory = f"\n{self.memory.describe()}" if self.memory is not None else ""
         self._say(
-            f"{batch_plan(cfg, self.dist.world_size)}{memory}\nroles:\n{roles.report()}\n"
+            f"{batch_plan(cfg, self.dist.world_size)}\n{role_plan(cfg).describe()}"
+            f"{memory}\nroles:\n{roles.report()}\n"
             f"{self.trainer.plan.describe()}"
         )
         if self.resume is not None:

@@ -1,36 +1,169 @@
-"""The rollout engine `rollout.name` names: checked before anything heavy, built once per run.
+"""The rollout engines `rollout.name` names, as classes in a registry (`ENGINES`): each one
+answers, before anything heavy is built, whether it can run (`check`), what memory it holds
+of its own (`held_memory`), whether its log-probs of the sampled tokens are the trainer's
+(`logprobs_differ`), and builds itself once per run (`build`). The rest of proxima asks the
+engine's class instead of comparing `rollout.name`.
 
-vLLM is imported only when it is chosen (an optional dependency)."""
+- `hf` (`HF`): transformers `generate` on the trainer's own actor module
+  (`rollout.hf_engine.HFEngine`): under the trainer's autocast, its KV cache counted in the
+  memory plan's generate phase, its log-probs exact under the conditions of
+  `HF.logprobs_differ`, and a value head's values come with the tokens.
+- `vllm` (`VLLM`): vLLM in the training process (`rollout.vllm_engine.VLLMEngine`, imported
+  only when chosen: an optional dependency), with its own copy of the weights, its own
+  KV-cache reservation and its own kernels.
+
+An engine built outside proxima (a test's fake, a caller's own) is answered by the base class
+`Engine`: its own kernels, nothing known of its memory (`engine_of`).
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from proxima.config import Config, RolloutConfig
+from proxima.config import Config, ConfigError, RolloutConfig
+from proxima.models import DTYPES
 from proxima.models.critic import policy_of
 from proxima.models.lora import export_adapter, is_lora
 from proxima.models.saving import export_base_weights, export_weights
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.hf_engine import HFEngine
+from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
+
+GiB = 2**30
+# vLLM's CPU backend reserves this many GiB for its KV cache unless VLLM_CPU_KVCACHE_SPACE says
+VLLM_CPU_KV_GIB = 4
+
+
+class Engine:
+    """A rollout engine as proxima knows it before one is built. This base class answers
+    for an engine built outside proxima (named `name`): its own kernels, nothing held that
+    the memory plan would count, nothing to check."""
+
+    name = "external"
+    # generates with the trainer's actor module itself: under the trainer's autocast, with
+    # the value head of a critic on the actor giving values during generation, its KV cache
+    # in the trainer's memory
+    serves_actor = False
+    # keys that bring its log-probs nearer the trainer's (beyond rollout correction)
+    logprob_fixes: tuple[str, ...] = ()
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None:
+            self.name = name
+
+    def check(self, cfg: Config, model_path: str | None = None) -> None:
+        """Stop before anything heavy when this engine cannot run (ConfigError naming the
+        key and the fix); `model_path`: the actor's folder when not yet model.actor_path."""
+
+    def build(self, cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
+        raise ConfigError(f"the {self.name} engine is built by its caller, not from the config")
+
+    def held_memory(
+        self, cfg: Config, actor_params: int, actor_dtype_bytes: int, device_total: int | None
+    ) -> dict[str, int]:
+        """Bytes it holds through the whole run besides the trainer's models, by part
+        (`device_total`: the GPU's bytes, None on a CPU)."""
+        return {}
+
+    def logprobs_differ(self, cfg: Config, generation_config=None) -> str:
+        """Why its log-probs of the sampled tokens are NOT the trainer's old log-probs, or
+        "" when they are the same quantity (`rollout.plan`: `rollout.old_logprobs=auto`).
+        `generation_config`: the actor's (a transformers GenerationConfig; None: nothing
+        set)."""
+        return f"the {self.name} engine has its own kernels"
+
+
+class HF(Engine):
+    """`rollout.name=hf`: transformers `generate` with the KV cache on the trainer's actor."""
+
+    name = "hf"
+    serves_actor = True
+
+    def build(self, cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
+        return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size, tokenizer)
+
+    def logprobs_differ(self, cfg: Config, generation_config=None) -> str:
+        """Its log-probs are the actor's own (the same module and the same pass, up to the
+        KV-cached decode's float rounding, ~1e-7) in float32 without autocast, sampled with
+        no truncation (top_k=0, top_p=1), and when the actor's generation_config adds no
+        logits processor (e.g. suppress_tokens, repetition_penalty)."""
+        r = cfg.rollout
+        if cfg.model.dtype != "float32" or cfg.model.mixed_precision != "no":
+            return "not float32 (the KV-cached decode rounds differently from the forward pass)"
+        if r.top_k or r.top_p < 1.0:
+            return "top_k / top_p renormalise the sampled distribution"
+        if cfg.algorithm.rollout_correction:
+            return "algorithm.rollout_correction compares the two"
+        diff = generation_config.to_diff_dict() if generation_config is not None else {}
+        extra = sorted(set(diff) - NEUTRAL_GENERATION_FIELDS)
+        if extra:
+            return f"the actor's generation_config sets {', '.join(extra)}"
+        return ""
+
+
+class VLLM(Engine):
+    """`rollout.name=vllm`: vLLM in the training process, loaded from the actor's folder and
+    sent its weights after every update."""
+
+    name = "vllm"
+    logprob_fixes = ("rollout.vllm.dtype=float32",)
+
+    def check(self, cfg: Config, model_path: str | None = None) -> None:
+        """vLLM installed, and able to run this model (`vllm_engine.check_engine`)."""
+        from proxima.rollout.vllm_engine import check_engine
+
+        check_engine(cfg, model_path)
+
+    def build(self, cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
+        from proxima.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(cfg, tokenizer, device)
+
+    def held_memory(
+        self, cfg: Config, actor_params: int, actor_dtype_bytes: int, device_total: int | None
+    ) -> dict[str, int]:
+        """Its copy of the weights and its KV-cache reservation (VLLM_CPU_KVCACHE_SPACE GiB
+        on a CPU); on a GPU its whole share, rollout.vllm.gpu_memory_utilization of it."""
+        v = cfg.rollout.vllm
+        if device_total is not None:
+            return {"vllm engine": int(v.gpu_memory_utilization * device_total)}
+        dtype_bytes = actor_dtype_bytes if v.dtype == "auto" else DTYPES[v.dtype].itemsize
+        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or VLLM_CPU_KV_GIB)
+        return {"vllm weights": actor_params * dtype_bytes, "vllm kv cache": int(kv * GiB)}
+
+
+# the names are config.choices.ENGINES, which validation checks rollout.name against
+ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (HF, VLLM)}
+
+
+def engine_class(name: str) -> Engine:
+    """The engine `rollout.name`=`name` names; ConfigError for a name no engine has."""
+    if name not in ENGINES:
+        raise ConfigError(
+            f"`rollout.name`={name!r} is no rollout engine. Use one of: {', '.join(ENGINES)}."
+        )
+    return ENGINES[name]()
+
+
+def engine_of(engine: RolloutEngine | str) -> Engine:
+    """The class answering for a built engine (or the name of one): its registered class,
+    or the base `Engine` for one built outside proxima."""
+    name = engine if isinstance(engine, str) else engine.name
+    return ENGINES[name]() if name in ENGINES else Engine(name)
 
 
 def check_engine(cfg: Config, model_path: str | None = None) -> None:
     """Stop before anything heavy when the configured engine cannot run (ConfigError naming
     the key and the fix); the `hf` engine always can."""
-    if cfg.rollout.name == "vllm":
-        from proxima.rollout.vllm_engine import check_engine as check_vllm
-
-        check_vllm(cfg, model_path)
+    engine_class(cfg.rollout.name).check(cfg, model_path)
 
 
 def build_engine(cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
     """The engine `rollout.name` names, for a run whose actor module is `actor` (the `hf`
     engine serves it directly; vLLM loads the actor's folder and gets its weights pushed)."""
-    if cfg.rollout.name == "vllm":
-        from proxima.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(cfg, tokenizer, device)
-    return HFEngine(actor, tokenizer.pad_token_id, cfg.rollout.micro_batch_size, tokenizer)
+    return engine_class(cfg.rollout.name).build(cfg, actor, tokenizer, device)
 
 
 def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:

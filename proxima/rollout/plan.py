@@ -3,22 +3,24 @@ printed, and followed by `score.build_experience`.
 
 PPO's old log-probs are log-softmax(actor logits / temperature) of the sampled tokens. The
 rollout engine already computed the log-probs of what it sampled; where the two are the same
-quantity, the scoring forward pass of the actor is skipped (`rollout.old_logprobs=auto`): the
-`hf` engine serves the actor itself, in float32 without autocast, samples with no truncation
-(top_k=0, top_p=1) and the actor's generation_config adds no logits processor (e.g.
-suppress_tokens, repetition_penalty). They then differ only by the KV-cached decode's float
-rounding (~1e-7). With `rollout.asynchronous` they never are: the samples come from the
-weights one version behind the trainer's. A critic on the actor's backbone gives its values
-from the same pass as the old log-probs: from the actor's scoring pass, or from the
-generation itself.
+quantity (the engine's class says when: `rollout.engines.Engine.logprobs_differ`; the `hf`
+engine's are exact in float32 with no truncation and no logits processor, up to the
+KV-cached decode's float rounding, ~1e-7), the scoring forward pass of the actor is skipped
+(`rollout.old_logprobs=auto`). With `rollout.asynchronous` they never are: the samples come
+from the weights one version behind the trainer's. A critic on the actor's backbone gives
+its values from the same pass as the old log-probs: from the actor's scoring pass, or from
+the generation itself. Which reference and critic the run has is the role plan's
+(`config.roles`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from proxima.algos import ADVANTAGE_ESTIMATORS
 from proxima.config import Config, ConfigError
+from proxima.config.roles import role_plan
 
 # generation_config fields that do not change the distribution tokens are sampled from
 NEUTRAL_GENERATION_FIELDS = {
@@ -38,6 +40,17 @@ NEUTRAL_GENERATION_FIELDS = {
     "transformers_version",
     "_from_model_config",
 }
+
+
+class Engine(Protocol):
+    """What the plan asks of the engine that samples: its class in `rollout.engines`
+    (imported by its callers: the engines import the decode loop, which imports this
+    module)."""
+
+    name: str
+    serves_actor: bool  # generates with the actor module itself (values come with tokens)
+
+    def logprobs_differ(self, cfg: Config, generation_config=None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -79,28 +92,7 @@ class ScoringPlan:
         )
 
 
-def engine_logprobs_differ(cfg: Config, engine: str, generation_config=None) -> str:
-    """Why the engine's log-probs of the sampled tokens are NOT the trainer's old log-probs,
-    or "" when they are the same quantity (see the module's docstring). `engine`: the name
-    of the engine that samples; `generation_config`: the actor's (a transformers
-    GenerationConfig; None: nothing set)."""
-    r = cfg.rollout
-    if engine != "hf":
-        return f"the {engine} engine has its own kernels"
-    if cfg.model.dtype != "float32" or cfg.model.mixed_precision != "no":
-        return "not float32 (the KV-cached decode rounds differently from the forward pass)"
-    if r.top_k or r.top_p < 1.0:
-        return "top_k / top_p renormalise the sampled distribution"
-    if cfg.algorithm.rollout_correction:
-        return "algorithm.rollout_correction compares the two"
-    diff = generation_config.to_diff_dict() if generation_config is not None else {}
-    extra = sorted(set(diff) - NEUTRAL_GENERATION_FIELDS)
-    if extra:
-        return f"the actor's generation_config sets {', '.join(extra)}"
-    return ""
-
-
-def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str]:
+def _old_logprobs(cfg: Config, engine: Engine, generation_config) -> tuple[str, str]:
     mode = cfg.rollout.old_logprobs
     if "sum_pi_squared" in _estimator_needs(cfg):
         name = cfg.algorithm.adv_estimator
@@ -127,34 +119,33 @@ def _old_logprobs(cfg: Config, engine: str, generation_config) -> tuple[str, str
         return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"
     if cfg.rollout.asynchronous:  # the engine's log-probs are of the previous weights
         return "actor", "auto: rollout.asynchronous, the engine's weights are one version old"
-    why_not = engine_logprobs_differ(cfg, engine, generation_config)
+    why_not = engine.logprobs_differ(cfg, generation_config)
     if why_not:
         return "actor", f"auto: {why_not}"
-    return "engine", f"auto: exact here, the {engine} engine's own"
+    return "engine", f"auto: exact here, the {engine.name} engine's own"
 
 
 def _estimator_needs(cfg: Config) -> tuple[str, ...]:
     return ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator].needs
 
 
-def plan_scoring(cfg: Config, engine: str | None = None, generation_config=None) -> ScoringPlan:
-    """The scoring plan of a run whose samples come from `engine` (default: rollout.name)
-    and whose actor has `generation_config`. Raises ConfigError for a combination that
-    cannot be scored."""
-    engine = engine or cfg.rollout.name
+def plan_scoring(cfg: Config, engine: Engine, generation_config=None) -> ScoringPlan:
+    """The scoring plan of a run whose samples come from `engine` (its class in
+    `rollout.engines`: `engine_class(cfg.rollout.name)`, or `engine_of` a built one) and
+    whose actor has `generation_config`. Raises ConfigError for a combination that cannot be
+    scored."""
     old, why = _old_logprobs(cfg, engine, generation_config)
-    values = ""
-    if cfg.critic_on_actor:
+    roles, values = role_plan(cfg), ""
+    if roles.critic_on_actor:
         values = "generation" if old == "engine" else "actor"
-        if values == "generation" and engine != "hf":
+        if values == "generation" and not engine.serves_actor:
             raise ConfigError(
                 "a critic on the actor's backbone with `rollout.old_logprobs=engine` would "
-                f"need the values from the generation, which only the hf engine can give "
-                f"(rollout.name={engine}). Fix: set rollout.old_logprobs=auto (one actor "
+                "need the values from the generation, which only the hf engine can give "
+                f"(rollout.name={engine.name}). Fix: set rollout.old_logprobs=auto (one actor "
                 "pass gives log-probs and values)."
             )
-    elif cfg.uses_critic:
+    elif roles.critic_model:
         values = "critic"
-    needs_reference = cfg.kl_in_reward or cfg.actor.use_kl_loss
-    kl = cfg.algorithm.kl_penalty if needs_reference else ""
+    kl = cfg.algorithm.kl_penalty if roles.has_reference else ""
     return ScoringPlan(old, values, kl, why, "sum_pi_squared" in _estimator_needs(cfg))

@@ -105,8 +105,6 @@ def check_engine(cfg: Config, model_path: str | None = None) -> None:
     """Stop early when `rollout.name=vllm` cannot run: vLLM missing, a tensor-parallel size
     other than 1, or (vLLM's CPU build) an attention head size its kernels lack. Cheap:
     reads the model's config.json, builds nothing."""
-    if cfg.rollout.name != "vllm":
-        return
     _import_vllm()
     v = cfg.rollout.vllm
     if v.tensor_model_parallel_size != 1:

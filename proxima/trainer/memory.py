@@ -34,10 +34,11 @@ from pathlib import Path
 
 import torch
 
-from proxima.config import Config, ConfigError, reward_model_paths
+from proxima.config import Config, ConfigError
+from proxima.config.roles import role_plan
 from proxima.models import DTYPES
-from proxima.models.critic import critic_source
 from proxima.models.loading import checkpoint_activations, quiet_transformers
+from proxima.rollout.engines import engine_class
 
 GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
@@ -45,8 +46,6 @@ GiB, MiB = 2**30, 2**20
 RUNTIME_OVERHEAD = 64 * MiB
 # chunked log-softmax: about this many float32 elements per chunk (algos._checks)
 CHUNK_ELEMENTS = 2**24
-# vLLM's CPU backend reserves this many GiB for its KV cache unless VLLM_CPU_KVCACHE_SPACE says
-VLLM_CPU_KV_GIB = 4
 
 
 @dataclass(frozen=True)
@@ -368,9 +367,9 @@ class _Role:
 
 
 def _roles(cfg: Config) -> list[_Role]:
-    """Every model the run loads, with its own weights (the LoRA reference and a
-    shared-backbone critic have none)."""
-    m, lora = cfg.model, cfg.model.lora_rank > 0
+    """Every model the run loads, with its own weights (the role plan's: the LoRA reference
+    and a shared-backbone critic have none)."""
+    m, lora, plan = cfg.model, cfg.model.lora_rank > 0, role_plan(cfg)
     dtype = DTYPES[m.dtype]
     frozen = torch.bfloat16 if m.mixed_precision == "bf16" else dtype
     out = [
@@ -383,16 +382,14 @@ def _roles(cfg: Config) -> list[_Role]:
             cfg.actor,
         )
     ]
-    if (cfg.kl_in_reward or cfg.actor.use_kl_loss) and (m.reference_path or not lora):
-        folder = m.reference_path or m.actor_path
-        shape = model_shape(folder, "causal_lm", frozen, "none", cfg)
-        out.append(_Role("reference", folder, "causal_lm", shape, False))
-    if cfg.uses_critic and not cfg.critic_on_actor:
-        folder = critic_source(cfg)
-        mode = "lora" if lora and m.critic_lora else "all"
-        shape = model_shape(folder, "value", dtype, mode, cfg)
-        out.append(_Role("critic", folder, "value", shape, True, cfg.critic))
-    for i, folder in enumerate(reward_model_paths(cfg)):
+    if plan.reference == "folder":
+        shape = model_shape(plan.reference_folder, "causal_lm", frozen, "none", cfg)
+        out.append(_Role("reference", plan.reference_folder, "causal_lm", shape, False))
+    if plan.critic_model:
+        mode = "lora" if plan.critic_lora else "all"
+        shape = model_shape(plan.critic_folder, "value", dtype, mode, cfg)
+        out.append(_Role("critic", plan.critic_folder, "value", shape, True, cfg.critic))
+    for i, folder in enumerate(plan.reward_model_folders):
         shape = model_shape(folder, "reward", frozen, "none", cfg)
         out.append(_Role("reward" if i == 0 else f"reward{i}", folder, "reward", shape, False))
     return out
@@ -440,9 +437,9 @@ def plan_memory(
             held[f"{r.name} optimizer"] = parts["optimizer"]
         held[f"{r.name} weights"] = weights
         plan.roles[r.name] = parts
-    if cfg.critic_on_actor:
+    if role_plan(cfg).critic_on_actor:
         plan.notes.append("critic: a value head on the actor (counted with the actor)")
-    if cfg.model.lora_rank > 0 and not cfg.model.reference_path:
+    if role_plan(cfg).reference == "adapters off":
         plan.notes.append("reference: the actor with its adapters off (no weights of its own)")
     held.update(_engine_bytes(cfg, roles[0].shape, device))
     plan.held = held
@@ -474,27 +471,18 @@ def _compute_bytes(cfg: Config) -> int:
 
 
 def _engine_bytes(cfg: Config, actor: Shape, device: torch.device) -> dict[str, int]:
-    """The vLLM engine's own memory: its copy of the weights and its KV-cache reservation
-    (VLLM_CPU_KVCACHE_SPACE GiB on a CPU); on a GPU its whole share,
-    rollout.vllm.gpu_memory_utilization of the device."""
-    if cfg.rollout.name != "vllm":
-        return {}
-    if device.type == "cuda":
-        total = device_available(device)[1] or 0
-        return {"vllm engine": int(cfg.rollout.vllm.gpu_memory_utilization * total)}
-    name = cfg.rollout.vllm.dtype
-    dtype_bytes = actor.dtype_bytes if name == "auto" else DTYPES[name].itemsize
-    kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or VLLM_CPU_KV_GIB)
-    return {
-        "vllm weights": actor.params * dtype_bytes,
-        "vllm kv cache": int(kv * GiB),
-    }
+    """The rollout engine's own memory (`rollout.engines`: vLLM's copy of the weights and
+    its KV-cache reservation, or on a GPU its share of the device; none for hf)."""
+    total = (device_available(device)[1] or 0) if device.type == "cuda" else None
+    engine = engine_class(cfg.rollout.name)
+    return engine.held_memory(cfg, actor.params, actor.dtype_bytes, total)
 
 
 def _generate(cfg: Config, actor: _Role, lengths: tuple[int, int], world: int) -> dict:
-    """A generation call of the hf engine: its KV cache over the whole length, the
-    prefill's forward and the decode step's logits (vLLM's are in its reservation)."""
-    if cfg.rollout.name == "vllm":
+    """A generation call of an engine that serves the trainer's actor (hf): its KV cache
+    over the whole length, the prefill's forward and the decode step's logits (vLLM's are in
+    its reservation)."""
+    if not engine_class(cfg.rollout.name).serves_actor:
         return {}
     prompt, after = lengths
     rows = min(cfg.rollout.micro_batch_size, max(1, cfg.rollout_batch_size // world))

@@ -44,7 +44,7 @@ from proxima.rollout.collect import (
     select_groups,
 )
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
-from proxima.rollout.engines import build_engine, sync_weights
+from proxima.rollout.engines import build_engine, engine_class, engine_of, sync_weights
 from proxima.rollout.episodes import episode_stats
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.rollout.score import build_experience
@@ -53,7 +53,7 @@ from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.setup import Roles, autocast
-from proxima.trainer.update import PolicyObjective, PtxLoss, ValueObjective, run_epochs
+from proxima.trainer.update import PolicyObjective, PtxLoss, run_epochs
 from proxima.types import Experience
 
 # Var(returns) below this is rounding, not signal: the explained variance is reported as 0
@@ -155,8 +155,8 @@ class PPOTrainer:
         # generated during this one from the weights before its update
         self.pending: tuple[Rollout, dict[str, float]] | None = None
         if plan is None:  # before the engine is built: a plan that cannot be fails first
-            name = engine.name if engine is not None else cfg.rollout.name
-            plan = plan_scoring(cfg, name, base_model(roles.actor).generation_config)
+            kind = engine_of(engine) if engine is not None else engine_class(cfg.rollout.name)
+            plan = plan_scoring(cfg, kind, base_model(roles.actor).generation_config)
         self.plan = plan
         self.estimator = ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]
         if engine is None:
@@ -185,21 +185,17 @@ class PPOTrainer:
             return TrainedRole(name, model, sec, steps, self.dist, groups)
 
         trained["actor"] = role("actor", roles.actor, cfg.actor)
-        objectives["actor"] = PolicyObjective(
-            cfg.actor,
-            cfg.rollout.temperature,
-            roles.reference,
-            critic if critic is not None and critic.on_actor else None,
-        )
+        objectives["actor"] = PolicyObjective(cfg.actor, cfg.rollout.temperature, roles.reference)
+        if critic is not None:  # the critic's value loss: in the actor's or its own
+            objectives = critic.objectives(objectives["actor"])
         if critic is not None and critic.model is not None:
             trained["critic"] = role("critic", critic.model, cfg.critic)
-            objectives["critic"] = ValueObjective(critic)
         return trained, objectives
 
     def precision(self, generation: bool = False):
         """Mixed-precision context (model.mixed_precision) of forward passes; for generation
         only around the hf engine (vLLM has its own dtype)."""
-        if generation and self.engine.name != "hf":
+        if generation and not engine_of(self.engine).serves_actor:
             return nullcontext()
         return autocast(self.cfg, self.device)
 
@@ -627,9 +623,7 @@ class PPOTrainer:
 
     def _mismatch(self, m: dict[str, float], limit: float) -> str:
         engine = self.engine.name
-        fixes = ["algorithm.rollout_correction=token"]
-        if engine == "vllm":
-            fixes.append("rollout.vllm.dtype=float32")
+        fixes = ["algorithm.rollout_correction=token", *engine_of(self.engine).logprob_fixes]
         also = ""
         if self.cfg.rollout.asynchronous:  # the gap includes one update: expected there
             also = (

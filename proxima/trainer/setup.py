@@ -11,7 +11,8 @@ import torch
 
 from proxima.checkpoint import checkpoint_iteration, list_checkpoints, state_problem
 from proxima.checkpoint import model_folders as checkpoint_model_folders
-from proxima.config import Config, ConfigError, reward_model_paths, reward_sources
+from proxima.config import Config, ConfigError
+from proxima.config.roles import role_plan
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.models import (
     DTYPES,
@@ -40,6 +41,7 @@ from proxima.rewards import (
     WeightedReward,
     load_reward_function,
 )
+from proxima.rollout.engines import engine_class
 from proxima.rollout.environments import check_env
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 
@@ -123,15 +125,16 @@ def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
     reward model of reward.model_path, or the weighted sum of `reward.sources`
     (`rewards.WeightedReward`; a remote source's server is asked whether it is up); none
     in a multi-turn run whose environment gives every reward (`rewards.NoScore`)."""
-    if not (cfg.reward.sources or cfg.reward.function or cfg.reward.model_path):
+    sources = role_plan(cfg).rewards
+    if not sources:
         return NoScore()
-    if not cfg.reward.sources:
+    if not cfg.reward.sources:  # a single-source key: the source itself, no weighted sum
         if cfg.reward.function:
             fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
             return FunctionReward(fn, cfg.reward.function)
         return _model_source(cfg, cfg.reward.model_path, tokenizer, device, cfg.reward.batch_size)
     parts = []
-    for i, src in enumerate(reward_sources(cfg)):
+    for i, src in enumerate(sources):
         key = f"reward.sources[{i}].{src.kind}"
         if src.kind == "function":
             loaded = with_key(key, load_reward_function, src.target)
@@ -166,23 +169,22 @@ def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) 
 def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
     """(config key, folder, fix) of every model other than the actor that reads the policy's
     token ids: the critic (GAE runs) and the reference, when they come from another folder."""
-    m, out = cfg.model, []
-    if cfg.uses_critic and not cfg.critic_on_actor:
-        if m.critic_path:
-            fix = "point it at a model with the policy's tokenizer, or leave it empty"
-            out.append(("model.critic_path", m.critic_path, fix))
-        elif m.critic_init == "reward_model" and reward_model_paths(cfg):
+    roles, out = role_plan(cfg), []
+    if roles.critic_reads_other_folder:
+        fix = "point it at a model with the policy's tokenizer, or leave it empty"
+        key = roles.critic_key
+        if key != "model.critic_path":  # the first reward model
             fix = (
                 "a reward source may keep its own tokenizer (its text is re-tokenized) but the "
                 "critic reads the policy's ids: start the critic from the actor "
                 "(model.critic_init=actor) or train the reward model from the policy "
                 "(`proxima rm --model <model.actor_path>`)"
             )
-            key = "model.critic_init=reward_model (reward.model_path)"
-            out.append((key, reward_model_paths(cfg)[0], fix))
-    if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
+            key += " (reward.model_path)"
+        out.append((key, roles.critic_folder, fix))
+    if roles.reference_reads_other_folder:
         fix = "point it at a model with the policy's tokenizer, or leave it empty"
-        out.append(("model.reference_path", m.reference_path, fix))
+        out.append((roles.reference_key, roles.reference_folder, fix))
     return out
 
 
@@ -211,15 +213,15 @@ def check_vocabularies(cfg: Config, tokenizer) -> None:
 
 def model_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, bool]]:
     """(config key, folder, needs a tokenizer) of every model folder `command` loads."""
-    m = cfg.model
-    out = [("model.actor_path", m.actor_path, True)]
+    roles = role_plan(cfg)
+    out = [("model.actor_path", cfg.model.actor_path, True)]
     if command == "train":
-        if m.reference_path and (cfg.kl_in_reward or cfg.actor.use_kl_loss):
-            out.append(("model.reference_path", m.reference_path, False))
-        if cfg.uses_critic and not cfg.critic_on_actor and m.critic_path:
-            out.append(("model.critic_path", m.critic_path, False))
+        if roles.reference_reads_other_folder:
+            out.append((roles.reference_key, roles.reference_folder, False))
+        if roles.critic_model and roles.critic_key == "model.critic_path":
+            out.append((roles.critic_key, roles.critic_folder, False))
     if command in ("train", "eval"):
-        for i, src in enumerate(reward_sources(cfg)):
+        for i, src in enumerate(roles.rewards):
             if src.kind == "model_path":
                 key = (
                     f"reward.sources[{i}].model_path" if cfg.reward.sources else "reward.model_path"
@@ -393,7 +395,8 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     reward function."""
     tok = check_models(cfg)
     check_env(cfg)
-    plan = plan_scoring(cfg, generation_config=generation_config(cfg.model.actor_path))
+    engine = engine_class(cfg.rollout.name)
+    plan = plan_scoring(cfg, engine, generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
     check_lengths(cfg, prompts, eval_items)
     fn = None
@@ -408,25 +411,22 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     without it, the models are checked here first.
 
     With model.lora_rank > 0 the actor (and a value model, if model.critic_lora) trains LoRA
-    adapters, and the reference is the actor with its adapters disabled unless
-    model.reference_path names another model (no second copy of the weights)."""
-    lora = cfg.model.lora_rank > 0
+    adapters. The reference is the one the role plan names (`config.roles`): under LoRA
+    the actor with its adapters disabled (no second copy of the weights) unless
+    model.reference_path names another model."""
     if tokenizer is None:
         tokenizer = check_models(cfg)
     actor = load_causal_lm(
         cfg.model.actor_path, dtype=DTYPES[cfg.model.dtype], device=device, trainable=True
     )
-    if lora:
+    if cfg.model.lora_rank > 0:
         actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
-    reference = None
-    if (cfg.kl_in_reward or cfg.actor.use_kl_loss) and lora and not cfg.model.reference_path:
+    reference, plan = None, role_plan(cfg)
+    if plan.reference == "adapters off":
         reference = AdapterDisabled(actor)
-    elif cfg.kl_in_reward or cfg.actor.use_kl_loss:
+    elif plan.reference == "folder":
         reference = load_causal_lm(
-            cfg.model.reference_path or cfg.model.actor_path,
-            dtype=frozen_dtype(cfg),
-            device=device,
-            trainable=False,
+            plan.reference_folder, dtype=frozen_dtype(cfg), device=device, trainable=False
         )
     actor, critic = build_critic(cfg, actor, device)
     if cfg.model.gradient_checkpointing:

@@ -2,8 +2,10 @@
 
 An objective gives a micro-batch's loss and stats from one forward pass of the trained
 module: `PolicyObjective` for the actor (the configured policy loss, the entropy bonus, the
-KL loss and, when the actor carries the critic, + vf_coef x the value loss), `ValueObjective`
-for a value model of its own. `run_epochs` runs one trained role's epochs with one.
+KL loss and, when the actor carries the critic, + vf_coef x the value loss), and the critic's
+own for a value model (`models.critic.ValueObjective`): the critic object builds the
+objectives it trains in (`Critic.objectives`). `run_epochs` runs one trained role's epochs
+with one.
 
 Micro-batches accumulate gradients with weights chosen so that a mini-batch's gradient is
 the same whatever the micro-batch size and the number of processes (`micro_weight`).
@@ -30,12 +32,7 @@ from proxima.algos import (
 from proxima.config import ActorConfig
 from proxima.data import PromptLoader, collate_sft
 from proxima.models.critic import Critic
-from proxima.models.forward import (
-    response_logits,
-    response_logits_values,
-    response_values,
-    unpack,
-)
+from proxima.models.forward import response_logits, response_logits_values, unpack
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
 from proxima.types import Experience, token_budget_groups
@@ -157,7 +154,7 @@ class PolicyObjective:
     cfg: ActorConfig
     temperature: float
     reference: torch.nn.Module | None = None
-    critic: Critic | None = None  # only a critic on the actor (`critic.on_actor`)
+    critic: Critic | None = None  # a value head trained in its steps (`ValueHead.objectives`)
     values_only: bool = False
 
     def during_warmup(self) -> PolicyObjective | None:
@@ -232,20 +229,6 @@ class PolicyObjective:
                 self.reference, mb.input_ids, mb.attention_mask, r, self.temperature, keep
             )
         return unpack(kl_full(logits, ref_logits), keep)
-
-
-@dataclass(frozen=True)
-class ValueObjective:
-    """A value model's loss on a micro-batch: its clipped value loss."""
-
-    critic: Critic
-
-    def during_warmup(self) -> ValueObjective:
-        return self  # the critic's warm-up is what it trains in
-
-    def __call__(self, model: torch.nn.Module, mb: Experience):
-        values = response_values(model, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
-        return self.critic.value_terms(values, mb)
 
 
 class PtxLoss:

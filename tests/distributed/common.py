@@ -9,11 +9,11 @@ from transformers import AutoModelForTokenClassification
 from proxima.algos import AGG_MODES
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.critic import PolicyValue, ValueHead, ValueModel, new_value_head
+from proxima.models.critic import PolicyValue, ValueHead, ValueModel, ValueObjective, new_value_head
 from proxima.models.unwrap import unwrap
 from proxima.trainer.dist import Dist, wrap_trained
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.update import PolicyObjective, ValueObjective, run_epochs
+from proxima.trainer.update import PolicyObjective, run_epochs
 from proxima.types import Experience
 from tests.oracles import ragged_experience
 

@@ -13,11 +13,14 @@ from proxima.algos import truncated_is_weights
 from proxima.config import ConfigError, load_config
 from proxima.rng import seed_everything
 from proxima.rollout.collect import rollout_from_state, rollout_state
+from proxima.rollout.engines import engine_class
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import sequence_logprobs
 from proxima.rollout.types import Generation
 from tests.rollout.scripted import spec
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
+
+HF = engine_class("hf")
 
 ASYNC = "rollout.asynchronous=true"
 
@@ -161,12 +164,12 @@ def test_config_defaults_and_refusals(files):
     seq = load_config(None, [*base, ASYNC, "algorithm.rollout_correction=sequence"])
     assert seq.algorithm.rollout_correction == "sequence"
     # auto recomputes even where the engine's log-probs would otherwise be exact
-    plan = plan_scoring(off, "hf")
+    plan = plan_scoring(off, HF)
     assert plan.old_logprobs == "actor" and "asynchronous" in plan.why
-    assert plan_scoring(load_config(None, base), "hf").old_logprobs == "engine"
+    assert plan_scoring(load_config(None, base), HF).old_logprobs == "engine"
     for cfg in (off, seq):  # named for the stale weights, whatever the correction
         with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*asynchronous"):
-            plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), "hf")
+            plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), HF)
     with pytest.raises(ConfigError, match="Did you mean `rollout.asynchronous`"):
         load_config(None, [*base, "rollout.async=true"])
 

@@ -9,8 +9,11 @@ import torch
 from proxima.config import ConfigError, load_config
 from proxima.models.forward import response_logits
 from proxima.rollout.collect import collect
+from proxima.rollout.engines import engine_class
 from proxima.rollout.plan import plan_scoring
 from tests.trainer.nano import nano_files, nano_trainer
+
+HF = engine_class("hf")
 
 
 @pytest.fixture(scope="module")
@@ -62,4 +65,4 @@ def test_optimal_token_baseline_refuses_the_engines_logprobs(files):
         ],
     )
     with pytest.raises(ConfigError, match="sum of pi\\^2"):
-        plan_scoring(cfg)
+        plan_scoring(cfg, HF)

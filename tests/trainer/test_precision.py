@@ -14,11 +14,14 @@ import torch
 
 from proxima.config import ConfigError, load_config
 from proxima.models import load_causal_lm
-from proxima.rollout.plan import engine_logprobs_differ, plan_scoring
+from proxima.rollout.engines import engine_class
+from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import build_experience
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer
+
+HF, VLLM = engine_class("hf"), engine_class("vllm")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,11 +117,11 @@ def test_auto_recomputes_where_the_engine_samples_another_distribution(files, ov
 def test_auto_recomputes_when_the_generation_config_changes_the_sampler(files):
     trainer = make_trainer(files)
     config = load_causal_lm(files["model"]).generation_config
-    assert engine_logprobs_differ(trainer.cfg, "hf", config) == ""
-    assert plan_scoring(trainer.cfg, "hf", config).old_from_engine
+    assert HF.logprobs_differ(trainer.cfg, config) == ""
+    assert plan_scoring(trainer.cfg, HF, config).old_from_engine
     config.suppress_tokens = [2]
-    assert "suppress_tokens" in engine_logprobs_differ(trainer.cfg, "hf", config)
-    assert not plan_scoring(trainer.cfg, "hf", config).old_from_engine
+    assert "suppress_tokens" in HF.logprobs_differ(trainer.cfg, config)
+    assert not plan_scoring(trainer.cfg, HF, config).old_from_engine
 
 
 def test_bf16_mixed_precision_computes_in_bf16_with_float32_master_weights(files):
@@ -196,5 +199,5 @@ def load_critic_like(model: torch.nn.Module, state: dict) -> torch.nn.Module:
 
 def test_auto_recomputes_for_another_engine(files):
     trainer = make_trainer(files)
-    assert "vllm engine" in engine_logprobs_differ(trainer.cfg, "vllm")
-    assert plan_scoring(trainer.cfg, "vllm").old_logprobs == "actor"
+    assert "vllm engine" in VLLM.logprobs_differ(trainer.cfg)
+    assert plan_scoring(trainer.cfg, VLLM).old_logprobs == "actor"

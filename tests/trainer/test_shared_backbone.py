@@ -20,6 +20,7 @@ from proxima.models.forward import (
     response_logits,
     response_logits_values,
 )
+from proxima.rollout.engines import engine_class
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.score import build_experience, sequence_logprobs
@@ -27,6 +28,8 @@ from proxima.rollout.types import Sampling
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer
+
+HF, VLLM = engine_class("hf"), engine_class("vllm")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -259,13 +262,13 @@ def test_only_an_actor_that_carries_the_critic_gives_values(files):
 def test_the_plan_takes_the_values_with_the_old_logprobs(files):
     trainer = make_trainer(files)
     cfg = trainer.cfg
-    assert plan_scoring(cfg).values == "generation"
-    assert plan_scoring(cfg, engine="vllm").values == "actor"  # vllm: an actor pass
+    assert plan_scoring(cfg, HF).values == "generation"
+    assert plan_scoring(cfg, VLLM).values == "actor"  # vllm: an actor pass
     recompute = cfg.replace({"rollout.old_logprobs": "recompute"})
-    assert plan_scoring(recompute).values == "actor"
-    assert plan_scoring(cfg.replace({"critic.shared_backbone": False})).values == "critic"
+    assert plan_scoring(recompute, HF).values == "actor"
+    assert plan_scoring(cfg.replace({"critic.shared_backbone": False}), HF).values == "critic"
     free = cfg.replace({"critic.shared_backbone": False, "algorithm.adv_estimator": "grpo"})
-    assert plan_scoring(free).values == ""
+    assert plan_scoring(free, HF).values == ""
 
 
 def test_new_value_head_is_seeded_and_leaves_the_global_rng(files):

@@ -14,11 +14,10 @@ from transformers import AutoModelForTokenClassification
 
 from proxima.config import ActorConfig, CriticConfig, OptimConfig
 from proxima.models import build_char_tokenizer, build_tiny_model, tiny_config
-from proxima.models.critic import ValueModel
+from proxima.models.critic import ValueHead, ValueModel, ValueObjective
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import (
     PolicyObjective,
-    ValueObjective,
     micro_weight,
     mini_batches,
     run_epochs,
@@ -298,3 +297,15 @@ def test_target_kl_stops_the_remaining_epochs(tok):
     model.load_state_dict(state)
     last = _kl_run(model, exp, epochs=1, target_kl=0.01)  # nothing left to stop
     assert last["early_stopped"] == 0.0 and last["optimizer_steps"] == 2.0
+
+
+def test_the_critic_builds_the_objectives_it_trains_in():
+    """A value head adds its loss to the actor's objective (no role of its own); a value
+    model keeps the actor's as it is and trains in an objective of its own."""
+    actor = PolicyObjective(ActorConfig(), TEMPERATURE)
+    head = ValueHead(CriticConfig(), torch.nn.Linear(4, 1))
+    assert head.objectives(actor) == {
+        "actor": PolicyObjective(ActorConfig(), TEMPERATURE, critic=head)
+    }
+    model = ValueModel(CriticConfig(), torch.nn.Linear(4, 1), "test")
+    assert model.objectives(actor) == {"actor": actor, "critic": ValueObjective(model)}
