@@ -1,10 +1,13 @@
-"""Behaviour check for refactors: the metrics of three short runs, recorded before a change
+"""Behaviour check for refactors: the metrics of six short runs, recorded before a change
 and compared after it, bit for bit (same machine, same threads).
 
 The runs: the default example (`proxima train`, its task preparation and SFT warm start
 included), the same with the shared-backbone critic (`critic.shared_backbone=true
-model.critic_init=actor`), and the default example under `torchrun --nproc_per_node 2` (DDP,
-1 thread per process, micro-batches of 64). Every metric but the wall-clock ones (`time/*`,
+model.critic_init=actor`), the default example under `torchrun --nproc_per_node 2` (DDP,
+1 thread per process, micro-batches of 64), the default example sampling one batch ahead
+(`rollout.asynchronous=true`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
+the multi-turn calculator (`proxima train tools`), the last three shortened to 20 iterations
+(`--iterations` sets the others). Every metric but the wall-clock ones (`time/*`,
 `tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
 summary.json.
 
@@ -36,22 +39,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK = ("time/", "tokens_per_s")
 
+SHORT = "trainer.iterations=20"  # after --iterations' own override, so it wins
+# name: (built-in config, None for the default example; overrides; processes)
 RUNS = {
-    "default": ([], 1),
-    "shared": (["critic.shared_backbone=true", "model.critic_init=actor"], 1),
+    "default": (None, [], 1),
+    "shared": (None, ["critic.shared_backbone=true", "model.critic_init=actor"], 1),
     # 64 sequences per process: a micro-batch of 128 would not divide them
     "ddp": (
+        None,
         ["trainer.threads=1", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"],
         2,
     ),
+    "async": (None, ["rollout.asynchronous=true", SHORT], 1),
+    "dapo": ("dapo", [SHORT], 1),
+    "tools": ("tools", [SHORT], 1),
 }
 
 
-def _command(nproc: int, overrides: list[str]) -> list[str]:
+def _command(nproc: int, config: str | None, overrides: list[str]) -> list[str]:
+    args = ["-m", "proxima", "train", *([config] if config else []), *overrides]
     if nproc == 1:
-        return [sys.executable, "-m", "proxima", "train", *overrides]
+        return [sys.executable, *args]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return [*torchrun, f"--nproc_per_node={nproc}", "-m", "proxima", "train", *overrides]
+    return [*torchrun, f"--nproc_per_node={nproc}", *args]
 
 
 def _observed(run_dir: Path) -> dict:
@@ -71,7 +81,7 @@ def _observed(run_dir: Path) -> dict:
 
 
 def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
-    extra, nproc = RUNS[name]
+    config, extra, nproc = RUNS[name]
     run_dir = Path(tmp) / f"{name}-{index}"
     overrides = [
         f"trainer.iterations={iterations}",
@@ -81,7 +91,7 @@ def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        _command(nproc, overrides), cwd=tmp, env=env, capture_output=True, text=True
+        _command(nproc, config, overrides), cwd=tmp, env=env, capture_output=True, text=True
     )
     if proc.returncode != 0:
         sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -156,7 +166,7 @@ def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    rec = sub.add_parser("record", help="run the three runs and write their metrics")
+    rec = sub.add_parser("record", help="run the runs and write their metrics")
     rec.add_argument("out", type=Path)
     rec.add_argument("--iterations", type=int, default=50)
     rec.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
