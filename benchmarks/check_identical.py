@@ -7,7 +7,9 @@ model.critic_init=actor`), the default example under `torchrun --nproc_per_node 
 1 thread per process, micro-batches of 64), the default example sampling one batch ahead
 (`rollout.asynchronous=true`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
 the multi-turn calculator (`proxima train tools`), the last three shortened to 20 iterations
-(`--iterations` sets the others). Every metric but the wall-clock ones (`time/*`,
+(`--iterations` sets the others). `--set KEY=VALUE ...` adds overrides to every run, e.g. a
+shorter warm start on a busy machine (`--set task.sft_steps=100`: the same for before and
+after). Every metric but the wall-clock ones (`time/*`,
 `tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
 summary.json.
 
@@ -80,7 +82,7 @@ def _observed(run_dir: Path) -> dict:
     }
 
 
-def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
+def _run(name: str, iterations: int, tmp: str, index: int, common: list[str]) -> dict:
     config, extra, nproc = RUNS[name]
     run_dir = Path(tmp) / f"{name}-{index}"
     overrides = [
@@ -88,6 +90,7 @@ def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
         f"trainer.output_dir={run_dir}",
         "trainer.tensorboard=false",
         *extra,
+        *common,
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -98,13 +101,16 @@ def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
     return _observed(run_dir)
 
 
-def record(out: Path, iterations: int, only: list[str], repeats: int = 1) -> None:
-    """Run `only` (each `repeats` times, which must agree) and write their observations to
-    `out`, with the median seconds (other runs already there stay)."""
+def record(
+    out: Path, iterations: int, only: list[str], repeats: int = 1, common: list[str] = ()
+) -> None:
+    """Run `only` (each `repeats` times, which must agree; `common`: overrides added to each)
+    and write their observations to `out`, with the median seconds (other runs already there
+    stay)."""
     result = json.loads(out.read_text()) if out.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="proxima-identical-") as tmp:
         for name in only:
-            runs = [_run(name, iterations, tmp, i) for i in range(repeats)]
+            runs = [_run(name, iterations, tmp, i, list(common)) for i in range(repeats)]
             first = {k: v for k, v in runs[0].items() if k != "seconds"}
             for other in runs[1:]:
                 if {k: v for k, v in other.items() if k != "seconds"} != first:
@@ -171,13 +177,14 @@ def main() -> int:
     rec.add_argument("--iterations", type=int, default=50)
     rec.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     rec.add_argument("--repeats", type=int, default=1, help="runs of each (median seconds)")
+    rec.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides of every run")
     cmp_ = sub.add_parser("compare", help="compare two recordings")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--allow", nargs="*", default=[], help="metric keys expected to change")
     args = p.parse_args()
     if args.cmd == "record":
-        record(args.out, args.iterations, args.runs, args.repeats)
+        record(args.out, args.iterations, args.runs, args.repeats, args.set)
         return 0
     return compare(args.before, args.after, args.allow)
 
