@@ -410,7 +410,7 @@ class PPOTrainer:
         reg.add("roles", Part(self._roles_state, self._load_roles_state))
         reg.add("kl_coef", Part(lambda: float(self.kl_ctl.value), self._load_kl_coef))
         reg.add("score_moments", stateful(self.score_moments))
-        if hasattr(self.roles.reward, "state_dict"):  # each standardised source's moments
+        if hasattr(self.roles.reward, "standardise"):  # its standardised sources' moments
             reg.add("source_moments", stateful(self.roles.reward))
         reg.add("loader", stateful(self.loader))
         if self.sft_loader is not None:
