@@ -1,10 +1,15 @@
-"""Behaviour check for refactors: the metrics of three short runs, recorded before a change
+"""Behaviour check for refactors: the metrics of six short runs, recorded before a change
 and compared after it, bit for bit (same machine, same threads).
 
 The runs: the default example (`proxima train`, its task preparation and SFT warm start
 included), the same with the shared-backbone critic (`critic.shared_backbone=true
-model.critic_init=actor`), and the default example under `torchrun --nproc_per_node 2` (DDP,
-1 thread per process, micro-batches of 64). Every metric but the wall-clock ones (`time/*`,
+model.critic_init=actor`), the default example under `torchrun --nproc_per_node 2` (DDP,
+1 thread per process, micro-batches of 64), the default example sampling one batch ahead
+(`rollout.asynchronous=true`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
+the multi-turn calculator (`proxima train tools`), the last three shortened to 20 iterations
+(`--iterations` sets the others). `--set KEY=VALUE ...` adds overrides to every run, e.g. a
+shorter warm start on a busy machine (`--set task.sft_steps=100`: the same for before and
+after). Every metric but the wall-clock ones (`time/*`,
 `tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
 summary.json.
 
@@ -36,22 +41,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK = ("time/", "tokens_per_s")
 
+SHORT = "trainer.iterations=20"  # after --iterations' own override, so it wins
+# name: (built-in config, None for the default example; overrides; processes)
 RUNS = {
-    "default": ([], 1),
-    "shared": (["critic.shared_backbone=true", "model.critic_init=actor"], 1),
+    "default": (None, [], 1),
+    "shared": (None, ["critic.shared_backbone=true", "model.critic_init=actor"], 1),
     # 64 sequences per process: a micro-batch of 128 would not divide them
     "ddp": (
+        None,
         ["trainer.threads=1", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"],
         2,
     ),
+    "async": (None, ["rollout.asynchronous=true", SHORT], 1),
+    "dapo": ("dapo", [SHORT], 1),
+    "tools": ("tools", [SHORT], 1),
 }
 
 
-def _command(nproc: int, overrides: list[str]) -> list[str]:
+def _command(nproc: int, config: str | None, overrides: list[str]) -> list[str]:
+    args = ["-m", "proxima", "train", *([config] if config else []), *overrides]
     if nproc == 1:
-        return [sys.executable, "-m", "proxima", "train", *overrides]
+        return [sys.executable, *args]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    return [*torchrun, f"--nproc_per_node={nproc}", "-m", "proxima", "train", *overrides]
+    return [*torchrun, f"--nproc_per_node={nproc}", *args]
 
 
 def _observed(run_dir: Path) -> dict:
@@ -70,31 +82,35 @@ def _observed(run_dir: Path) -> dict:
     }
 
 
-def _run(name: str, iterations: int, tmp: str, index: int) -> dict:
-    extra, nproc = RUNS[name]
+def _run(name: str, iterations: int, tmp: str, index: int, common: list[str]) -> dict:
+    config, extra, nproc = RUNS[name]
     run_dir = Path(tmp) / f"{name}-{index}"
     overrides = [
         f"trainer.iterations={iterations}",
         f"trainer.output_dir={run_dir}",
         "trainer.tensorboard=false",
         *extra,
+        *common,
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        _command(nproc, overrides), cwd=tmp, env=env, capture_output=True, text=True
+        _command(nproc, config, overrides), cwd=tmp, env=env, capture_output=True, text=True
     )
     if proc.returncode != 0:
         sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return _observed(run_dir)
 
 
-def record(out: Path, iterations: int, only: list[str], repeats: int = 1) -> None:
-    """Run `only` (each `repeats` times, which must agree) and write their observations to
-    `out`, with the median seconds (other runs already there stay)."""
+def record(
+    out: Path, iterations: int, only: list[str], repeats: int = 1, common: list[str] = ()
+) -> None:
+    """Run `only` (each `repeats` times, which must agree; `common`: overrides added to each)
+    and write their observations to `out`, with the median seconds (other runs already there
+    stay)."""
     result = json.loads(out.read_text()) if out.is_file() else {}
     with tempfile.TemporaryDirectory(prefix="proxima-identical-") as tmp:
         for name in only:
-            runs = [_run(name, iterations, tmp, i) for i in range(repeats)]
+            runs = [_run(name, iterations, tmp, i, list(common)) for i in range(repeats)]
             first = {k: v for k, v in runs[0].items() if k != "seconds"}
             for other in runs[1:]:
                 if {k: v for k, v in other.items() if k != "seconds"} != first:
@@ -156,18 +172,19 @@ def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    rec = sub.add_parser("record", help="run the three runs and write their metrics")
+    rec = sub.add_parser("record", help="run the runs and write their metrics")
     rec.add_argument("out", type=Path)
     rec.add_argument("--iterations", type=int, default=50)
     rec.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     rec.add_argument("--repeats", type=int, default=1, help="runs of each (median seconds)")
+    rec.add_argument("--set", nargs="*", default=[], help="KEY=VALUE overrides of every run")
     cmp_ = sub.add_parser("compare", help="compare two recordings")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--allow", nargs="*", default=[], help="metric keys expected to change")
     args = p.parse_args()
     if args.cmd == "record":
-        record(args.out, args.iterations, args.runs, args.repeats)
+        record(args.out, args.iterations, args.runs, args.repeats, args.set)
         return 0
     return compare(args.before, args.after, args.allow)
 

@@ -1,10 +1,11 @@
 """Several reward sources as one: the score is the weighted sum of their raw scores.
 
 `WeightedReward` is itself a reward source (same call, [B] scores): evaluation and anything
-else that takes a source see the weighted sum. Training also reads the parts
-(`components`: [B, K] raw scores, one column per source) so that each source is logged
-(`reward/<name>`), standardised per source (`normalize`, from running statistics the
-trainer keeps over the whole batch) and handed to gdpo as its reward components.
+else that takes a source see the weighted sum. Training calls `scored`, which returns the
+parts too ([B, K] raw scores, one column per source) so that each source is logged
+(`reward/<name>`), standardised per source (`standardise`, `normalize`: from running
+statistics over the whole batch, which it keeps and a checkpoint saves) and handed to gdpo
+as its reward components.
 Per source, in this order: standardise (training, `normalize`), clip to [-clip, clip]
 (`clip` > 0), weight; then sum.
 """
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from proxima.algos import RunningMoments
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,38 @@ class WeightedReward:
         self.names = [p.name for p in self.parts]
         self.weights = torch.tensor([p.weight for p in self.parts], dtype=torch.float32)
         self.name = "the reward sources " + ", ".join(self.names)
+        # one per source that is standardised (`normalize`), over the batches seen so far
+        self.moments = {p.name: RunningMoments() for p in self.parts if p.normalize}
+
+    def scored(self, *call) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] the weighted sum, [B, K] the raw score of each source) for the arguments of
+        a reward source's call (`proxima.rewards`): the call, with its parts."""
+        components = self.components(*call)
+        return self.combine(components), components
+
+    def standardise(self, scores: torch.Tensor, components: torch.Tensor) -> torch.Tensor:
+        """[B] `scores` (the weighted sum of the [B, K] `components` of the whole batch, plus
+        whatever was added to it, e.g. the overlong penalty) with the sources that have
+        `normalize` standardised, after their running statistics are updated with this
+        batch; `scores` itself when no source has it."""
+        if not self.moments:
+            return scores
+        mean, std = torch.zeros(components.shape[1]), torch.ones(components.shape[1])
+        for k, part in enumerate(self.parts):
+            if part.normalize:
+                self.moments[part.name].update(components[:, k])
+                mean[k] = self.moments[part.name].mean
+                std[k] = self.moments[part.name].std
+        shaped = self.combine(components, mean, std)
+        return scores - self.combine(components) + shaped
+
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        """The running statistics of each standardised source."""
+        return {name: m.state_dict() for name, m in self.moments.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, float]]) -> None:
+        for name, moments in self.moments.items():
+            moments.load_state_dict(state[name])
 
     def components(
         self,

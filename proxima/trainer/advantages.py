@@ -87,6 +87,25 @@ class Estimates:
         )
 
 
+# Options of an estimator that the reward sources supply when the config leaves them unset:
+# gdpo's weights of its reward components are the sources' own (`reward.sources`).
+FROM_SOURCES = {
+    "gdpo_reward_weights": lambda reward: [p.weight for p in getattr(reward, "parts", [])],
+}
+
+
+def with_source_options(algorithm: AlgorithmConfig, reward) -> AlgorithmConfig:
+    """`algorithm` with each unset option of its estimator that the reward source `reward`
+    supplies (`FROM_SOURCES`) filled in."""
+    options = ADVANTAGE_ESTIMATORS[algorithm.adv_estimator].options
+    filled = {
+        k: FROM_SOURCES[k](reward)
+        for k in options
+        if k in FROM_SOURCES and not getattr(algorithm, k)
+    }
+    return replace(algorithm, **filled) if filled else algorithm
+
+
 def estimate(
     batch: BatchView,
     algorithm: AlgorithmConfig,

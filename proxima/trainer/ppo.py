@@ -1,9 +1,12 @@
 """The PPO loop. `step()` reads as the numbered phases of docs/architecture.md, one call each.
 
-The trainer owns every piece of state that changes while it trains (the trained roles with
-their optimizers and schedules, the KL controller, the score statistics, the prompt loaders,
-the shuffle generator, the global RNG, the iteration) and exposes it through torch's
-`state_dict()` / `load_state_dict()`; `proxima.checkpoint` only writes and finds folders.
+Phases 1-2 are the sampler's, chosen once from the config (`trainer.samplers`: on-policy,
+dynamic sampling, sampling ahead). The trainer owns every piece of state that changes while
+it trains (the trained roles with their optimizers and schedules, the KL controller, the
+score statistics, the reward sources' own, the prompt loaders, the shuffle generator, the
+random streams, the sampler's, the iteration), registered once (`trainer.state`) and exposed
+through torch's `state_dict()` / `load_state_dict()`; the same registry gives the snapshot
+that `undo_iteration` puts back. `proxima.checkpoint` only writes and finds folders.
 """
 
 from __future__ import annotations
@@ -26,33 +29,24 @@ from proxima.algos import (
     logprob_diff,
     masked_mean,
     masked_var,
-    overlong_penalty,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
-from proxima.rewards import WeightedReward
 from proxima.rng import rng_state, seed_everything, set_rng_state
-from proxima.rollout.collect import (
-    Rollout,
-    cat_rollouts,
-    generate_rollout,
-    rollout_from_state,
-    rollout_state,
-    score_rollout,
-    select_groups,
-)
+from proxima.rollout.collect import Rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, engine_class, engine_of, sync_weights
-from proxima.rollout.episodes import episode_stats
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.rollout.score import build_experience
-from proxima.trainer.advantages import BatchView, Estimates, estimate
+from proxima.trainer.advantages import BatchView, Estimates, estimate, with_source_options
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
+from proxima.trainer.samplers import build_sampler
 from proxima.trainer.setup import Roles, autocast
+from proxima.trainer.state import Part, StateRegistry, stateful
 from proxima.trainer.update import PolicyObjective, PtxLoss, run_epochs
 from proxima.types import Experience
 
@@ -91,26 +85,6 @@ class PhaseTimer:
                 self.listener.end(name, seconds)
 
 
-def _informative_groups(ro: Rollout) -> list[bool]:
-    """Per group of `ro` (its group ids 0..G-1): whether its scores (an episode's: with its
-    turn rewards) differ (DAPO keeps it)."""
-    out, totals = [], ro.total_rewards()
-    for g in range(int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0):
-        s = totals[(ro.group_ids == g).to(totals.device)]
-        out.append(not bool((s == s[0]).all()))
-    return out
-
-
-def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]:
-    """How many policy versions behind the trained weights (`trained_at`) the samples were
-    generated ([B] `Rollout.versions`): mean and max over the batch."""
-    stale = (trained_at - versions).float()
-    return {
-        "rollout/staleness_mean": float(stale.mean()),
-        "rollout/staleness_max": float(stale.max()),
-    }
-
-
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
@@ -142,23 +116,21 @@ class PPOTrainer:
         self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
         self.kl_ctl = build_kl_controller(cfg)
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
-        # one per reward source (reward.sources) that is standardised (`normalize`)
-        parts = getattr(roles.reward, "parts", [])
-        self.source_moments = {p.name: RunningMoments() for p in parts if p.normalize}
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.iteration = 0
         self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
         # actor updates over the whole run (resumed with it): the version of the policy that
         # each sample is stamped with (`Rollout.versions`) and trained at (staleness)
         self.policy_version = 0
-        # rollout.asynchronous: the next iteration's scored batch and its sampling stats,
-        # generated during this one from the weights before its update
-        self.pending: tuple[Rollout, dict[str, float]] | None = None
         if plan is None:  # before the engine is built: a plan that cannot be fails first
             kind = engine_of(engine) if engine is not None else engine_class(cfg.rollout.name)
             plan = plan_scoring(cfg, kind, base_model(roles.actor).generation_config)
         self.plan = plan
-        self.estimator = ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]
+        # the estimator's options, those the reward sources supply filled in; the extra
+        # inputs phases 4-5 gather (score_components: the sources' metrics, standardisation)
+        self.algorithm = with_source_options(cfg.algorithm, roles.reward)
+        inputs = ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator].inputs
+        self.batch_inputs = tuple(dict.fromkeys((*inputs, "score_components")))
         if engine is None:
             engine = build_engine(cfg, roles.actor, roles.tokenizer, device)
         self.engine = engine
@@ -171,6 +143,8 @@ class PPOTrainer:
         self.trained, self.objectives = self._trained_roles()
         if dist.strategy == "fsdp2" and roles.reference is not None:
             shard(roles.reference, cfg.fsdp, trainable=False)
+        self.on_policy, self.sampler = build_sampler(self)  # phases 1-2
+        self.state = self._state_registry()
 
     def _trained_roles(self) -> tuple[dict[str, TrainedRole], dict]:
         """The roles the update trains (the actor, and a value model of its own), each
@@ -205,17 +179,13 @@ class PPOTrainer:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
         self.timer.new_iteration()
         t = self.timer
-        # 1. the actor writes responses, 2. they are scored (asynchronous: also the next batch)
-        sampled_now = self.pending is None  # asynchronous: this batch is generated now too
-        ro, sampling_stats, ahead = self.sample_batches()
-        trained_at = self.policy_version  # staleness: against the weights the batch trains
-        scores = ro.scores
+        # 1. the actor writes responses, 2. they are scored (see `samplers`)
+        ro, sampling_stats = self.sampler.sample()
         with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
-            exp = self.dist.agree(lambda: self.score(ro, scores), "scoring")
+            exp = self.dist.agree(lambda: self.score(ro, ro.scores), "scoring")
         with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             groups = len(ro.prompts) // self.cfg.rollout.n
-            inputs = (*self.estimator.inputs, "score_components")  # sources: metrics, norm
-            batch = BatchView.gather(exp, self.dist, groups, tuple(dict.fromkeys(inputs)))
+            batch = BatchView.gather(exp, self.dist, groups, self.batch_inputs)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
@@ -226,187 +196,15 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
-        if ahead is not None:
-            made = [ahead[0], ro] if sampled_now else [ahead[0]]
-            metrics.update(self._async_stats(ro, made, trained_at))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
-        self.pending = ahead  # only now: a step that raised leaves the old one for its retry
         self.iteration += 1
         return metrics, ro
 
-    def _async_stats(self, ro: Rollout, made: list[Rollout], trained_at: int) -> dict:
-        """rollout.asynchronous: the staleness of the batch `ro` trained at `trained_at`,
-        and the generation speed of the rollouts `made` this iteration (the time of
-        `generate` is theirs: the batch sampled ahead, and the first iteration's own), over
-        every rank's rows."""
-        stats = staleness_stats(self.dist.gather_rows(ro.versions), trained_at)
-        tokens = sum(float(r.gen.response_mask.sum()) for r in made)
-        tokens = float(self.dist.all_reduce_sum(torch.tensor(tokens)))
-        stats["tokens_per_s"] = tokens / max(self.timer.last["generate"], 1e-9)
-        return stats
-
-    def sample_batches(self) -> tuple[Rollout, dict[str, float], tuple | None]:
-        """Phases 1-2 of this iteration: (its scored batch, sampling stats, the next
-        iteration's batch with its stats, or None). Synchronous: `sample()` from the current
-        weights. `rollout.asynchronous` (verl's one-step off-policy pipeline): the batch
-        generated during the previous iteration, from the weights before that iteration's
-        update (the first iteration has none: it samples now); and the next one, sampled
-        now from the current weights, which the update below is about to replace. Every
-        batch but the first is thus trained one policy version after it was sampled. The
-        two generations run one after the other, not in a thread beside the update: HF
-        generate samples from torch's process-wide generator, which a concurrent update
-        (dropout) would draw from in an order that varies, and on a CPU both would share
-        the same cores."""
-        if not self.cfg.rollout.asynchronous:
-            return (*self.sample(), None)
-        ro, stats = self.pending if self.pending is not None else self.sample()
-        return ro, stats, self.sample()
-
-    def sample(self) -> tuple[Rollout, dict[str, float]]:
-        """Phases 1-2: a scored rollout of this rank's share of the batch. With
-        `algorithm.filter_groups` (DAPO's dynamic sampling) the groups whose scores are all
-        equal are dropped and more prompts generated until the global batch is full of
-        informative groups, at most `algorithm.max_gen_batches` rounds; a batch still short
-        is filled with dropped groups, so it keeps its shape. The choice is global, in the
-        order one process would generate (round, rank, group), and each rank then takes its
-        share of the chosen groups (gathered from the ranks that generated them), so N
-        processes train on the batch one process would."""
-        alg = self.cfg.algorithm
-        ro, stats = self.sample_once()
-        if not alg.filter_groups:
-            return ro, stats
-        need = len(ro.prompts) // self.cfg.rollout.n  # groups per rank
-        world = self.dist.world_size
-        parts, flags = [ro], []  # flags[r][q]: informative groups of rank q in round r
-        while True:
-            flags.append(self.dist.all_gather_object(_informative_groups(parts[-1])))
-            kept = sum(int(x) for rank_flags in flags for q in rank_flags for x in q)
-            if kept >= need * world or len(parts) >= alg.max_gen_batches:
-                break
-            more, more_stats = self.sample_once()
-            parts.append(more)
-            stats = {k: stats[k] + more_stats[k] for k in stats}
-        # global group order (round, rank, group); the kept first, then the dropped
-        order = [
-            (r, q, g)
-            for r, ranks in enumerate(flags)
-            for q, f in enumerate(ranks)
-            for g in range(len(f))
-        ]
-        good = [key for key in order if flags[key[0]][key[1]][key[2]]]
-        bad = [key for key in order if not flags[key[0]][key[1]][key[2]]]
-        chosen = (good + bad)[: need * world]
-        mine = chosen[self.dist.rank * need : (self.dist.rank + 1) * need]
-        ro = self._gather_groups(parts, mine)
-        rounds = len(parts)
-        stats = {k: v / rounds for k, v in stats.items()}
-        stats.update(
-            {
-                "dapo/gen_batches": float(rounds),
-                "dapo/groups_generated": float(rounds * need * world),
-                "dapo/groups_kept": float(min(len(good), need * world)),
-                "dapo/groups_filled": float(max(0, need * world - len(good))),
-            }
-        )
-        return ro, stats
-
-    def _gather_groups(self, parts: list[Rollout], keys: list[tuple[int, int, int]]) -> Rollout:
-        """The groups `keys` ((round, rank, group) each), in that order, as one rollout on
-        this rank; groups another rank generated come from it (every rank's rounds are
-        gathered when several processes run)."""
-        pad = self.roles.tokenizer.pad_token_id
-        if not self.dist.active:
-            offsets = [
-                sum(int(p.group_ids.max()) + 1 for p in parts[:r]) for r in range(len(parts))
-            ]
-            return select_groups(cat_rollouts(parts, pad), [offsets[r] + g for r, _, g in keys])
-        everyone = self.dist.all_gather_object([p.to("cpu") for p in parts])  # [rank][round]
-        picked = [select_groups(everyone[q][r], [g]) for r, q, g in keys]
-        return cat_rollouts(picked, pad).to(self.device)
-
-    def sample_once(self) -> tuple[Rollout, dict[str, float]]:
-        """One round of phases 1-2: generate this rank's share of the next batch of prompts
-        and score it (the raw score, plus DAPO's overlong penalty when configured); for an
-        estimator that needs it (ReMax), a greedy response to each prompt is generated and
-        scored too, its score the baseline of the prompt's samples."""
-        t, agree = self.timer, self.dist.agree
-        items = self.next_prompts()
-        with t("generate"), self.precision(generation=True):  # 1. the actor writes responses
-            ro = agree(lambda: self.generate(items), "generation")
-        with t("reward"), self.precision():  # 2. the reward model / function scores them
-            scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
-        ro = replace(ro, scores=scores, components=components)
-        if "reward_baselines" in self.estimator.needs:
-            with t("generate"), self.precision(generation=True):
-                greedy = agree(lambda: self.generate(items, greedy=True), "generation")
-            with t("reward"), self.precision():
-                base = agree(lambda: self.reward(greedy), "the reward")[0]
-            base = replace(greedy, scores=base).total_rewards()  # an episode's whole return
-            ro = replace(ro, baselines=base.repeat_interleave(self.cfg.rollout.n))
-        stats = self._episode_stats(ro) if ro.episodes is not None else {}
-        if penalty is not None:
-            total = self.dist.all_reduce_sum(
-                torch.tensor(
-                    [float(penalty.sum()), float((penalty < 0).sum()), penalty.numel()],
-                    dtype=torch.float64,
-                )
-            )
-            stats["overlong_penalty_mean"] = float(total[0] / total[2])
-            stats["overlong_fraction"] = float(total[1] / total[2])
-        return ro, stats
-
-    def _episode_stats(self, ro: Rollout) -> dict[str, float]:
-        """Multi-turn episodes over the whole batch: turns per episode, the shares of
-        episodes that ended done, truncated (max_turns, max_episode_tokens), on an
-        environment error or timeout, tokens per episode (actions and observations) and the
-        mean reward of a turn."""
-        sums = episode_stats(ro.episodes, ro.gen)
-        keys = sorted(sums)
-        total = self.dist.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-        got = {k: float(v) for k, v in zip(keys, total, strict=True)}
-        episodes, turns = max(got["episodes"], 1.0), max(got["turns"], 1.0)
-        out = {f"env/{k}": got[k] / episodes for k in ("turns", "done", "truncated", "errors")}
-        out["env/timeouts"] = got["timeouts"] / episodes
-        out["env/episode_length"] = got["episode_tokens"] / episodes
-        out["env/reward_per_turn"] = got["turn_reward"] / turns
-        return out
-
-    def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """([B] the reward source's score of each response plus DAPO's overlong penalty
-        (`reward.overlong_buffer_len`), [B] that penalty or None when it is off, [B, K] the
-        raw score of each of `reward.sources` or None for a single source)."""
-        source, components = self.roles.reward, None
-        if isinstance(source, WeightedReward):
-            gen = ro.gen
-            components = source.components(
-                ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask
-            )
-            scores = source.combine(components)
-        else:
-            scores = score_rollout(ro, source)
-        r = self.cfg.reward
-        if not r.overlong_buffer_len:
-            return scores, None, components
-        penalty = overlong_penalty(
-            ro.gen.response_mask.sum(1).to(scores.device),
-            self.cfg.rollout.max_response_length,
-            r.overlong_buffer_len,
-            r.overlong_penalty_factor,
-        )
-        return scores + penalty, penalty, components
-
     def _iteration_start(self) -> dict:
-        """The state an iteration changes before its first optimizer step: the loaders'
-        positions, the random streams, the score statistics (and the steps taken so far)."""
-        return {
-            "loader": self.loader.state_dict(),
-            "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
-            "generator": self.generator.get_state(),
-            "score_moments": self.score_moments.state_dict(),
-            "source_moments": {k: m.state_dict() for k, m in self.source_moments.items()},
-            "rng": rng_state(),
-            "steps": [role.scheduler.last_epoch for role in self.trained.values()],
-        }
+        """The state an iteration changes before its first optimizer step (the registered
+        parts' snapshots) and the steps taken so far."""
+        steps = [role.scheduler.last_epoch for role in self.trained.values()]
+        return {"state": self.state.snapshot(), "steps": steps}
 
     def undo_iteration(self) -> bool:
         """After `step()` raised: put back the state the iteration started from, so that the
@@ -417,49 +215,10 @@ class PPOTrainer:
         steps = [role.scheduler.last_epoch for role in self.trained.values()]
         if start is None or steps != start["steps"]:
             return False
-        self.loader.load_state_dict(start["loader"])
-        if self.sft_loader is not None:
-            self.sft_loader.load_state_dict(start["sft_loader"])
-        self.generator.set_state(start["generator"])
-        self.score_moments.load_state_dict(start["score_moments"])
-        for name, moments in self.source_moments.items():
-            moments.load_state_dict(start["source_moments"][name])
-        set_rng_state(start["rng"])
+        self.state.restore(start["state"])
         for role in self.trained.values():
             role.optimizer.zero_grad(set_to_none=True)
         return True
-
-    def next_prompts(self) -> list:
-        """This rank's share of the next global batch of prompts (all samples of a prompt
-        stay on one rank)."""
-        items = next(self.loader)
-        k = len(items) // self.dist.world_size
-        return items[self.dist.rank * k : (self.dist.rank + 1) * k]
-
-    def generate(self, items: list | None = None, greedy: bool = False) -> Rollout:
-        """rollout.n responses to each of `items` (default: `next_prompts()`), with the
-        engine's own log-probs (rollout/logprob_diff_*, rollout correction); `greedy`: one
-        greedy response each (ReMax's baseline)."""
-        items = self.next_prompts() if items is None else items
-        try:
-            ro = generate_rollout(
-                self.synced_engine(),
-                self.roles.tokenizer,
-                items,
-                self.cfg.rollout,
-                self.device,
-                greedy=greedy,
-                n=1 if greedy else None,
-                logprobs=not greedy,
-                values=self.plan.values == "generation" and not greedy,
-            )
-        except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
-            if "inf" in str(err) and "nan" in str(err):
-                raise NonFiniteOutputsError(f"sampling failed: {err}") from err
-            raise
-        # the engine holds the actor's current weights (synced above): this policy version
-        stamp = torch.full((len(ro.prompts),), self.policy_version, dtype=torch.long)
-        return replace(ro, versions=stamp)
 
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
@@ -499,20 +258,10 @@ class PPOTrainer:
     def estimate(self, batch: BatchView) -> Estimates:
         """Phases 4-5 on the whole batch (the running score statistics updated first, when
         algorithm.normalize_scores)."""
-        algorithm, source = self.cfg.algorithm, self.roles.reward
-        if self.source_moments:  # reward.sources standardised one by one
-            comps = batch.score_components
-            mean, std = torch.zeros(comps.shape[1]), torch.ones(comps.shape[1])
-            for k, part in enumerate(source.parts):
-                if part.normalize:
-                    self.source_moments[part.name].update(comps[:, k])
-                    mean[k] = self.source_moments[part.name].mean
-                    std[k] = self.source_moments[part.name].std
-            shaped = source.combine(comps, mean, std)  # the overlong penalty stays added
-            batch = replace(batch, scores=batch.scores - source.combine(comps) + shaped)
-        if "gdpo_reward_weights" in self.estimator.options and not algorithm.gdpo_reward_weights:
-            weights = [p.weight for p in getattr(source, "parts", [])]
-            algorithm = replace(algorithm, gdpo_reward_weights=weights)  # the sources' own
+        algorithm = self.algorithm
+        if batch.score_components is not None:  # reward.sources standardised one by one
+            scores = self.roles.reward.standardise(batch.scores, batch.score_components)
+            batch = replace(batch, scores=scores)  # the overlong penalty stays added
         mean, std = 0.0, 1.0
         if algorithm.normalize_scores:
             self.score_moments.update(batch.scores)
@@ -641,65 +390,64 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self) -> dict:
-        """Everything but the weights that a resumed run needs to continue exactly; only
-        types `torch.load(weights_only=True)` reads back. Every rank calls it (the RNG
-        states of all ranks are gathered); rank 0's copy is the one written."""
-        return {
-            "iteration": int(self.iteration),
-            "policy_version": int(self.policy_version),
-            "roles": {name: role.state_dict() for name, role in self.trained.items()},
-            "kl_coef": float(self.kl_ctl.value),
-            "score_moments": self.score_moments.state_dict(),
-            "source_moments": {k: m.state_dict() for k, m in self.source_moments.items()},
-            "loader": self.loader.state_dict(),
-            "sft_loader": self.sft_loader.state_dict() if self.sft_loader else None,
-            "generator": self.generator.get_state(),
-            "rng": self.dist.all_gather_object(rng_state()),  # one per rank
-            # rollout.asynchronous: each rank's share of the batch sampled from the
-            # previous weights (they are not saved, so it could not be sampled again)
-            "pending": self.dist.all_gather_object(self._pending_state())
-            if self.cfg.rollout.asynchronous
-            else None,
-        }
+    def _state_registry(self) -> StateRegistry:
+        """Every part of the trainer that changes while it trains, by its checkpoint key (in
+        the order it is saved and loaded); those an iteration changes before its first
+        optimizer step are snapshotted for `undo_iteration`."""
+        reg, dist = StateRegistry(), self.dist
 
-    def _pending_state(self) -> dict | None:
-        if self.pending is None:
-            return None
-        return {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])}
+        def attribute(name: str) -> Part:  # an int, checkpointed only
+            return Part(lambda: int(getattr(self, name)), lambda v: setattr(self, name, int(v)))
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict()`. The KL coefficient is restored for an adaptive controller
-        only (a fixed one keeps the config's value, which a resumed run may change). With
-        another number of processes than the checkpoint's, each rank's random streams start
-        anew from trainer.seed, the rank and the iteration: the run continues, not bit for
-        bit as the uninterrupted one would have."""
+        reg.add("iteration", attribute("iteration"))
+        reg.add("policy_version", attribute("policy_version"))
+        reg.add("roles", Part(self._roles_state, self._load_roles_state))
+        reg.add("kl_coef", Part(lambda: float(self.kl_ctl.value), self._load_kl_coef))
+        reg.add("score_moments", stateful(self.score_moments))
+        if hasattr(self.roles.reward, "standardise"):  # its standardised sources' moments
+            reg.add("source_moments", stateful(self.roles.reward))
+        reg.add("loader", stateful(self.loader))
+        if self.sft_loader is not None:
+            reg.add("sft_loader", stateful(self.sft_loader))
+        g = self.generator
+        reg.add("generator", Part(g.get_state, g.set_state, g.get_state, g.set_state))
+        gathered = lambda: dist.all_gather_object(rng_state())  # noqa: E731 - one per rank
+        reg.add("rng", Part(gathered, self._load_rng, rng_state, set_rng_state))
+        reg.add("sampler", stateful(self.sampler))
+        return reg
+
+    def _roles_state(self) -> dict:
+        return {name: role.state_dict() for name, role in self.trained.items()}
+
+    def _load_roles_state(self, state: dict) -> None:
         for name, role in self.trained.items():
-            role.load_state_dict(state["roles"][name])
+            role.load_state_dict(state[name])
+
+    def _load_kl_coef(self, value: float) -> None:
+        """Only an adaptive controller's (a fixed one keeps the config's value, which a
+        resumed run may change)."""
         if self.cfg.algorithm.kl_ctrl.type == "adaptive":
-            self.kl_ctl.value = float(state["kl_coef"])
-        self.score_moments.load_state_dict(state["score_moments"])
-        for name, moments in self.source_moments.items():
-            moments.load_state_dict(state["source_moments"][name])
-        self.loader.load_state_dict(state["loader"])
-        if self.sft_loader is not None and state["sft_loader"] is not None:
-            self.sft_loader.load_state_dict(state["sft_loader"])
-        self.generator.set_state(state["generator"])
-        self.iteration = int(state["iteration"])
-        # absent from older checkpoints: the actor is updated once per iteration after the
-        # critic's warm-up, so the count follows from the iteration
-        done = self.iteration - self.cfg.critic.warmup_iterations
-        self.policy_version = int(state.get("policy_version", max(0, done)))
-        self.pending = None  # none kept (older checkpoints), or of another number of ranks:
-        pending = state.get("pending") or []  # the next iteration samples its own batch
-        if len(pending) == self.dist.world_size and pending[self.dist.rank] is not None:
-            mine = pending[self.dist.rank]
-            self.pending = (rollout_from_state(mine["rollout"], self.device), mine["stats"])
-        rngs = state["rng"]
+            self.kl_ctl.value = float(value)
+
+    def _load_rng(self, rngs: list) -> None:
+        """This rank's random streams; with another number of processes than the
+        checkpoint's, they start anew from trainer.seed, the rank and the iteration: the run
+        continues, not bit for bit as the uninterrupted one would have."""
         if len(rngs) == self.dist.world_size:
             set_rng_state(rngs[self.dist.rank])
         else:
             seed_everything(self.cfg.trainer.seed + self.dist.rank + 7919 * self.iteration)
+
+    def state_dict(self) -> dict:
+        """Everything but the weights that a resumed run needs to continue exactly (the
+        registered parts, `_state_registry`); only types `torch.load(weights_only=True)`
+        reads back. Every rank calls it (the RNG states and the batch sampled ahead of all
+        ranks are gathered); rank 0's copy is the one written."""
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`."""
+        self.state.load_state_dict(state)
 
     def save_models(self, folder) -> None:
         """Each trained module as plain Hugging Face folders (`actor/`, and the critic's:

@@ -55,15 +55,15 @@ def test_staleness_is_exactly_one_version_after_the_first_batch(files):
         metrics, ro = trainer.step()
         rows.append((metrics, ro))
         # the batch of the next iteration was sampled now, before this update: version k
-        assert trainer.pending is not None
-        assert trainer.pending[0].versions.tolist() == [k] * 8
+        assert trainer.sampler.pending is not None
+        assert trainer.sampler.pending[0].versions.tolist() == [k] * 8
         assert trainer.policy_version == k + 1
     # iteration 0 trains what it sampled (version 0); iteration k > 0 the batch sampled
     # during k - 1 from version k - 1, trained at version k
     for k, (metrics, ro) in enumerate(rows):
         assert ro.versions.tolist() == [max(k - 1, 0)] * 8, k
         # tokens generated this iteration: the batch sampled ahead (and, first, its own)
-        made = trainer.pending[0] if k == 2 else rows[k + 1][1]
+        made = trainer.sampler.pending[0] if k == 2 else rows[k + 1][1]
         tokens = float(made.gen.response_mask.sum())
         tokens += float(ro.gen.response_mask.sum()) if k == 0 else 0.0
         speed = tokens / metrics["time/generate"]
@@ -75,7 +75,7 @@ def test_staleness_is_exactly_one_version_after_the_first_batch(files):
 def test_the_pending_batch_is_the_next_iterations_batch(files):
     trainer = nano_trainer(files, ASYNC)
     trainer.step()
-    ahead = trainer.pending[0]
+    ahead = trainer.sampler.pending[0]
     _, ro = trainer.step()
     assert ro is ahead  # iteration 1 trains exactly what iteration 0 sampled ahead
 
@@ -118,10 +118,10 @@ def test_old_logprobs_are_the_trainers_and_the_correction_weights_the_gap(files)
 def test_synchronous_runs_record_no_staleness_and_keep_nothing(files):
     trainer = nano_trainer(files)
     metrics, ro = trainer.step()
-    assert trainer.pending is None
+    assert trainer.sampler is trainer.on_policy  # no batch kept between iterations
     assert not any(k.startswith("rollout/staleness") for k in metrics)
     assert ro.versions.tolist() == [0] * 8
-    assert trainer.state_dict()["pending"] is None  # nothing gathered either
+    assert trainer.state_dict()["sampler"] == {}  # nothing gathered either
 
 
 def test_the_pending_batch_round_trips_through_the_state(files, tmp_path):
@@ -130,24 +130,24 @@ def test_the_pending_batch_round_trips_through_the_state(files, tmp_path):
     path = tmp_path / "state.pt"
     torch.save(trainer.state_dict(), path)
     state = torch.load(path, weights_only=True)
-    assert len(state["pending"]) == 1  # one entry per rank
-    mine = state["pending"][0]
+    assert len(state["sampler"]["pending"]) == 1  # one entry per rank
+    mine = state["sampler"]["pending"][0]
     back = rollout_from_state(mine["rollout"], "cpu")
-    ro = trainer.pending[0]
+    ro = trainer.sampler.pending[0]
     assert back.prompts == ro.prompts and back.responses == ro.responses
     assert back.columns == ro.columns
     for name in ("input_ids", "attention_mask", "response_mask", "stopped", "logprobs"):
         assert torch.equal(getattr(back.gen, name), getattr(ro.gen, name)), name
     for name in ("group_ids", "scores", "versions"):
         assert torch.equal(getattr(back, name), getattr(ro, name)), name
-    assert mine["stats"] == trainer.pending[1]
+    assert mine["stats"] == trainer.sampler.pending[1]
     assert rollout_state(back).keys() == mine["rollout"].keys()
     fresh = nano_trainer(files, ASYNC)
     fresh.load_state_dict(state)
-    assert torch.equal(fresh.pending[0].gen.input_ids, ro.gen.input_ids)
+    assert torch.equal(fresh.sampler.pending[0].gen.input_ids, ro.gen.input_ids)
     # another number of processes than the checkpoint's: its rows are not this rank's
-    fresh.load_state_dict({**state, "pending": [mine, mine]})
-    assert fresh.pending is None  # the next iteration samples its own batch
+    fresh.load_state_dict({**state, "sampler": {"pending": [mine, mine]}})
+    assert fresh.sampler.pending is None  # the next iteration samples its own batch
 
 
 def test_config_defaults_and_refusals(files):
@@ -185,7 +185,7 @@ def test_a_failed_iteration_keeps_the_pending_batch_and_replays_exactly(files):
     seed_everything(0)
     b = nano_trainer(files, ASYNC)
     assert _comparable(b.step()[0]) == want[0]
-    pending, update = b.pending, b.update
+    pending, update = b.sampler.pending, b.update
 
     def fail(exp):
         raise RuntimeError("boom")
@@ -194,7 +194,7 @@ def test_a_failed_iteration_keeps_the_pending_batch_and_replays_exactly(files):
     with pytest.raises(RuntimeError, match="boom"):
         b.step()
     assert b.undo_iteration()
-    assert b.pending is pending  # the batch sampled during iteration 0 is still next
+    assert b.sampler.pending is pending  # the batch sampled during iteration 0 is still next
     b.update = update
     assert _comparable(b.step()[0]) == want[1]
 
@@ -213,7 +213,7 @@ def test_dynamic_sampling_keeps_each_samples_version(files):
     assert got[0][1].versions.tolist() == [0] * 16
     assert got[1][1].versions.tolist() == [0] * 16
     assert [m["rollout/staleness_max"] for m, _ in got] == [0.0, 1.0]
-    assert trainer.pending[0].versions.tolist() == [1] * 16
+    assert trainer.sampler.pending[0].versions.tolist() == [1] * 16
 
 
 def test_a_critic_on_the_actor_takes_its_values_from_the_trainers_pass(files):
@@ -222,18 +222,6 @@ def test_a_critic_on_the_actor_takes_its_values_from_the_trainers_pass(files):
     got = [trainer.step()[0] for _ in range(2)]
     assert got[1]["rollout/staleness_mean"] == 1.0
     assert all(torch.isfinite(torch.tensor(m["critic/explained_variance"])) for m in got)
-
-
-def test_an_older_checkpoint_without_the_version_counts_it_from_the_iteration(files):
-    trainer = nano_trainer(files, "critic.warmup_iterations=1")
-    for _ in range(3):
-        trainer.step()
-    assert trainer.policy_version == 2  # iteration 0 warmed the critic up only
-    state = trainer.state_dict()
-    del state["policy_version"], state["pending"]
-    fresh = nano_trainer(files, "critic.warmup_iterations=1")
-    fresh.load_state_dict(state)
-    assert (fresh.iteration, fresh.policy_version, fresh.pending) == (3, 2, None)
 
 
 def test_multi_turn_episodes_and_lora_ride_in_the_pending_batch(files, tmp_path):
@@ -252,6 +240,6 @@ def test_multi_turn_episodes_and_lora_ride_in_the_pending_batch(files, tmp_path)
     assert got[1][0]["env/turns"] == 2.0
     torch.save(trainer.state_dict(), tmp_path / "state.pt")
     state = torch.load(tmp_path / "state.pt", weights_only=True)
-    back = rollout_from_state(state["pending"][0]["rollout"], "cpu")
-    assert back.episodes == trainer.pending[0].episodes and len(back.episodes) == 8
-    assert torch.equal(back.gen.turn_rewards, trainer.pending[0].gen.turn_rewards)
+    back = rollout_from_state(state["sampler"]["pending"][0]["rollout"], "cpu")
+    assert back.episodes == trainer.sampler.pending[0].episodes and len(back.episodes) == 8
+    assert torch.equal(back.gen.turn_rewards, trainer.sampler.pending[0].gen.turn_rewards)

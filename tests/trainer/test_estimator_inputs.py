@@ -23,7 +23,7 @@ def files(tmp_path_factory):
 
 def test_remax_baseline_is_the_score_of_a_greedy_response(files):
     trainer = nano_trainer(files, "algorithm.adv_estimator=remax", "rollout.n=2")
-    ro, _ = trainer.sample_once()
+    ro, _ = trainer.sampler.sample()
     prompts = ro.prompts[::2]
     items = [it for it in trainer.loader.dataset if it.text in prompts]
     items.sort(key=lambda it: prompts.index(it.text))
@@ -46,7 +46,7 @@ def test_optimal_token_baseline_gets_sum_pi_squared_from_the_actor(files):
     trainer = nano_trainer(files, "algorithm.adv_estimator=optimal_token_baseline", "rollout.n=2")
     assert trainer.plan.sum_pi_squared and trainer.plan.old_logprobs == "actor"
     assert "sum pi^2" in trainer.plan.describe()
-    ro, _ = trainer.sample_once()
+    ro, _ = trainer.sampler.sample()
     exp = trainer.score(ro, ro.scores)
     r = exp.response_mask.shape[1]
     with torch.no_grad():

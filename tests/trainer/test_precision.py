@@ -55,7 +55,7 @@ def test_auto_takes_the_engines_logprobs_in_float32_and_skips_the_actor_pass(fil
     trainer = make_trainer(files)
     assert trainer.plan.old_from_engine and trainer.plan.why.startswith("auto: exact")
     torch.manual_seed(0)
-    ro = trainer.generate()
+    ro = trainer.on_policy.generate()
     calls = []
     hook = trainer.roles.actor.register_forward_hook(lambda *a: calls.append(1))
     reused = _experience(trainer, ro, old_from_engine=True)
@@ -89,7 +89,7 @@ def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
     the trainer no longer has."""
     trainer = make_trainer(files, "rollout.old_logprobs=engine")
     torch.manual_seed(2)
-    ro = trainer.generate()
+    ro = trainer.on_policy.generate()
     with torch.no_grad():  # the actor changes after the rollout, before the update
         for p in trainer.roles.actor.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -130,7 +130,7 @@ def test_bf16_mixed_precision_computes_in_bf16_with_float32_master_weights(files
     assert not mixed.plan.old_from_engine  # auto: bf16 decode and forward pass round differently
     assert next(mixed.roles.reference.parameters()).dtype == torch.bfloat16
     torch.manual_seed(3)
-    ro = fp32.generate()
+    ro = fp32.on_policy.generate()
     with mixed.precision():
         low = _experience(mixed, ro, old_from_engine=False)
     high = _experience(fp32, ro, old_from_engine=False)

@@ -78,7 +78,7 @@ def test_generation_values_equal_the_scoring_pass(files):
     assert trainer.plan.old_from_engine and trainer.plan.values == "generation"
     assert isinstance(trainer.roles.critic, ValueHead) and "critic" not in trainer.trained
     torch.manual_seed(0)
-    ro = trainer.generate()
+    ro = trainer.on_policy.generate()
     gen = ro.gen
     mask = gen.response_mask.bool()
     assert gen.values is not None and mask.sum() > 10 and (gen.values[~mask] == 0).all()
@@ -98,7 +98,7 @@ def test_scoring_passes_of_the_actor(files, mode):
     Recompute: one pass per micro-batch gives both log-probs and values."""
     trainer = make_trainer(files, f"rollout.old_logprobs={mode}", "rollout.micro_batch_size=3")
     torch.manual_seed(1)
-    ro = trainer.generate()
+    ro = trainer.on_policy.generate()
     calls = count_calls(trainer.roles.actor.policy.model)  # the decoder: once per actor pass
     exp = build_experience(
         ro.gen,

@@ -1,0 +1,336 @@
+"""Phases 1-2 as samplers chosen once (`build_sampler`): `sample()` returns this rank's share
+of an iteration's scored batch and its sampling stats; `step()` never asks which one runs.
+
+- `OnPolicy`: one round: the next prompts, generated from the current weights and scored,
+  with what the estimator needs of sampling (`PREPARE`).
+- `DynamicSampling` (`algorithm.filter_groups`, DAPO's dynamic sampling): rounds of the
+  on-policy sampler until the batch is full of informative groups.
+- `SamplingAhead` (`rollout.asynchronous`, verl's one-step off-policy pipeline): the batch
+  sampled during the previous iteration, and the next one sampled now.
+
+Each owns its state: `state_dict()` / `load_state_dict()` for a checkpoint and, where it keeps
+something between iterations, `snapshot()` / `restore()` for `PPOTrainer.undo_iteration`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from proxima.algos import ADVANTAGE_ESTIMATORS, overlong_penalty
+from proxima.rollout.collect import (
+    Rollout,
+    cat_rollouts,
+    generate_rollout,
+    rollout_from_state,
+    rollout_state,
+    score_rollout,
+    select_groups,
+)
+from proxima.rollout.episodes import episode_stats
+from proxima.trainer.guard import NonFiniteOutputsError
+
+Batch = tuple[Rollout, dict[str, float]]
+
+
+class Stateless:
+    """A sampler that keeps nothing between iterations."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class OnPolicy(Stateless):
+    """One round of phases 1-2 on the trainer's engine, prompts and clock: generate this
+    rank's share of the next prompts from the actor's current weights and score them (the
+    reward source's score plus DAPO's overlong penalty when configured), then add what the
+    estimator needs of sampling (`PREPARE`)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = t = trainer
+        reward = t.roles.reward
+        # a source of several parts returns their raw scores too (`WeightedReward.scored`)
+        scored = getattr(reward, "scored", None)
+        self.scored = (
+            (lambda ro: scored(*_reward_args(ro)))
+            if scored is not None
+            else (lambda ro: (score_rollout(ro, reward), None))
+        )
+        needs = ADVANTAGE_ESTIMATORS[t.cfg.algorithm.adv_estimator].needs
+        self.prepare = [PREPARE[name] for name in needs if name in PREPARE]
+
+    def sample(self) -> Batch:
+        t = self.trainer
+        timer, agree = t.timer, t.dist.agree
+        items = self.next_prompts()
+        with timer("generate"), t.precision(generation=True):  # 1. the actor writes responses
+            ro = agree(lambda: self.generate(items), "generation")
+        with timer("reward"), t.precision():  # 2. the reward model / function scores them
+            scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
+        ro = replace(ro, scores=scores, components=components)
+        for prepare in self.prepare:
+            ro = prepare(self, items, ro)
+        stats = self._episode_stats(ro) if ro.episodes is not None else {}
+        if penalty is not None:
+            stats.update(self._penalty_stats(penalty))
+        return ro, stats
+
+    def next_prompts(self) -> list:
+        """This rank's share of the next global batch of prompts (all samples of a prompt
+        stay on one rank)."""
+        t = self.trainer
+        items = next(t.loader)
+        k = len(items) // t.dist.world_size
+        return items[t.dist.rank * k : (t.dist.rank + 1) * k]
+
+    def generate(self, items: list | None = None, greedy: bool = False) -> Rollout:
+        """rollout.n responses to each of `items` (default: `next_prompts()`), with the
+        engine's own log-probs (rollout/logprob_diff_*, rollout correction); `greedy`: one
+        greedy response each (ReMax's baseline)."""
+        t = self.trainer
+        items = self.next_prompts() if items is None else items
+        try:
+            ro = generate_rollout(
+                t.synced_engine(),
+                t.roles.tokenizer,
+                items,
+                t.cfg.rollout,
+                t.device,
+                greedy=greedy,
+                n=1 if greedy else None,
+                logprobs=not greedy,
+                values=t.plan.values == "generation" and not greedy,
+            )
+        except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
+            if "inf" in str(err) and "nan" in str(err):
+                raise NonFiniteOutputsError(f"sampling failed: {err}") from err
+            raise
+        # the engine holds the actor's current weights (synced above): this policy version
+        stamp = torch.full((len(ro.prompts),), t.policy_version, dtype=torch.long)
+        return replace(ro, versions=stamp)
+
+    def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """([B] the reward source's score of each response plus DAPO's overlong penalty
+        (`reward.overlong_buffer_len`), [B] that penalty or None when it is off, [B, K] the
+        raw score of each of `reward.sources` or None for a single source)."""
+        gen, cfg = ro.gen, self.trainer.cfg
+        scores, components = self.scored(ro)
+        r = cfg.reward
+        if not r.overlong_buffer_len:
+            return scores, None, components
+        penalty = overlong_penalty(
+            gen.response_mask.sum(1).to(scores.device),
+            cfg.rollout.max_response_length,
+            r.overlong_buffer_len,
+            r.overlong_penalty_factor,
+        )
+        return scores + penalty, penalty, components
+
+    def _penalty_stats(self, penalty: torch.Tensor) -> dict[str, float]:
+        """DAPO's overlong penalty over the whole batch: its mean and the share penalised."""
+        total = self.trainer.dist.all_reduce_sum(
+            torch.tensor(
+                [float(penalty.sum()), float((penalty < 0).sum()), penalty.numel()],
+                dtype=torch.float64,
+            )
+        )
+        return {
+            "overlong_penalty_mean": float(total[0] / total[2]),
+            "overlong_fraction": float(total[1] / total[2]),
+        }
+
+    def _episode_stats(self, ro: Rollout) -> dict[str, float]:
+        """Multi-turn episodes over the whole batch: turns per episode, the shares of
+        episodes that ended done, truncated (max_turns, max_episode_tokens), on an
+        environment error or timeout, tokens per episode (actions and observations) and the
+        mean reward of a turn."""
+        sums = episode_stats(ro.episodes, ro.gen)
+        keys = sorted(sums)
+        total = self.trainer.dist.all_reduce_sum(
+            torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        )
+        got = {k: float(v) for k, v in zip(keys, total, strict=True)}
+        episodes, turns = max(got["episodes"], 1.0), max(got["turns"], 1.0)
+        out = {f"env/{k}": got[k] / episodes for k in ("turns", "done", "truncated", "errors")}
+        out["env/timeouts"] = got["timeouts"] / episodes
+        out["env/episode_length"] = got["episode_tokens"] / episodes
+        out["env/reward_per_turn"] = got["turn_reward"] / turns
+        return out
+
+
+def _reward_args(ro: Rollout) -> tuple:
+    """The arguments of a reward source's call (`proxima.rewards`) for the rollout `ro`."""
+    return ro.prompts, ro.responses, ro.columns, ro.gen.input_ids, ro.gen.attention_mask
+
+
+def greedy_baselines(sampler: OnPolicy, items: list, ro: Rollout) -> Rollout:
+    """ReMax's baseline: a greedy response to each prompt, scored; its score (an episode's
+    whole return) the baseline of the prompt's samples."""
+    t = sampler.trainer
+    with t.timer("generate"), t.precision(generation=True):
+        greedy = t.dist.agree(lambda: sampler.generate(items, greedy=True), "generation")
+    with t.timer("reward"), t.precision():
+        base = t.dist.agree(lambda: sampler.reward(greedy), "the reward")[0]
+    base = replace(greedy, scores=base).total_rewards()
+    return replace(ro, baselines=base.repeat_interleave(t.cfg.rollout.n))
+
+
+# What an estimator needs (its registry entry's `needs`) that sampling supplies, by name. The
+# other inputs come from phase 3 (old_logprobs; sum_pi_squared: the scoring plan computes it,
+# `rollout.plan`) or from the reward sources (score_components, `WeightedReward.scored`).
+PREPARE = {"reward_baselines": greedy_baselines}
+
+
+def informative_groups(ro: Rollout) -> list[bool]:
+    """Per group of `ro` (its group ids 0..G-1): whether its scores (an episode's: with its
+    turn rewards) differ (DAPO keeps it)."""
+    out, totals = [], ro.total_rewards()
+    for g in range(int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0):
+        s = totals[(ro.group_ids == g).to(totals.device)]
+        out.append(not bool((s == s[0]).all()))
+    return out
+
+
+class DynamicSampling(Stateless):
+    """DAPO's dynamic sampling (`algorithm.filter_groups`): the groups whose scores are all
+    equal are dropped and more rounds of `rounds` sampled until the global batch is full of
+    informative groups, at most `max_rounds` (`algorithm.max_gen_batches`); a batch still
+    short is filled with dropped groups, so it keeps its shape. The choice is global, in the
+    order one process would generate (round, rank, group), and each rank then takes its
+    share of the chosen groups (gathered from the ranks that generated them), so N processes
+    train on the batch one process would."""
+
+    def __init__(self, rounds: OnPolicy, max_rounds: int) -> None:
+        self.rounds, self.max_rounds = rounds, max_rounds
+        self.dist = rounds.trainer.dist
+
+    def sample(self) -> Batch:
+        ro, stats = self.rounds.sample()
+        need = len(ro.prompts) // self.rounds.trainer.cfg.rollout.n  # groups per rank
+        world = self.dist.world_size
+        parts, flags = [ro], []  # flags[r][q]: informative groups of rank q in round r
+        while True:
+            flags.append(self.dist.all_gather_object(informative_groups(parts[-1])))
+            kept = sum(int(x) for rank_flags in flags for q in rank_flags for x in q)
+            if kept >= need * world or len(parts) >= self.max_rounds:
+                break
+            more, more_stats = self.rounds.sample()
+            parts.append(more)
+            stats = {k: stats[k] + more_stats[k] for k in stats}
+        # global group order (round, rank, group); the kept first, then the dropped
+        order = [
+            (r, q, g)
+            for r, ranks in enumerate(flags)
+            for q, f in enumerate(ranks)
+            for g in range(len(f))
+        ]
+        good = [key for key in order if flags[key[0]][key[1]][key[2]]]
+        bad = [key for key in order if not flags[key[0]][key[1]][key[2]]]
+        chosen = (good + bad)[: need * world]
+        mine = chosen[self.dist.rank * need : (self.dist.rank + 1) * need]
+        rounds = len(parts)
+        stats = {k: v / rounds for k, v in stats.items()}
+        stats.update(
+            {
+                "dapo/gen_batches": float(rounds),
+                "dapo/groups_generated": float(rounds * need * world),
+                "dapo/groups_kept": float(min(len(good), need * world)),
+                "dapo/groups_filled": float(max(0, need * world - len(good))),
+            }
+        )
+        return self._gather_groups(parts, mine), stats
+
+    def _gather_groups(self, parts: list[Rollout], keys: list[tuple[int, int, int]]) -> Rollout:
+        """The groups `keys` ((round, rank, group) each), in that order, as one rollout on
+        this rank; groups another rank generated come from it (every rank's rounds are
+        gathered when several processes run)."""
+        pad = self.rounds.trainer.roles.tokenizer.pad_token_id
+        if not self.dist.active:
+            offsets = [
+                sum(int(p.group_ids.max()) + 1 for p in parts[:r]) for r in range(len(parts))
+            ]
+            return select_groups(cat_rollouts(parts, pad), [offsets[r] + g for r, _, g in keys])
+        everyone = self.dist.all_gather_object([p.to("cpu") for p in parts])  # [rank][round]
+        picked = [select_groups(everyone[q][r], [g]) for r, q, g in keys]
+        return cat_rollouts(picked, pad).to(self.rounds.trainer.device)
+
+
+def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]:
+    """How many policy versions behind the trained weights (`trained_at`) the samples were
+    generated ([B] `Rollout.versions`): mean and max over the batch."""
+    stale = (trained_at - versions).float()
+    return {
+        "rollout/staleness_mean": float(stale.mean()),
+        "rollout/staleness_max": float(stale.max()),
+    }
+
+
+class SamplingAhead:
+    """`rollout.asynchronous` (verl's one-step off-policy pipeline): `sample()` returns the
+    batch `inner` sampled during the previous iteration, from the weights before that
+    iteration's update (the first iteration has none: it samples now), and samples the next
+    one now from the current weights, which the update is about to replace. Every batch but
+    the first is thus trained one policy version after it was sampled. The two generations
+    run one after the other, not in a thread beside the update: HF generate samples from
+    torch's process-wide generator, which a concurrent update (dropout) would draw from in an
+    order that varies, and on a CPU both would share the same cores."""
+
+    def __init__(self, inner, trainer) -> None:
+        self.inner, self.trainer = inner, trainer
+        # the next iteration's scored batch and its sampling stats
+        self.pending: Batch | None = None
+
+    def sample(self) -> Batch:
+        t = self.trainer
+        trained_at = t.policy_version  # staleness: against the weights the batch trains
+        sampled_now = self.pending is None  # the first iteration generates its batch too
+        ro, stats = self.inner.sample() if sampled_now else self.pending
+        self.pending = self.inner.sample()  # `restore` puts the old one back after a failure
+        made = [self.pending[0], ro] if sampled_now else [self.pending[0]]
+        # the staleness over every rank's rows; the generation speed of the rollouts made
+        # this iteration (the time of `generate` is theirs)
+        out = {**stats, **staleness_stats(t.dist.gather_rows(ro.versions), trained_at)}
+        tokens = sum(float(r.gen.response_mask.sum()) for r in made)
+        tokens = float(t.dist.all_reduce_sum(torch.tensor(tokens)))
+        out["tokens_per_s"] = tokens / max(t.timer.last["generate"], 1e-9)
+        return ro, out
+
+    def state_dict(self) -> dict:
+        """Each rank's share of the batch sampled from the previous weights (they are not
+        saved, so it could not be sampled again); every rank calls it."""
+        mine = None
+        if self.pending is not None:
+            mine = {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])}
+        return {"pending": self.trainer.dist.all_gather_object(mine)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The pending batch of this rank; none when the checkpoint was written by another
+        number of processes (its rows are not this rank's) or without sampling ahead: the
+        next iteration samples its own batch."""
+        dist, pending = self.trainer.dist, state.get("pending") or []
+        self.pending = None
+        if len(pending) == dist.world_size and pending[dist.rank] is not None:
+            mine = pending[dist.rank]
+            rollout = rollout_from_state(mine["rollout"], self.trainer.device)
+            self.pending = (rollout, mine["stats"])
+
+    def snapshot(self) -> Batch | None:
+        return self.pending
+
+    def restore(self, pending: Batch | None) -> None:
+        self.pending = pending
+
+
+def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | SamplingAhead]:
+    """(the on-policy round, the sampler `step()` calls), chosen once from the config."""
+    cfg = trainer.cfg
+    rounds = sampler = OnPolicy(trainer)
+    if cfg.algorithm.filter_groups:
+        sampler = DynamicSampling(rounds, cfg.algorithm.max_gen_batches)
+    if cfg.rollout.asynchronous:
+        sampler = SamplingAhead(sampler, trainer)
+    return rounds, sampler
