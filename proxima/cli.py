@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from proxima import env
+from proxima import launch
 from proxima.plugins import split_spec
 
 DEFAULT_EXAMPLE = "arithmetic.yaml"
@@ -159,7 +159,7 @@ def _load(ns: argparse.Namespace, default_example: bool = False):
     path, overrides = _split_config_args(overrides, default_example, ns.command)
     base = _resume_base(path, overrides) if ns.command in ("train", "config") else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if (ns.command == "train" or base) and env.is_main_process():
+    if (ns.command == "train" or base) and launch.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     cfg = load_config(path, overrides, base=base, command=ns.command)
     if ns.command == "config":  # checks only: `_path_warnings` reads each GGUF file's header
@@ -218,7 +218,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.trainer.guard import EXIT_DIVERGED
 
     summary = train(_load(ns, default_example=True))
-    if not env.is_main_process():
+    if not launch.is_main_process():
         return 0
     start = "before" if "eval_before" in summary else "at resume"
     before = summary.get("eval_before", summary.get("eval_at_resume"))
@@ -460,8 +460,8 @@ def _where() -> str:
     """`[rank N] ` in front of an error of a multi-process job; nothing for one process, or
     when the environment itself is what is wrong."""
     try:
-        rank, world, _ = env.world()
-    except env.LaunchEnvironmentError:
+        rank, world, _ = launch.world()
+    except launch.LaunchEnvironmentError:
         return ""
     return f"[rank {rank}] " if world > 1 else ""
 

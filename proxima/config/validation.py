@@ -32,7 +32,7 @@ from proxima.config.choices import (
 )
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ModelConfig
-from proxima.env import world_size
+from proxima.launch import world_size
 from proxima.plugins import split_spec
 
 _CHOICES = {  # checked in this order, then the names proxima.algos accepts

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from proxima import env
+from proxima import launch
 from proxima.checkpoint import remove_orphans
 from proxima.config import Config, ConfigError
 from proxima.rng import seed_everything
@@ -40,7 +40,7 @@ def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
     """The process group (under torchrun) and this process's device; threads."""
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
-    _, _, local = env.world()
+    _, _, local = launch.world()
     device = resolve_device(cfg.model.device, local)
     t = cfg.trainer
     return init_dist(t.strategy, t.dist_backend, t.dist_timeout_s, device), device

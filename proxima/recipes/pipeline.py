@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from proxima import env
+from proxima import launch
 from proxima.algos import sample_preferences
 from proxima.checkpoint import checkpoint_iteration, list_checkpoints
 from proxima.config import Config, ConfigError, validate
@@ -62,7 +62,7 @@ GOLD, PROXY = "gold", "rm"  # the reward sources' names in the PPO run (reward/g
 
 def pipeline(cfg: Config) -> dict:
     """Run the whole chain into one new run folder; returns the summary (summary.json)."""
-    _, world, _ = env.world()
+    _, world, _ = launch.world()
     if world > 1:
         raise ConfigError(
             "`proxima pipeline` runs in one process. To train its PPO stage on several, run "

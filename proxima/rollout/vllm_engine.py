@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from proxima import env
+from proxima import launch
 from proxima.config import Config, ConfigError
 from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
@@ -211,7 +211,7 @@ class VLLMEngine:
         self.weight_version = -1
         self.sleep_mode = v.enable_sleep_mode and current_platform.is_sleep_mode_available()
         self.asleep: set[str] = set()  # the parts released by sleep(): weights, kv_cache
-        rank = env.rank()
+        rank = launch.rank()
         # a LoRA actor: base weights once, then adapters (module doc); else merged pushes
         self.lora_rank, why_not = adapter_rank(cfg)
         if why_not:
@@ -235,7 +235,7 @@ class VLLMEngine:
             tensor_parallel_size=v.tensor_model_parallel_size,
             # under torchrun: an engine per process, each on its own share of the prompts
             # (vLLM's data parallelism with an external launcher: no load balancing of its own)
-            data_parallel_size=env.world_size(),
+            data_parallel_size=launch.world_size(),
             gpu_memory_utilization=v.gpu_memory_utilization,
             enable_prefix_caching=v.enable_prefix_caching,
             enable_sleep_mode=self.sleep_mode,

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from proxima import env
+from proxima import launch
 from proxima.models.critic import PolicyValue
 from proxima.models.loading import DTYPES
 from proxima.models.unwrap import unwrap
@@ -163,7 +163,7 @@ def backend_for(spec: str, device_type: str) -> str:
 
 def init(strategy: str, backend: str, timeout_s: float, device: torch.device) -> Dist:
     """The process group of a torchrun job (once per process), or a one-process `Dist`."""
-    rank, world, local = env.world()
+    rank, world, local = launch.world()
     strategy = resolve_strategy(strategy, world)
     if world > 1 and not tdist.is_initialized():
         if device.type == "cuda":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxima import env
+from proxima import launch
 from proxima.cli import main
 from proxima.config import load_config
 from proxima.models import build_char_tokenizer, build_tiny_reward_model
@@ -52,10 +52,10 @@ def test_torchrun_environment_partly_set_is_named(no_torchrun, variables, messag
         no_torchrun.setenv(name, value)
     if message is None:
         no_torchrun.setenv("RANK", "0"), no_torchrun.setenv("LOCAL_RANK", "0")
-        assert env.world() == (0, 2, 0)
+        assert launch.world() == (0, 2, 0)
         return
-    with pytest.raises(env.LaunchEnvironmentError) as err:
-        env.world()
+    with pytest.raises(launch.LaunchEnvironmentError) as err:
+        launch.world()
     assert str(err.value).startswith(message)
     assert str(err.value).endswith(
         "torchrun sets RANK, WORLD_SIZE and LOCAL_RANK together: to run one process, unset "
@@ -66,7 +66,7 @@ def test_torchrun_environment_partly_set_is_named(no_torchrun, variables, messag
 
 
 def test_torchrun_environment_absent_is_one_process(no_torchrun):
-    assert env.world() == (0, 1, 0) and env.is_main_process()
+    assert launch.world() == (0, 1, 0) and launch.is_main_process()
 
 
 @pytest.mark.parametrize("command", ["config", "train"])
