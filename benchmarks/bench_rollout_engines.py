@@ -27,8 +27,8 @@ import torch
 from proxima.config import Config
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.saving import export_weights
+from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
-from proxima.rollout.score import sequence_logprobs
 from proxima.rollout.types import Sampling
 
 ALPHABET = "0123456789+="

@@ -2,9 +2,9 @@
 
 With several processes each rank scored its own share; `BatchView.gather` puts the
 per-sequence quantities of the whole batch on every rank (rows in rank order, so one process
-and N processes see the same batch), and `estimate` computes from them, identically on every
-rank (verl's flow): GAE, whitening, score normalisation, group baselines and the KL
-controller's measurement all see global quantities. `Estimates.rows` hands each rank its own
+and N processes see the same batch), and `estimate_advantages` computes from them,
+identically on every rank (verl's flow): GAE, whitening, score normalisation, group
+baselines and the KL controller's measurement all see global quantities. `Estimates.rows` hands each rank its own
 rows back for the update.
 """
 
@@ -106,7 +106,7 @@ def with_source_options(algorithm: AlgorithmConfig, reward) -> AlgorithmConfig:
     return replace(algorithm, **filled) if filled else algorithm
 
 
-def estimate(
+def estimate_advantages(
     batch: BatchView,
     algorithm: AlgorithmConfig,
     *,

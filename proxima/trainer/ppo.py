@@ -38,9 +38,14 @@ from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, engine_class, engine_of, sync_weights
+from proxima.rollout.experience import build_experience
 from proxima.rollout.plan import ScoringPlan, plan_scoring
-from proxima.rollout.score import build_experience
-from proxima.trainer.advantages import BatchView, Estimates, estimate, with_source_options
+from proxima.trainer.advantages import (
+    BatchView,
+    Estimates,
+    estimate_advantages,
+    with_source_options,
+)
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
@@ -266,7 +271,7 @@ class PPOTrainer:
         if algorithm.normalize_scores:
             self.score_moments.update(batch.scores)
             mean, std = self.score_moments.mean, self.score_moments.std
-        return estimate(
+        return estimate_advantages(
             batch,
             algorithm,
             kl_coef=self.kl_ctl.value if self.cfg.kl_in_reward else 0.0,

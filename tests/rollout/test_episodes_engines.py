@@ -12,8 +12,8 @@ from proxima.config import Config
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.rollout.collect import generate_rollout
+from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
-from proxima.rollout.score import sequence_logprobs
 from tests.rollout.scripted import spec
 
 ALPHABET = "0123456789+=xyz"

@@ -9,7 +9,7 @@ import torch
 from proxima.models.critic import PolicyValue, new_value_head
 from proxima.models.forward import reward_model_scores
 from proxima.rewards.model import ModelReward
-from proxima.rollout.score import (
+from proxima.rollout.experience import (
     Chunks,
     sequence_kl_full,
     sequence_logprobs,

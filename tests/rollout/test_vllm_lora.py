@@ -18,7 +18,7 @@ from proxima.models import build_tiny_model
 from proxima.models.lora import add_lora, export_adapter, merged_copy
 from proxima.models.saving import export_weights
 from proxima.rollout.engines import sync_weights
-from proxima.rollout.score import sequence_logprobs
+from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.types import Sampling
 from tests.rollout.test_engine_contract import (
     LOGPROB_TOL,

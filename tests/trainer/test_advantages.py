@@ -13,7 +13,7 @@ import torch
 from proxima.algos import compute_gae, explained_variance, masked_whiten, shape_rewards
 from proxima.config import Config
 from proxima.rollout.engine import LogprobMismatchWarning
-from proxima.trainer.advantages import BatchView, estimate
+from proxima.trainer.advantages import BatchView, estimate_advantages
 from tests.trainer.nano import nano_files, nano_trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,7 +41,7 @@ def test_estimate_is_shape_rewards_then_the_estimator_and_leaves_its_input_alone
     batch = _batch()
     before = {k: v.clone() for k, v in vars(batch).items() if v is not None}
     algorithm = Config().algorithm  # gae, gamma 1, lam 0.95, whitened, clip 5
-    est = estimate(batch, algorithm, kl_coef=0.1, no_stop_penalty=-1.0)
+    est = estimate_advantages(batch, algorithm, kl_coef=0.1, no_stop_penalty=-1.0)
     rewards, stats = shape_rewards(
         batch.scores,
         batch.stopped,
@@ -64,12 +64,12 @@ def test_estimate_is_shape_rewards_then_the_estimator_and_leaves_its_input_alone
 def test_the_estimators_own_options_come_from_its_config_fields():
     batch = _batch()
     grpo = replace(Config().algorithm, adv_estimator="grpo", norm_adv_by_std_in_grpo=False)
-    est = estimate(batch, grpo, kl_coef=0.0, no_stop_penalty=0.0)
+    est = estimate_advantages(batch, grpo, kl_coef=0.0, no_stop_penalty=0.0)
     # groups {0, 1} (outcomes 1, 0) and {2, 3} (0.5, 5 clipped): mean-centred, not scaled
     want = torch.tensor([0.5, -0.5, -2.25, 2.25]).unsqueeze(1) * batch.response_mask
     torch.testing.assert_close(est.advantages, want)
     # whiten_advantages and lam are gae's: ignored by grpo, not an error
-    assert estimate(batch, replace(grpo, lam=0.1), kl_coef=0.0, no_stop_penalty=0.0)
+    assert estimate_advantages(batch, replace(grpo, lam=0.1), kl_coef=0.0, no_stop_penalty=0.0)
 
 
 def test_explained_variance_is_over_the_whole_batch_with_a_floor(files):

@@ -14,8 +14,8 @@ from proxima.config import ConfigError, load_config
 from proxima.rng import seed_everything
 from proxima.rollout.collect import rollout_from_state, rollout_state
 from proxima.rollout.engines import engine_class
+from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
-from proxima.rollout.score import sequence_logprobs
 from proxima.rollout.types import Generation
 from tests.rollout.scripted import spec
 from tests.trainer.nano import REWARD, nano_files, nano_trainer

@@ -22,8 +22,8 @@ from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.critic import PolicyValue, ValueHead, new_value_head
 from proxima.models.forward import response_logits_values
 from proxima.rollout.collect import generate_rollout
-from proxima.rollout.score import sequence_logprobs
-from proxima.trainer.advantages import BatchView, estimate
+from proxima.rollout.experience import sequence_logprobs
+from proxima.trainer.advantages import BatchView, estimate_advantages
 from proxima.trainer.update import PolicyObjective
 from proxima.types import Experience
 from tests.rollout.scripted import ALPHABET, EOS, ScriptedEngine, spec
@@ -74,7 +74,7 @@ def test_gae_across_turns_by_hand(episode):
     Were the observation positions steps, gamma and lambda would apply twice more."""
     values = torch.tensor([[0.1, 0.2, 9, 9, 0.3, 0.4], [0.5, 0.5, 0.5, 9, 9, 0.5]])
     alg = AlgorithmConfig(gamma=0.5, lam=0.9, whiten_advantages=False)
-    est = estimate(_batch(episode, values), alg, kl_coef=0.1, no_stop_penalty=0.0)
+    est = estimate_advantages(_batch(episode, values), alg, kl_coef=0.1, no_stop_penalty=0.0)
     want_r = [[-0.02, 0.49, 0, 0, -0.03, 2.95], [0, 0, 0.5, 0, 0, 1.0]]
     want_a = [[0.38404375, 0.897875, 0, 0, 1.0175, 2.55], [-0.2663125, -0.03625, 0.475, 0, 0, 0.5]]
     want_ret = [[0.48404375, 1.097875, 0, 0, 1.3175, 2.95], [0.2336875, 0.46375, 0.975, 0, 0, 1.0]]
@@ -89,7 +89,7 @@ def test_critic_free_outcome_is_the_episode_return(episode):
     """rloo: outcomes 3.39 (row 0: 0.5 + 1.0 + 2.0 - 0.11 KL) and 1.5 (row 1); A = n / (n - 1)
     (outcome - group mean) = 2 (3.39 - 2.445) = 1.89 and -1.89 on the action tokens."""
     alg = AlgorithmConfig(adv_estimator="rloo")
-    est = estimate(_batch(episode, None), alg, kl_coef=0.1, no_stop_penalty=0.0)
+    est = estimate_advantages(_batch(episode, None), alg, kl_coef=0.1, no_stop_penalty=0.0)
     mask = episode.gen.response_mask.float()
     torch.testing.assert_close(est.advantages, torch.tensor([[1.89], [-1.89]]) * mask)
 

@@ -15,8 +15,8 @@ import torch
 from proxima.config import ConfigError, load_config
 from proxima.models import load_causal_lm
 from proxima.rollout.engines import engine_class
+from proxima.rollout.experience import build_experience
 from proxima.rollout.plan import plan_scoring
-from proxima.rollout.score import build_experience
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer

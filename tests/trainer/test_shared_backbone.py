@@ -21,9 +21,9 @@ from proxima.models.forward import (
     response_logits_values,
 )
 from proxima.rollout.engines import engine_class
+from proxima.rollout.experience import build_experience, sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import plan_scoring
-from proxima.rollout.score import build_experience, sequence_logprobs
 from proxima.rollout.types import Sampling
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
