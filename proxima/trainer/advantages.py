@@ -4,8 +4,8 @@ With several processes each rank scored its own share; `BatchView.gather` puts t
 per-sequence quantities of the whole batch on every rank (rows in rank order, so one process
 and N processes see the same batch), and `estimate_advantages` computes from them,
 identically on every rank (verl's flow): GAE, whitening, score normalisation, group
-baselines and the KL controller's measurement all see global quantities. `Estimates.rows` hands each rank its own
-rows back for the update.
+baselines and the KL controller's measurement all see global quantities. `Estimates.rows`
+hands each rank its own rows back for the update.
 """
 
 from __future__ import annotations
