@@ -1,4 +1,4 @@
-"""Tokenizers built on this machine (no hub): a character tokenizer and a byte-level BPE.
+"""Tokenizers built locally (no hub): a character tokenizer and a byte-level BPE.
 
 Both are wrapped as `transformers.PreTrainedTokenizerFast`, so they save with
 `save_pretrained` and load back with `AutoTokenizer.from_pretrained(folder)`, exactly like

@@ -67,7 +67,7 @@ def pipeline(cfg: Config) -> dict:
         raise ConfigError(
             "`proxima pipeline` runs in one process. To train its PPO stage on several, run "
             "the stages as commands: `proxima sft`, `proxima rm`, then `torchrun ... proxima "
-            "train reward.model_path=...` (README: RLHF from preferences)."
+            "train reward.model_path=...` (docs/preferences.md)."
         )
     run = Pipeline(cfg)
     return run.run()

