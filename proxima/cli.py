@@ -198,14 +198,13 @@ def _path_warnings(cfg) -> list[str]:
     from proxima.models.folders import policy_folder_problem
     from proxima.models.gguf import gguf_keys, gguf_problem
 
-    for key, path in gguf_keys(cfg).items():
+    gguf_paths = gguf_keys(cfg)
+    for key, path in gguf_paths.items():
         problem = gguf_problem(path) if Path(path).exists() else None
         if problem:
             lines.append(f"`{key}`: {problem}")
     actor = cfg.model.actor_path
-    problem = (
-        policy_folder_problem(actor) if actor and actor not in gguf_keys(cfg).values() else None
-    )
+    problem = policy_folder_problem(actor) if actor and actor not in gguf_paths.values() else None
     if problem:
         lines.append(f"`model.actor_path`: {actor} {problem}")
     return lines

@@ -120,7 +120,7 @@ def test_config_reference_page_is_the_generated_one():
     assert page == reference_markdown(), (
         "regenerate the page: python -m proxima.config > docs/config.md"
     )
-    for _, _, help_text in describe_fields():  # the README no longer explains keys
+    for _, _, help_text in describe_fields():  # keys are explained in docs/, not the README
         assert "README" not in help_text, help_text
 
 

@@ -183,12 +183,11 @@ def _fit_tokenizer(tokenizer, vocab_size: int):
 
 
 def _write_folder(model, tokenizer, out: Path, source: Path) -> None:
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    gen = model.generation_config
+    gen = model.generation_config  # saved with the model
     if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
         gen.pad_token_id = tokenizer.pad_token_id
-    gen.save_pretrained(out)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
     (out / "proxima_import.json").write_text(
         json.dumps({"source": str(source), "bytes": source.stat().st_size}, indent=1) + "\n"
     )
