@@ -6,7 +6,8 @@ still going, and a token is drawn by inverting the cumulative distribution (one 
 number per row and a binary search: an exact draw from p, where `torch.multinomial` draws an
 exponential number per token of the vocabulary). Where the loop does not apply
 (`loop_applies`: an FSDP2 model under torchrun, whose ranks must step together; a model
-whose forward takes no `cache`, `position_ids` or `logits_to_keep`; a generation_config
+whose forward takes no KV cache (`cache`, or `past_key_values` in transformers before the
+rename), `position_ids` or `logits_to_keep`; a generation_config
 with logits processors beyond `suppress_tokens`) the engine runs HF `generate`
 (`proxima.rollout.hf_engine`), whose samples come from the same distribution.
 """
@@ -71,13 +72,25 @@ def sampling_warpers(sampling: Sampling) -> LogitsProcessorList:
     return out
 
 
+def _hf(model: torch.nn.Module) -> torch.nn.Module:
+    return base_model(model.policy if isinstance(model, PolicyValue) else model)
+
+
+def cache_argument(model: torch.nn.Module) -> str | None:
+    """What the model's forward calls its KV cache, the argument and the output's field:
+    `cache` (recent transformers), `past_key_values` (earlier releases), or None."""
+    params = inspect.signature(_hf(model).forward).parameters
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
+
+
 def loop_applies(model: torch.nn.Module) -> str:
     """Why `decode_loop` cannot serve `model` ("" when it can): see the module's docstring."""
     if synced_generation(model):
         return "an FSDP2 model under torchrun: every rank steps until all have ended"
-    hf = base_model(model.policy if isinstance(model, PolicyValue) else model)
+    hf = _hf(model)
     params = inspect.signature(hf.forward).parameters
-    missing = [k for k in ("cache", "position_ids", "logits_to_keep") if k not in params]
+    missing = [k for k in ("position_ids", "logits_to_keep") if k not in params]
+    missing = missing if cache_argument(model) else ["cache", *missing]
     if missing:
         return f"{type(hf).__name__}.forward takes no {', '.join(missing)}"
     config = getattr(hf, "generation_config", None)
@@ -112,18 +125,20 @@ def _cache_groupable(policy: torch.nn.Module) -> bool:
 
 
 def _last_position(policy, ids, mask, positions, cache, values: bool):
-    """One KV-cached forward pass that projects only the last position: (its output, and
-    with `values` the LM head's input there [B, H], else None)."""
+    """One KV-cached forward pass that projects only the last position: (its last
+    position's logits [B, V], its KV cache, and with `values` the LM head's input there
+    [B, H], else None)."""
+    name = cache_argument(policy)
     with HeadInput(policy) if values else nullcontext() as seen:
         out = policy(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{name: cache},
         )
-    return out, seen.calls[-1][:, -1] if values else None
+    return out.logits[:, -1], getattr(out, name), seen.calls[-1][:, -1] if values else None
 
 
 def _prefill(policy, ids, mask, positions, values: bool):
@@ -136,31 +151,32 @@ def _prefill(policy, ids, mask, positions, values: bool):
     groups = [list(range(ids.shape[0]))]
     if ids.shape[0] > 1 and _cache_groupable(policy):
         groups = token_budget_groups(mask, PREFILL_TOKENS)
-    starts, outs, hidden = [], [], []
+    starts, logits, caches, hidden = [], [], [], []
     for group in groups:
         rows = torch.tensor(group, device=ids.device)
         start = 0 if len(groups) == 1 else int(mask[rows].argmax(dim=1).min())
-        out, last = _last_position(
+        last_logits, group_cache, last = _last_position(
             policy, ids[rows, start:], mask[rows, start:], positions[rows, start:], None, values
         )
         starts.append(start)
-        outs.append(out)
+        logits.append(last_logits)
+        caches.append(group_cache)
         hidden += [last] if values else []
     order = torch.tensor([i for group in groups for i in group], device=ids.device)
-    logits = torch.cat([out.logits[:, -1] for out in outs])
+    logits = torch.cat(logits)
     hidden = torch.cat(hidden) if values else None
-    if len(outs) == 1:
-        return order, logits, outs[0].cache, hidden
+    if len(caches) == 1:
+        return order, logits, caches[0], hidden
 
     def joined(layer: int, name: str) -> torch.Tensor:  # its keys or values, every row
         return torch.cat(
             [
-                pad(getattr(out.cache.layers[layer], name), (0, 0, start, 0))
-                for start, out in zip(starts, outs, strict=True)
+                pad(getattr(c.layers[layer], name), (0, 0, start, 0))
+                for start, c in zip(starts, caches, strict=True)
             ]
         )
 
-    layers = range(len(outs[0].cache.layers))
+    layers = range(len(caches[0].layers))
     cache = DynamicCache([(joined(i, "keys"), joined(i, "values")) for i in layers])
     return order, logits, cache, hidden
 
@@ -216,8 +232,7 @@ def decode_loop(
             order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
             rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]
         else:
-            out, hidden = _last_position(policy, ids, mask, positions, cache, values)
-            cache, logits = out.cache, out.logits[:, -1]
+            logits, cache, hidden = _last_position(policy, ids, mask, positions, cache, values)
         steps = t + 1
         scores = processors(ids, logits.float())
         picked = scores.argmax(dim=-1) if greedy else inverse_cdf_draw(scores.softmax(dim=-1))

@@ -251,9 +251,9 @@ def build_experience(
         scores=scores.to(old.device, torch.float32),
         stopped=gen.stopped.to(old.device),
         kl=kl,
-        group_ids=group_ids,
+        group_ids=group_ids.to(old.device),
         rollout_logprobs=engine_lp,
         is_weights=is_weights,
         sum_pi_squared=spsq,
-        turn_rewards=gen.turn_rewards,
+        turn_rewards=None if gen.turn_rewards is None else gen.turn_rewards.to(old.device),
     )

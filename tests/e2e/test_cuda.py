@@ -65,6 +65,16 @@ def test_a_run_on_the_gpu_trains_and_resumes_exactly(
     assert torch.cuda.max_memory_allocated() > 0  # the models lived on the GPU
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_critic_free_run_on_the_gpu(tmp_path, make_model, fast_overrides, estimator):
+    """The group estimators index the batch by prompt (the group ids travel to the GPU)."""
+    init = make_model("llama")
+    extra = ["model.device=cuda", f"algorithm.adv_estimator={estimator}"]
+    assert main(["train", *fast_overrides(init, tmp_path / "run", 2, *extra)]) == 0
+    rows = _metrics(tmp_path / "run")
+    assert sorted(rows) == [1, 2] and all(math.isfinite(r["actor/pg_loss"]) for r in rows.values())
+
+
 @pytest.mark.parametrize(
     "backend, strategies", [("nccl", ("ddp", "fsdp2")), ("gloo", ("ddp",))], ids=["nccl", "gloo"]
 )
@@ -89,3 +99,54 @@ def test_two_processes_on_the_gpus_equal_one_process(tmp_path, backend, strategi
                     torch.testing.assert_close(
                         got[name], want[name], atol=1e-5, rtol=1e-4, msg=f"{strategy} {name}"
                     )
+
+
+def decode_and_head_on(device: torch.device) -> None:
+    """On `device`: the decode loop's greedy tokens, masks and stop flags equal HF generate's
+    (log-probs within rounding); the response-only LM head (`keep`: only the response
+    positions go through the head, packed) gives the full head's logits at those positions."""
+    import proxima.rollout.hf_engine as hf_engine
+    from proxima.models.forward import response_logits
+    from proxima.models.tiny import build_tiny_model
+    from proxima.models.tokenizers import build_char_tokenizer
+    from proxima.rollout.hf_engine import HFEngine
+    from proxima.rollout.types import Sampling
+
+    tok = build_char_tokenizer("0123456789+=")
+    model = build_tiny_model("llama", tok, "nano", max_positions=64, seed=5, initializer_range=0.5)
+    model = model.eval().to(device)
+    rows = [
+        tok(p, add_special_tokens=False)["input_ids"] for p in ["12+34=", "7+8=", "5=", "64+2="]
+    ]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows], device=device)
+    mask = (torch.arange(width) >= torch.tensor([[width - len(r)] for r in rows])).long()
+    mask = mask.to(device)
+    sampling = Sampling(10, (tok.eos_token_id,), greedy=True, logprobs=True)
+    gens = {}
+    real_applies = hf_engine.loop_applies
+    try:
+        for loop in (True, False):
+            hf_engine.loop_applies = (lambda m: "") if loop else (lambda m: "HF generate")
+            gens[loop] = HFEngine(model, tok.pad_token_id, len(rows), tok).generate(
+                ids, mask, sampling
+            )
+    finally:
+        hf_engine.loop_applies = real_applies
+    got, want = gens[True], gens[False]
+    assert got.input_ids.device.type == device.type
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    assert got.stopped.tolist() == want.stopped.tolist()
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=1e-4)
+    r = got.response_ids.shape[1]
+    keep = got.response_mask.bool()
+    with torch.no_grad():
+        full = response_logits(model, got.input_ids, got.attention_mask, r)
+        packed = response_logits(model, got.input_ids, got.attention_mask, r, keep=keep)
+    assert packed.shape == (int(keep.sum()), full.shape[-1])
+    torch.testing.assert_close(packed, full[keep], atol=1e-5, rtol=1e-4)
+
+
+def test_decode_loop_and_response_only_head_on_the_gpu():
+    decode_and_head_on(CUDA)
