@@ -10,44 +10,74 @@ from proxima.tasks import instructions as I
 
 
 @pytest.mark.parametrize(
-    "kind, response, n, word, ok",
+    "kind, response, n, word, topic, ok",
     [
-        ("lowercase", "cats sleep all day.", 0, "", True),
-        ("lowercase", "Cats sleep all day.", 0, "", False),
-        ("lowercase", "  ...  ", 0, "", False),  # no word at all
-        ("uppercase", "THE OCEAN IS DEEP!", 0, "", True),
-        ("uppercase", "THE OCEAN is deep", 0, "", False),
-        ("words", "Coffee is warm and bitter.", 5, "", True),
-        ("words", "Coffee is warm and bitter.", 4, "", False),
-        ("words", "It's a dog's life", 4, "", True),  # apostrophes stay inside a word
-        ("first_word", "Today the sun rose early.", 0, "today", True),
-        ("first_word", '"Today," she said.', 0, "today", True),
-        ("first_word", "The sun rose today.", 0, "today", False),
-        ("last_word", "We will meet again.", 0, "again", True),
-        ("last_word", "Again we meet", 0, "again", False),
-        ("list", "apple, banana, cherry", 3, "", True),
-        ("list", "apple, banana, cherry.", 3, "", True),
-        ("list", "apple, banana", 3, "", False),
-        ("list", "apple, banana,, cherry", 3, "", False),  # an empty item
-        ("list", "red apple, big yellow banana fruit, cherry", 3, "", False),  # item > 3 words
-        ("list", "apple,\nbanana, cherry", 3, "", False),
+        ("lowercase", "cats sleep all day.", 0, "", "cats", True),
+        ("lowercase", "Cats sleep all day.", 0, "", "cats", False),
+        ("lowercase", "  ...  ", 0, "", "cats", False),  # no word at all
+        ("lowercase", "they sleep all day.", 0, "", "cats", False),  # not about the topic
+        ("lowercase", "cats sleep.", 0, "", "cats", False),  # not a sentence: < 4 words
+        ("uppercase", "THE OCEAN IS DEEP!", 0, "", "the ocean", True),
+        ("uppercase", "THE OCEAN is deep", 0, "", "the ocean", False),
+        ("uppercase", "HONEY BEE STINGS HURT", 0, "", "honey bees", True),  # singular counts
+        ("words", "Coffee is warm and bitter.", 5, "", "coffee", True),
+        ("words", "Coffee is warm and bitter.", 4, "", "coffee", False),
+        ("words", "It's a dog's life", 4, "", "dogs", False),  # dog's is not dog
+        ("words", "It's every dog's day", 4, "", "the city at night", False),
+        ("words", "Volcanoes erupt with lava", 4, "", "volcanoes", True),
+        ("first_word", "Today the sun rose early.", 0, "today", "the sun", True),
+        ("first_word", '"Today," she said of the sun.', 0, "today", "the sun", True),
+        ("first_word", "The sun rose today.", 0, "today", "the sun", False),
+        ("first_word", "today", 0, "today", "the sun", False),  # the word alone
+        ("last_word", "We will see the moon again.", 0, "again", "the moon", True),
+        ("last_word", "Again we see the moon", 0, "again", "the moon", False),
+        ("last_word", "here", 0, "here", "a market", False),  # the word alone
+        ("last_word", "The market is busy here", 0, "here", "a market", True),
     ],
 )
-def test_satisfied(kind, response, n, word, ok):
-    assert I.satisfied(kind, response, n, word) is ok
+def test_satisfied(kind, response, n, word, topic, ok):
+    assert I.satisfied(kind, response, n, word, topic=topic) is ok
+
+
+@pytest.mark.parametrize(
+    "response, n, category, ok",
+    [
+        ("apple, banana, cherry", 3, "fruits", True),
+        ("apple, banana, cherry.", 3, "fruits", True),
+        ("Strawberries, a peach, cherries", 3, "fruits", True),  # plurals, articles, case
+        ("hot chocolate, tea, Apple Juice", 3, "drinks", True),  # two-word members
+        ("apple, banana", 3, "fruits", False),
+        ("apple, banana,, cherry", 3, "fruits", False),  # an empty item
+        ("apple, bananas, banana", 3, "fruits", False),  # the same item twice
+        ("apple, cabbage, rock", 3, "birds", False),  # not birds
+        ("parrot, eagle, big yellow canary bird", 3, "birds", False),  # item > 3 words
+        ("apple,\nbanana, cherry", 3, "fruits", False),
+    ],
+)
+def test_list_items_are_members(response, n, category, ok):
+    assert I.satisfied("list", response, n, category=category) is ok
 
 
 def test_reward_reads_the_columns():
     scores = I.reward(
         ["p"] * 3,
-        ["yes we can", "One two", "a, b, c"],
+        ["yes we can see the stars", "One two", "cat, dog, fox"],
         kind=["first_word", "words", "list"],
         n=[0, 3, 3],
         word=["yes", "", ""],
+        topic=["the stars", "rain", ""],
+        category=["", "", "animals"],
     )
     assert scores == [1.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="unknown instruction kind 'poem'"):
         I.satisfied("poem", "x")
+
+
+def test_every_category_and_topic_is_verifiable():
+    assert set(I.MEMBERS) == set(I.CATEGORIES)
+    assert all(len(m) >= 9 for m in I.MEMBERS.values())
+    for topic in I.TOPICS:  # a sentence naming the topic's word meets it
+        assert I.mentions(f"I like {topic} a lot", topic), topic
 
 
 def test_splits_hold_topics_out():

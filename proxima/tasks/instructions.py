@@ -89,8 +89,68 @@ CATEGORIES = [
     "body parts",
     "languages",
 ]
+# what counts as an item of each list category (singular, lowercase)
+MEMBERS = {
+    "fruits": "apple banana cherry grape orange pear peach plum mango lemon lime kiwi melon "
+    "watermelon strawberry blueberry raspberry pineapple apricot fig coconut papaya "
+    "pomegranate avocado grapefruit tangerine nectarine date blackberry cranberry",
+    "colors": "red blue green yellow orange purple pink black white brown gray grey violet "
+    "indigo cyan magenta beige turquoise gold silver maroon navy teal lavender crimson",
+    "animals": "dog cat horse cow pig sheep goat lion tiger bear elephant giraffe zebra monkey "
+    "wolf fox rabbit deer mouse rat snake frog whale dolphin shark camel kangaroo panda "
+    "koala squirrel bird fish duck chicken owl eagle penguin cheetah leopard hippo rhino "
+    "otter bat turtle",
+    "countries": "france germany spain italy china japan india brazil canada mexico russia "
+    "egypt kenya nigeria argentina chile peru australia sweden norway finland denmark "
+    "poland greece turkey iran iraq vietnam thailand indonesia portugal ireland england "
+    "scotland usa america switzerland austria belgium netherlands korea pakistan",
+    "sports": "football soccer basketball tennis baseball golf swimming running cycling "
+    "boxing hockey rugby cricket volleyball skiing surfing badminton wrestling rowing "
+    "sailing archery fencing karate judo gymnastics skating snowboarding climbing "
+    "bowling softball handball polo lacrosse",
+    "vegetables": "carrot potato tomato onion garlic cabbage lettuce spinach broccoli "
+    "cauliflower pea bean corn cucumber pepper eggplant zucchini celery radish beet "
+    "pumpkin squash kale leek asparagus artichoke turnip mushroom",
+    "musical instruments": "piano guitar violin drum flute trumpet saxophone cello "
+    "clarinet harp trombone bass oboe ukulele banjo harmonica accordion tuba xylophone "
+    "organ keyboard viola mandolin bagpipe tambourine",
+    "kitchen tools": "knife spoon fork spatula whisk ladle pan pot kettle grater peeler "
+    "colander blender mixer toaster oven microwave tongs strainer cup bowl plate "
+    "scissors rolling pin cutting board can opener corkscrew sieve skillet",
+    "flowers": "rose tulip daisy lily sunflower orchid daffodil violet lavender jasmine "
+    "carnation peony iris poppy marigold lotus hibiscus magnolia dahlia chrysanthemum "
+    "begonia geranium petunia lilac",
+    "planets": "mercury venus earth mars jupiter saturn uranus neptune pluto",
+    "trees": "oak pine maple birch willow cedar elm ash beech spruce fir palm cherry apple "
+    "redwood sequoia cypress poplar chestnut walnut magnolia baobab eucalyptus sycamore",
+    "birds": "sparrow robin eagle hawk owl parrot pigeon crow raven duck goose swan "
+    "penguin flamingo peacock hummingbird woodpecker seagull pelican ostrich emu "
+    "chicken turkey falcon heron stork canary finch blue jay cardinal",
+    "drinks": "water tea coffee milk juice soda lemonade wine beer cocoa smoothie "
+    "milkshake cider whiskey vodka rum gin champagne espresso latte cappuccino "
+    "orange juice apple juice hot chocolate kombucha",
+    "jobs": "doctor nurse teacher engineer lawyer chef pilot farmer police officer "
+    "firefighter baker artist writer scientist programmer accountant mechanic "
+    "electrician plumber carpenter dentist pharmacist architect designer driver "
+    "cashier waiter waitress soldier judge journalist photographer musician",
+    "body parts": "head hand foot arm leg eye ear nose mouth finger toe knee elbow "
+    "shoulder neck heart brain stomach lung liver back chest hip wrist ankle tooth "
+    "teeth lip tongue hair skin",
+    "languages": "english spanish french german italian portuguese chinese mandarin "
+    "japanese korean arabic hindi russian dutch swedish greek turkish polish hebrew "
+    "latin bengali urdu swahili vietnamese thai",
+}
+# the two-word members (the rest are one word each)
+_PAIRS = {
+    "police officer", "rolling pin", "cutting board", "can opener", "blue jay",
+    "orange juice", "apple juice", "hot chocolate",
+}  # fmt: skip
+
+
+MEMBERS = {k: frozenset(v.split()) | {p for p in _PAIRS if p in v} for k, v in MEMBERS.items()}
 FIRST_WORDS = ["yes", "today", "every", "my", "sometimes", "the", "once", "here"]
 LAST_WORDS = ["today", "again", "now", "here", "together", "forever", "tonight", "home"]
+MIN_SENTENCE_WORDS = 4  # a sentence, not the asked-for word alone
 
 TEMPLATES = {
     "lowercase": "Write one sentence about {topic}, using only lowercase letters.",
@@ -107,33 +167,82 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[A-Za-z0-9']+", text)
 
 
-def satisfied(kind: str, response: str, n: int = 0, word: str = "") -> bool:
-    """Whether `response` meets the constraint `kind` (with its count `n` or `word`)."""
+def _singular(word: str) -> str:
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("oes", "ches", "shes", "xes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
+        return word[:-1]
+    return word
+
+
+def topic_word(topic: str) -> str:
+    """The word a sentence about `topic` must name: its last word, singular ("the city at
+    night" -> "night", "honey bees" -> "bee")."""
+    return _singular(topic.split()[-1].lower())
+
+
+def mentions(text: str, topic: str) -> bool:
+    """Whether `text` names the topic's word (singular or plural)."""
+    want = topic_word(topic)
+    return any(_singular(w.lower()) == want for w in _words(text))
+
+
+def _item(item: str) -> str:
+    """A list item as it is looked up: lowercase, no article, its last word singular."""
+    words = [w.lower() for w in _words(item)]
+    if words and words[0] in ("a", "an", "the"):
+        words = words[1:]
+    return " ".join(words[:-1] + [_singular(words[-1])]) if words else ""
+
+
+def is_member(item: str, category: str) -> bool:
+    """Whether a list item names a member of `category` ("a banana", "Bananas" -> yes)."""
+    return _item(item) in MEMBERS[category]
+
+
+def satisfied(
+    kind: str, response: str, n: int = 0, word: str = "", topic: str = "", category: str = ""
+) -> bool:
+    """Whether `response` meets the constraint `kind` (with its count `n` or `word`) and is
+    on its subject: a sentence (at least MIN_SENTENCE_WORDS words; exactly n for `words`)
+    that names the `topic`'s word, or a list of n different members of `category`. A
+    constraint met by a bare word or by items off the subject does not count."""
     text = response.strip()
     words = _words(text)
     if not words:
         return False
-    if kind == "lowercase":
-        return text == text.lower()
-    if kind == "uppercase":
-        return text == text.upper()
-    if kind == "words":
-        return len(words) == n
-    if kind == "first_word":
-        return words[0].lower() == word
-    if kind == "last_word":
-        return words[-1].lower() == word
     if kind == "list":
         items = [i.strip() for i in text.rstrip(".").split(",")]
-        return len(items) == n and "\n" not in text and all(0 < len(_words(i)) <= 3 for i in items)
-    raise ValueError(f"unknown instruction kind {kind!r}; kinds: {', '.join(KINDS)}")
+        distinct = {_item(i) for i in items}
+        return (
+            len(items) == n
+            and len(distinct) == n
+            and "\n" not in text
+            and all(0 < len(_words(i)) <= 3 and is_member(i, category) for i in items)
+        )
+    if kind not in KINDS:
+        raise ValueError(f"unknown instruction kind {kind!r}; kinds: {', '.join(KINDS)}")
+    on_topic = mentions(text, topic) and (
+        len(words) == n if kind == "words" else len(words) >= MIN_SENTENCE_WORDS
+    )
+    if kind == "lowercase":
+        return on_topic and text == text.lower()
+    if kind == "uppercase":
+        return on_topic and text == text.upper()
+    if kind == "first_word":
+        return on_topic and words[0].lower() == word
+    if kind == "last_word":
+        return on_topic and words[-1].lower() == word
+    return on_topic  # words
 
 
-def reward(prompts, responses, kind, n, word, **_) -> list[float]:
+def reward(prompts, responses, kind, n, word, topic, category, **_) -> list[float]:
     """1.0 where the response meets its prompt's constraint, else 0.0."""
     return [
-        float(satisfied(k, r, int(c), w))
-        for r, k, c, w in zip(responses, kind, n, word, strict=True)
+        float(satisfied(k, r, int(c), w, t, g))
+        for r, k, c, w, t, g in zip(responses, kind, n, word, topic, category, strict=True)
     ]
 
 
@@ -149,6 +258,8 @@ def _row(kind: str, rng: random.Random, topics: list[str], categories: list[str]
         "data_source": kind,  # evaluation reports each kind apart (eval/<kind>/accuracy)
         "n": n,
         "word": fields["word"],
+        "topic": fields["topic"] if kind != "list" else "",
+        "category": fields["category"] if kind == "list" else "",
     }
 
 
