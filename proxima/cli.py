@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from proxima import launch
+from proxima.launch import Interrupted, signum_of
 from proxima.plugins import split_spec
 
 DEFAULT_EXAMPLE = "arithmetic.yaml"
@@ -448,11 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("function", help="the reward function: path/to/file.py:fn or package.mod:fn")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
+    s.add_argument("--port", type=_port, default=8000, help="port to listen on (0: any free one)")
     s.add_argument("--workers", type=int, default=4, help="requests scored at once (threads)")
     s.set_defaults(fn=cmd_serve_reward)
     _model_commands(sub)
     return p
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 0-65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0-65535 (0: any free one)")
+    return port
 
 
 def _where() -> str:
@@ -485,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except KeyboardInterrupt as err:  # a signal outside the training loop, or a second one
         print(f"\naborted: {str(err) or 'interrupted'}", file=sys.stderr)
-        return 128 + getattr(err, "signum", signal.SIGINT)
+        return 128 + signum_of(err)
     except (ValueError, OSError, RuntimeError) as err:
         if os.environ.get("PROXIMA_DEBUG"):
             raise
@@ -500,23 +512,14 @@ def main(argv: list[str] | None = None) -> int:
         shutdown(finished)
 
 
-class Interrupted(KeyboardInterrupt):
-    """A SIGTERM outside the training loop (which handles its own): stop like Ctrl-C,
-    saying so, with exit status 128 + the signal's number."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"{signal.Signals(signum).name} received")
-        self.signum = signum
-
-
 def _interrupt_on(signum: int):
     """Turn `signum` into `Interrupted` for this command (main thread only); returns the
     handler it replaced (None when it could not install one)."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
-    def handle(received: int, frame) -> None:
-        raise Interrupted(received)
+    def handle(received: int, frame) -> None:  # outside the training loop (it has its own)
+        raise Interrupted(f"{signal.Signals(received).name} received", received)
 
     return signal.signal(signum, handle)
 

@@ -1,10 +1,27 @@
 """This process's place in a torchrun job, read from the environment torchrun sets (RANK,
 WORLD_SIZE, LOCAL_RANK): the one reader of it. A plain `python` launch is rank 0 of a world
-of 1. Imports nothing from proxima."""
+of 1. And how it stops on a signal (`Interrupted`: exit status 128 + the signal's number).
+Imports nothing from proxima."""
 
 from __future__ import annotations
 
 import os
+import signal
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop by a signal, like Ctrl-C, that keeps the signal's number: the command exits
+    with 128 + `signum` (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+
+
+def signum_of(err: KeyboardInterrupt) -> int:
+    """The signal behind an interruption (SIGINT for a plain KeyboardInterrupt)."""
+    return getattr(err, "signum", signal.SIGINT)
+
 
 _NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

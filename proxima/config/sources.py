@@ -45,9 +45,16 @@ class RewardSource:
 
 
 def _number(entry: dict, key: str, where: str, low: float | None = None) -> None:
+    """Check entry[key], a number; a string that reads as one (YAML 1.1 takes `1e30`, with
+    no dot, for a string) is replaced by it."""
     value = entry.get(key)
     if value is None:
         return
+    if isinstance(value, str):
+        try:
+            value = entry[key] = float(value)
+        except ValueError:
+            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"`{where}.{key}` must be a number, got {value!r}.")
     if low is not None and value < low:
@@ -122,6 +129,11 @@ def reward_sources(cfg: Config) -> list[RewardSource]:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ConfigError(f"`reward.sources` names must differ; {twice} appear twice.")
+        if all(s.weight == 0 for s in sources):
+            raise ConfigError(
+                "Every source of `reward.sources` has weight 0, so every score would be 0: "
+                "give at least one a non-zero weight."
+            )
         return sources
     if r.function:
         return [RewardSource("function", "function", r.function)]

@@ -36,6 +36,7 @@ from proxima.config.roles import role_plan
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.data.prompts import render_prompt
+from proxima.launch import Interrupted
 from proxima.logging import plot_overoptimization, progress, read_metrics
 from proxima.models import (
     init_model,
@@ -395,9 +396,10 @@ class Pipeline:
         summary = PPORecipe(self.ppo_config(), run_dir=folder).run()
         self.ppo_dir = folder
         if "stopped" in summary:
-            raise KeyboardInterrupt(
+            raise Interrupted(
                 f"stopped during PPO ({summary['stopped'].get('signal', 'a signal')}); its "
-                f"checkpoints are in {folder / 'checkpoints'}"
+                f"checkpoints are in {folder / 'checkpoints'}",
+                summary["stopped"]["exit_status"] - 128,
             )
         if "diverged" in summary:
             self.result["ppo_diverged"] = summary["diverged"]

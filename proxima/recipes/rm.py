@@ -9,6 +9,7 @@ import json
 from proxima.config import Config
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
+from proxima.launch import Interrupted, signum_of
 from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
 from proxima.models.loading import SCORE_NORMALIZATION
 from proxima.recipes.common import fresh_out, process_setup
@@ -54,9 +55,10 @@ def reward_model(cfg: Config) -> dict:
             device=device,
         )
     except KeyboardInterrupt as err:
-        raise KeyboardInterrupt(
+        raise Interrupted(
             f"reward-model training interrupted ({str(err) or 'Ctrl-C'}): nothing was "
-            f"written to {out}, the model is saved only at the end"
+            f"written to {out}, the model is saved only at the end",
+            signum_of(err),
         ) from None
     if r.normalize:
         norm = score_normalization(model, train, tok.pad_token_id, device)

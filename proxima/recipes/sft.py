@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from proxima.config import Config
+from proxima.launch import Interrupted, signum_of
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import fresh_out, process_setup
 from proxima.trainer.setup import check_enough, check_model_folders, load_sft, with_key
@@ -32,9 +33,10 @@ def sft(cfg: Config) -> dict:
             device=device,
         )
     except KeyboardInterrupt as err:
-        raise KeyboardInterrupt(
+        raise Interrupted(
             f"SFT interrupted ({str(err) or 'Ctrl-C'}): nothing was written to {out}, the "
-            "model is saved only at the end"
+            "model is saved only at the end",
+            signum_of(err),
         ) from None
     model.save_pretrained(out)
     tok.save_pretrained(out)

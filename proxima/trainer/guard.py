@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from proxima.config import Config, TrainerConfig
+from proxima.launch import Interrupted
 from proxima.trainer.optim import NonFiniteWeightsError
 
 EXIT_DIVERGED = 3  # `proxima train`'s exit status for a diverged run (2: a user error)
@@ -91,7 +92,7 @@ class StopSignals:
     def _handle(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
         if self.received is not None:
-            raise KeyboardInterrupt(f"second {name}: aborted at once")
+            raise Interrupted(f"second {name}: aborted at once", signum)
         self.received = signum
         # os.write, not print: the signal may arrive while the main thread is printing
         os.write(

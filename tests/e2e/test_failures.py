@@ -373,6 +373,10 @@ def test_interruptions_outside_the_loop_say_what_happened(
     err = capsys.readouterr().err
     assert f"SFT interrupted (Ctrl-C): nothing was written to {out}" in err
 
+    monkeypatch.setattr(sft_recipe, "sft_train", term)  # SIGTERM keeps its exit status
+    assert main(["sft", *args]) == 143
+    assert "SFT interrupted (SIGTERM received)" in capsys.readouterr().err
+
 
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     import proxima.recipes as recipes

@@ -14,6 +14,7 @@ import torch
 
 from proxima.cli import main
 from proxima.config import ConfigError, load_config
+from proxima.config.sources import reward_sources
 from proxima.logging import read_metrics
 from proxima.models import build_tiny_reward_model, load_tokenizer
 from proxima.rewards import WeightedPart, WeightedReward
@@ -119,11 +120,23 @@ def test_weighted_reward_combines_standardises_and_clips():
         ("[{name: a, url: 'ftp://x'}]", "http://"),
         ("[{name: a, url: 'http://x', on_error: ignore}]", "on_error"),
         ("[{name: a, function: f.py:g, weight: heavy}]", "must be a number"),
+        (
+            "[{name: a, function: f.py:g, weight: 0}, {name: b, url: 'http://x', weight: 0.0}]",
+            "has weight 0",
+        ),
     ],
 )
 def test_source_mistakes_are_named(sources, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, ["task.name=arithmetic", f"reward.sources={sources}"])
+
+
+def test_a_weight_in_exponent_notation_is_a_number():
+    """YAML 1.1 reads `1e30` (no dot) as a string; a weight takes it as the number."""
+    cfg = load_config(
+        None, ["task.name=arithmetic", "reward.sources=[{name: a, function: f.py:g, weight: 1e30}]"]
+    )
+    assert [s.weight for s in reward_sources(cfg)] == [1e30]
 
 
 def test_sources_and_the_single_keys_together_are_refused():

@@ -380,3 +380,13 @@ def test_a_port_in_use_is_named(tmp_path):
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=rf"cannot listen on 127.0.0.1:{port} \(Address already"):
             serve(f"{path}:exact", port=port)
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_reward_refuses_a_port_out_of_range(port, capsys):
+    from proxima.cli import main
+
+    with pytest.raises(SystemExit) as exc:  # argparse: before the function loads
+        main(["serve-reward", "missing.py:fn", "--port", port])
+    assert exc.value.code == 2
+    assert f"argument --port: '{port}' is not a port: give 0-65535" in capsys.readouterr().err
