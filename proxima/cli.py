@@ -275,6 +275,13 @@ def _check_init_flags(ns: argparse.Namespace) -> None:
         raise ConfigError(f"init-model needs a tokenizer source: {sources}.")
     if ns.alphabet and ns.text_file:
         raise ConfigError(f"init-model got both --alphabet and --text-file: pass one, {sources}.")
+    if ns.alphabet and ns.vocab_size is not None:
+        raise ConfigError(
+            "--vocab-size sizes a BPE trained with --text-file; a character tokenizer's "
+            "vocabulary is its --alphabet plus the special tokens: drop --vocab-size."
+        )
+    if ns.vocab_size is not None and ns.vocab_size <= 0:
+        raise ConfigError(f"--vocab-size must be positive, got {ns.vocab_size}.")
     if ns.max_positions <= 0:
         raise ConfigError(
             f"--max-positions must be positive (the most tokens of prompt + response the model "
@@ -298,7 +305,7 @@ def cmd_init_model(ns: argparse.Namespace) -> int:
         size=ns.size,
         alphabet=ns.alphabet,
         text_file=ns.text_file,
-        vocab_size=ns.vocab_size,
+        vocab_size=ns.vocab_size or 512,
         max_positions=ns.max_positions,
         seed=ns.seed,
     )
@@ -437,7 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--size", default="tiny", choices=["nano", "tiny", "small"])
     i.add_argument("--alphabet", help="characters of a character-level tokenizer")
     i.add_argument("--text-file", help="train a byte-level BPE tokenizer on this file")
-    i.add_argument("--vocab-size", type=int, default=512)
+    i.add_argument(
+        "--vocab-size",
+        type=int,
+        help="BPE vocabulary to train with --text-file (default 512); a character "
+        "tokenizer's is its alphabet",
+    )
     i.add_argument("--max-positions", type=int, default=256)
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=cmd_init_model)

@@ -5,6 +5,7 @@ model yet, and a place results can be written to."""
 from __future__ import annotations
 
 import os
+import tempfile
 import re
 import uuid
 from pathlib import Path
@@ -124,6 +125,11 @@ def _folder_problem(folder: Path) -> str | None:
         return f"cannot create the folder {folder} ({err.strerror or err})"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"the folder {folder} is not writable"
+    try:  # os.access says yes to root everywhere, also where writes fail (/sys, read-only)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return f"the folder {folder} is not writable ({err.strerror or err})"
     return None
 
 

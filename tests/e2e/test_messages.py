@@ -132,6 +132,18 @@ def test_eval_out_that_cannot_be_written_stops_before_any_model_loads(
     assert main(_eval_args(model, prompt_file, reward_spec, tmp_path)) == 2
     assert f"`eval.out`={tmp_path}: {tmp_path} is a folder; name a file in it" in _failed(capsys)
 
+    # a folder where writes fail although os.access says yes (root in /sys): found by trying
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("tempfile.TemporaryFile", refused)
+    out = tmp_path / "sysfs" / "eval.json"
+    assert main(_eval_args(model, prompt_file, reward_spec, out)) == 2
+    assert (
+        f"`eval.out`={out}: the folder {out.parent} is not writable (Permission denied)"
+        in _failed(capsys)
+    )
+
 
 # --------------------------------------------------------------------------- config
 
@@ -247,6 +259,7 @@ def test_reward_model_as_the_model_says_what_it_is(tmp_path, prompt_file, reward
         ("zero", "error: --max-positions must be positive (the most tokens of prompt + "),
         ("negative", "error: --max-positions must be positive"),
         ("both", "error: init-model got both --alphabet and --text-file: pass one, --alphabet"),
+        ("vocab", "error: --vocab-size sizes a BPE trained with --text-file; a character "),
         ("file", "error: --out {file}/m: cannot create the folder {file}/m: {file} is a file; "),
     ],
 )
@@ -260,6 +273,7 @@ def test_init_model_flags_are_named(tmp_path, make_model, capsys, case, message)
         "zero": ["--max-positions", "0"],
         "negative": ["--max-positions", "-4"],
         "both": ["--text-file", str(file)],
+        "vocab": ["--vocab-size", "8"],
     }.get(case, [])
     assert main(argv) == 2
     err = _failed(capsys)
