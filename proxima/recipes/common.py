@@ -5,8 +5,8 @@ model yet, and a place results can be written to."""
 from __future__ import annotations
 
 import os
-import tempfile
 import re
+import tempfile
 import uuid
 from pathlib import Path
 
