@@ -167,8 +167,8 @@ def policy_folder_problem(path: str | Path) -> str | None:
     folder = Path(path)
     if not folder.is_dir():
         return None
-    if not (folder / "config.json").is_file():
-        return _run_folder_problem(folder)
+    if not (folder / "config.json").is_file() or weights_problem(folder):
+        return _run_folder_problem(folder)  # a run folder's config.json is proxima's own
     try:
         archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
     except (OSError, ValueError, AttributeError):

@@ -331,6 +331,8 @@ def test_a_run_folder_or_a_reward_model_is_not_a_policy(tmp_path):
     with pytest.raises(ValueError, match="not a model folder: pass its trained policy"):
         load_causal_lm(run)
     assert policy_folder_problem(actor) is None and folder_problem(actor) is None
+    (run / "config.json").write_text('{"trainer": {}}')  # a run folder holds its own config
+    assert policy_folder_problem(run) == expected
 
     ckpt = tmp_path / "run2" / "checkpoints" / "iter_10"
     (tmp_path / "run2").mkdir()
