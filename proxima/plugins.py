@@ -77,10 +77,20 @@ def load(
     obj = getattr(module, attr)
     if not fits(obj):
         raise error(
-            f"{where}: {attr!r} is a {type(obj).__name__}; it must be {wanted}: point the "
-            "spec at one."
+            f"{where}: {attr!r} is {_described(obj)}; it must be {wanted}: point the spec at one."
         )
     return obj
+
+
+def _described(obj: Any) -> str:
+    """What an object that does not fit is: a class with its public methods listed (so the
+    missing one shows), else its type."""
+    if not inspect.isclass(obj):
+        return f"a {type(obj).__name__}"
+    methods = sorted(n for n, v in vars(obj).items() if callable(v) and not n.startswith("_"))
+    return (
+        f"a class with the methods {', '.join(methods)}" if methods else "a class with no methods"
+    )
 
 
 def _import_file(path: Path, where: str, error: type[Exception]) -> Any:

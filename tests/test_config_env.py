@@ -48,6 +48,10 @@ def test_env_keys_without_env(override, message):
         ("rollout.env.workers=0", r"`rollout.env.workers` must be >= 1"),
         ("rollout.env.max_turn_tokens=-1", r"`rollout.env.max_turn_tokens` must be >= 0"),
         ("rollout.env.timeout_s=-1", r"`rollout.env.timeout_s` must be >= 0"),
+        (
+            "rollout.env.max_episode_tokens=1",
+            r"`rollout.env.max_episode_tokens` \(1\) is below one action's most tokens",
+        ),
         ("rollout.env.turn_stop=['']", r"`rollout.env.turn_stop` must be a list of non-empty"),
         ("rollout.env.observation_role=''", r"`rollout.env.observation_role` must name a chat"),
     ],
@@ -102,6 +106,18 @@ def test_a_former_key_in_a_yaml_file(tmp_path):
 def test_check_env_names_the_problem(env, message):
     cfg = load_config(None, [*BASE, f"rollout.env={env}"])
     with pytest.raises(ConfigError, match=message):
+        check_env(cfg)
+
+
+def test_a_class_without_step_lists_the_methods_it_has(tmp_path):
+    (tmp_path / "envs.py").write_text(
+        "class NoStep:\n    def __init__(self, row): pass\n    def act(self, a): pass\n"
+    )
+    cfg = load_config(None, [*BASE, f"rollout.env={tmp_path / 'envs.py'}:NoStep"])
+    with pytest.raises(
+        ConfigError,
+        match="'NoStep' is a class with the methods act; it must be a class with a method step",
+    ):
         check_env(cfg)
 
 

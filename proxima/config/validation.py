@@ -313,6 +313,14 @@ def _check_env(cfg: Config) -> None:
             "`rollout.env.max_turn_tokens` must be >= 0 (0 = rollout.max_response_length), "
             f"got {e.max_turn_tokens}."
         )
+    turn = e.max_turn_tokens or cfg.rollout.max_response_length
+    if e.max_episode_tokens < turn:
+        raise ConfigError(
+            f"`rollout.env.max_episode_tokens` ({e.max_episode_tokens}) is below one action's "
+            f"most tokens ({turn}, rollout.env.max_turn_tokens or else "
+            "rollout.max_response_length): every episode would be cut inside its first action. "
+            "Raise max_episode_tokens (it also holds the observations) or lower max_turn_tokens."
+        )
     if e.timeout_s < 0:
         raise ConfigError(
             f"`rollout.env.timeout_s` must be >= 0 (0 = no limit), got {e.timeout_s}."
