@@ -82,24 +82,34 @@ def test_choices_and_missing_paths():
 
 
 def test_batch_plan_counts():
-    c = load_config(
-        None,
-        BASE
-        + [
-            "data.train_batch_size=8",
-            "rollout.n=4",
-            "actor.ppo_mini_batch_size=16",
-            "actor.ppo_micro_batch_size=4",
-            "actor.ppo_epochs=2",
-            "trainer.iterations=3",
-            "critic.ppo_mini_batch_size=32",
-        ],
-    )
+    c_args = BASE + [
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=16",
+        "actor.ppo_micro_batch_size=4",
+        "actor.ppo_epochs=2",
+        "trainer.iterations=3",
+        "critic.ppo_mini_batch_size=32",
+    ]
+    c = load_config(None, c_args)
     plan = batch_plan(c)
     assert "8 prompts x 4 samples = 32 sequences per iteration" in plan
     assert "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s)" in plan
     assert "4 micro-batch(es) of 4" in plan
     assert "3 iterations, 96 sequences" in plan
+    budget = load_config(None, [*c_args, "actor.ppo_max_tokens_per_micro=512"])
+    assert (
+        "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s) per iteration; "
+        "micro-batches of at most 512 padded tokens" in batch_plan(budget)
+    )
+
+
+@pytest.mark.parametrize("key", ["actor.ppo_max_tokens_per_micro", "rollout.max_tokens_per_micro"])
+def test_a_token_budget_below_one_row_is_refused(key):
+    with pytest.raises(ConfigError, match=rf"`{key}` \(2\) is below one whole row: "):
+        load_config(
+            None, [*BASE, "data.max_prompt_length=16", "rollout.max_response_length=4", f"{key}=2"]
+        )
 
 
 def test_every_field_documented_and_default_example_valid():

@@ -28,7 +28,12 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
             f"{mini}{per} = {cfg.steps_per_iteration(sec)} optimizer step(s) per "
-            f"iteration; {n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
+            f"iteration; "
+            + (
+                f"micro-batches of at most {sec.ppo_max_tokens_per_micro} padded tokens"
+                if sec.ppo_max_tokens_per_micro
+                else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
+            )
         )
     lines += kl_plan(cfg)
     lines.append(

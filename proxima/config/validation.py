@@ -405,7 +405,27 @@ def _check_policy_loss_values(cfg: Config) -> None:
             )
 
 
+def _check_token_budgets(cfg: Config) -> None:
+    """A token budget per forward pass holds at least one whole row (prompt + response), as
+    verl asks of its dynamic batch size: below it, every pass would be over budget."""
+    row = cfg.data.max_prompt_length + cfg.rollout.after_prompt_tokens
+    budgets = {
+        "actor.ppo_max_tokens_per_micro": cfg.actor.ppo_max_tokens_per_micro,
+        "critic.ppo_max_tokens_per_micro": cfg.critic.ppo_max_tokens_per_micro,
+        "rollout.max_tokens_per_micro": cfg.rollout.max_tokens_per_micro,
+        "reward.max_tokens_per_micro": cfg.reward.max_tokens_per_micro,
+    }
+    for key, budget in budgets.items():
+        if 0 < budget < row:
+            raise ConfigError(
+                f"`{key}` ({budget}) is below one whole row: data.max_prompt_length + "
+                f"rollout.{cfg.rollout.after_prompt_key} = {row} tokens. Give it at least "
+                f"{row}, or 0 for micro-batches counted in rows."
+            )
+
+
 def _check_actor(cfg: Config) -> None:
+    _check_token_budgets(cfg)
     _check_policy_loss_options(cfg)
     _check_policy_loss_values(cfg)
     if cfg.actor.clip_ratio_c and cfg.actor.clip_ratio_c <= 1:
