@@ -14,6 +14,7 @@ something between iterations, `snapshot()` / `restore()` for `PPOTrainer.undo_it
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import torch
@@ -207,6 +208,7 @@ class DynamicSampling(Stateless):
     def __init__(self, rounds: OnPolicy, max_rounds: int) -> None:
         self.rounds, self.max_rounds = rounds, max_rounds
         self.dist = rounds.trainer.dist
+        self.told = False  # the console heard of a batch with no informative group
 
     def sample(self) -> Batch:
         ro, stats = self.rounds.sample()
@@ -233,6 +235,16 @@ class DynamicSampling(Stateless):
         chosen = (good + bad)[: need * world]
         mine = chosen[self.dist.rank * need : (self.dist.rank + 1) * need]
         rounds = len(parts)
+        if not good and not self.told and self.dist.is_main:
+            self.told = True
+            print(
+                f"dapo: {rounds} batch(es), {rounds * need * world} groups, and in every group "
+                "all samples scored the same (a constant reward?): the batch trains on groups "
+                "whose advantages are all 0. Check the reward, or turn algorithm.filter_groups "
+                "off (said once; dapo/groups_kept counts them every iteration).",
+                file=sys.stderr,
+                flush=True,
+            )
         stats = {k: v / rounds for k, v in stats.items()}
         stats.update(
             {

@@ -72,7 +72,7 @@ def test_a_batch_still_short_after_max_gen_batches_is_filled_with_dropped_groups
     assert ro.prompts[::2] == order
 
 
-def test_no_group_informative_runs_every_round_and_still_trains(files):
+def test_no_group_informative_runs_every_round_and_still_trains(files, capsys):
     trainer = nano_trainer(
         files,
         f"reward.function={REWARD}:constant",
@@ -86,6 +86,10 @@ def test_no_group_informative_runs_every_round_and_still_trains(files):
     assert metrics["dapo/groups_generated"] == 24
     assert (metrics["dapo/groups_kept"], metrics["dapo/groups_filled"]) == (0, 8)
     assert len(ro.prompts) == 16
+    said = capsys.readouterr().err
+    assert "dapo: 3 batch(es), 24 groups, and in every group all samples scored the same" in said
+    trainer.step()  # said once
+    assert "dapo:" not in capsys.readouterr().err
 
 
 def test_overlong_penalty_and_mask_truncated(files):
