@@ -53,6 +53,7 @@ from proxima.trainer.guard import (
     RunFailed,
     SaveSchedule,
     StopSignals,
+    failed_shares,
     non_finite_divergence,
     should_stop,
 )
@@ -317,6 +318,29 @@ class PPORecipe:
         bar.update(1)
         if self.dist.is_main:
             bar.write(format_line(it, self.cfg.trainer.iterations, metrics, LINE_KEYS))
+            for line in self._failure_lines(it, metrics, ro):
+                bar.write(line, file=sys.stderr)
+
+    def _failure_lines(self, it: int, metrics: dict, ro) -> list[str]:
+        """A warning for each kind of work that mostly failed in iteration `it` (episodes
+        ending on environment errors, samples scored a reward source's fallback), with the
+        first error seen; the health check stops the run when all of it fails for
+        guard.patience iterations in a row."""
+        out = []
+        for what, share in failed_shares(metrics).items():
+            if share < 0.5:
+                continue
+            if what == "env":
+                errors = [t["error"] for e in ro.episodes or [] for t in e["turns"] if "error" in t]
+                first, work = (errors[:1] or ["?"])[0], "episodes ended on an environment failure"
+            else:
+                name = what.removeprefix("reward/")
+                parts = self.trainer.roles.reward.parts
+                source = next(p.source for p in parts if p.name == name)
+                first = getattr(source, "last_error", None) or "?"
+                work = f"samples were scored {what}'s fallback"
+            out.append(f"warning: iteration {it}: {share:.0%} of the {work}; first: {first}")
+        return out
 
     def evaluate(self, tag: str) -> dict:
         """Greedy evaluation (and sampled, when configured) on the held-out prompts."""

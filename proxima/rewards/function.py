@@ -128,6 +128,7 @@ class FunctionReward:
         self.on_error, self.fallback = on_error, float(fallback)
         self.is_async = _is_async(fn)
         self.failures = 0  # samples scored `fallback` since the last pop_stats()
+        self.last_error: str | None = None  # the last failure's message (fallback mode)
         self._calls = self._timeouts = 0
         self._seconds = 0.0
         self._lock = threading.Lock()
@@ -286,6 +287,9 @@ class FunctionReward:
             )
         with self._lock:
             self.failures += len(failed)
+            if failed:
+                i, why = failed[0]
+                self.last_error = f"sample {i} ({shorten(responses[i])}): {why}"
         values = [self.fallback if why is not None else value for value, why in scored]
         return torch.tensor(values, dtype=torch.float32)
 

@@ -216,6 +216,7 @@ class HealthMonitor:
                 )
             )
         out += _skipped_steps(cfg, m)
+        out += _all_failed(m)
         return out
 
     def observe(self, iteration: int, metrics: dict[str, float]) -> Divergence | None:
@@ -238,6 +239,40 @@ class HealthMonitor:
         )
         # iteration `first` measured the policy after iteration first - 1: that one was bad
         return Divergence(diagnosis, iteration, found[0].metric, first - 2)
+
+
+def failed_shares(m: dict[str, float]) -> dict[str, float]:
+    """What failed in the iteration, as shares of its work: episodes that ended on an
+    environment error or timeout (`env`), samples a reward source scored its fallback
+    (`reward/<name>`)."""
+    out = {}
+    if "env/errors" in m:
+        out["env"] = m["env/errors"] + m.get("env/timeouts", 0.0)
+    for k, v in m.items():
+        if k.endswith("/fallback_share"):
+            out[k.removesuffix("/fallback_share")] = v
+    return out
+
+
+def _all_failed(m: dict[str, float]) -> list[Finding]:
+    """Every episode ended on an environment failure, or every sample got a reward source's
+    fallback: the iteration learned from no real outcome."""
+    out = []
+    for what, share in failed_shares(m).items():
+        if share >= 1.0:
+            env = what == "env"
+            out.append(
+                Finding(
+                    "env/errors" if env else f"{what}/fallback_share",
+                    "every episode ended on an environment error or timeout"
+                    if env
+                    else f"every sample was scored {what}'s fallback (the source failed)",
+                    "fix the environment (samples.jsonl holds each turn's error)"
+                    if env
+                    else "fix the reward source (its error is printed above)",
+                )
+            )
+    return out
 
 
 def _skipped_steps(cfg: Config, m: dict[str, float]) -> list[Finding]:

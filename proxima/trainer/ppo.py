@@ -340,7 +340,7 @@ class PPOTrainer:
         if batch.score_components is not None:  # each of reward.sources, raw
             for k, name in enumerate(self.roles.reward.names):
                 m[f"reward/{name}"] = float(batch.score_components[:, k].mean())
-            m.update(self.roles.reward.pop_stats())
+            m.update(self._source_stats(len(local.scores)))
         if self.cfg.kl_in_reward:  # the coefficient of the KL in the reward (beta)
             m["kl_coef"] = float(self.kl_ctl.value)
         if batch.values is not None:
@@ -354,6 +354,19 @@ class PPOTrainer:
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
         return m
+
+    def _source_stats(self, rows: int) -> dict[str, float]:
+        """The reward sources' counters (reward/<name>/<stat>), summed over the ranks, and
+        each source's share of samples scored its fallback (reward/<name>/fallback_share)."""
+        stats = self.roles.reward.pop_stats()
+        keys = sorted(stats)
+        total = self.dist.all_reduce_sum(
+            torch.tensor([stats[k] for k in keys] + [float(rows)], dtype=torch.float64)
+        )
+        out = {k: float(v) for k, v in zip(keys, total[:-1], strict=True)}
+        for k in [k for k in keys if k.endswith("/fallback_samples")]:
+            out[k.replace("/fallback_samples", "/fallback_share")] = out[k] / float(total[-1])
+        return out
 
     def _rollout_trust(self, exp: Experience) -> dict[str, float]:
         """How far the engine's log-probs are from the trainer's old ones (and the rollout

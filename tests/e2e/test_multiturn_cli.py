@@ -91,3 +91,31 @@ def test_resume_equals_uninterrupted_run(tmp_path, make_model, fast_overrides, e
         assert a[step] == b[step], step
     wa, wb = (load_file(r / "actor" / "model.safetensors") for r in (run_a, run_b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+BROKEN = """
+class Env:
+    def __init__(self, row):
+        pass
+
+    def step(self, action):
+        raise KeyError("no tool named " + repr(action[:3]))
+"""
+
+
+def test_every_episode_failing_is_said_and_stops_the_run(
+    tmp_path, make_model, fast_overrides, capsys
+):
+    """Not a silent exit 0: each iteration whose episodes mostly failed is warned about
+    with the first error; all of them failing for guard.patience iterations stops the run
+    as diverged."""
+    (tmp_path / "broken.py").write_text(BROKEN)
+    run = tmp_path / "run"
+    extra = (f"rollout.env={tmp_path / 'broken.py'}:Env", *MULTI, "guard.patience=2")
+    assert main(["train", *fast_overrides(make_model("llama"), run, 5, *extra)]) == 3
+    err = capsys.readouterr().err
+    assert "warning: iteration 1: 100% of the episodes ended on an environment failure; " in err
+    assert 'first: raised KeyError: "no tool named' in err
+    assert "every episode ended on an environment error or timeout, for 2 consecutive" in err
+    assert "fix the environment (samples.jsonl holds each turn's error)" in err
+    assert sorted(_steps(run)) == [1, 2]

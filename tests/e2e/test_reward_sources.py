@@ -197,3 +197,24 @@ def test_a_dead_reward_server_stops_the_run_before_anything_loads(
     err = capsys.readouterr().err
     assert "connection refused" in err and "proxima serve-reward" in err
     assert not out.exists()
+
+
+def test_a_source_that_always_falls_back_is_said_and_stops_the_run(
+    fast_overrides, make_model, tmp_path, capsys
+):
+    (tmp_path / "bad.py").write_text(
+        "def score(prompts, responses):\n    raise OSError('db down')\n"
+    )
+    sources = (
+        "reward.sources=[{name: sevens, function: "
+        f"{tmp_path / 'bad.py'}:score, on_error: fallback, fallback: 0.0}}]"
+    )
+    out = tmp_path / "run"
+    args = fast_overrides(make_model(), out, 5, "reward.function=", sources, "guard.patience=2")
+    assert main(["train", *args]) == 3
+    err = capsys.readouterr().err
+    assert "warning: iteration 1: 100% of the samples were scored reward/sevens's fallback; " in err
+    assert "fallback; first: sample 0 (" in err and "raised OSError: db down" in err
+    assert "every sample was scored reward/sevens's fallback (the source failed), for 2" in err
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["reward/sevens/fallback_share"] for r in rows] == [1.0, 1.0]
