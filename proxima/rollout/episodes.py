@@ -40,6 +40,10 @@ from proxima.rollout.types import Generation, Sampling
 
 # why an episode ended; the first three count as stopped
 ENDS = ("done", "error", "timeout", "max_turns", "max_episode_tokens")
+# more characters than any tokenizer packs into one token (so a prefix of (n + 1) x this many
+# characters that gives more than n tokens shows the whole text gives at least n)
+MAX_CHARS_PER_TOKEN = 64
+SHOWN_CHARS = 500  # of an observation the episode could not take, kept in samples.jsonl
 
 
 @dataclass
@@ -207,14 +211,23 @@ def _observe(e: Episode, obs: str | None, tokenizer, cfg: RolloutConfig, ended_o
     """Append the observation's ids (none for None), or end the episode when they would
     leave no room for another action."""
     ids: list[int] = []
+    room = cfg.env.max_episode_tokens - len(e.ids)
     if obs is not None:
         text = observation_text(e.item.messages, obs, cfg.env.observation_role, tokenizer)
         eos_text = tokenizer.eos_token or ""
         if ended_on_eos and e.item.messages is not None and eos_text and text.startswith(eos_text):
             text = text[len(eos_text) :]  # the model already wrote the end of its message
-        ids = tokenize_text(text, tokenizer)
-    if len(e.ids) + len(ids) >= cfg.env.max_episode_tokens:
+        # a huge observation: a prefix already past the room is enough to know it cannot fit
+        ids = tokenize_text(text[: (room + 1) * MAX_CHARS_PER_TOKEN], tokenizer)
+        if len(ids) <= room:
+            ids = tokenize_text(text, tokenizer)
+    if len(ids) >= room:
         e.end = "max_episode_tokens"
+        if obs is not None and len(obs) > SHOWN_CHARS:  # samples.jsonl: what it was, not all
+            e.turns[-1]["observation"] = (
+                f"{obs[:SHOWN_CHARS]}... ({len(obs)} characters, not shown to the model: "
+                "past rollout.env.max_episode_tokens)"
+            )
         return
     e.ids += ids
     e.action += [0] * len(ids)

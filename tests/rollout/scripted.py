@@ -111,6 +111,16 @@ class LongObservation:
         return "xyzxy", 0.5, False
 
 
+class HugeObservation:
+    """Answers with an observation of 100,000 characters."""
+
+    def __init__(self, row: dict) -> None:
+        pass
+
+    def step(self, action: str):
+        return "xyz" * 33_334, 0.5, False
+
+
 class FailsSecond:
     """Raises on its second step."""
 

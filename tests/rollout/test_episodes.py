@@ -105,6 +105,24 @@ def test_max_episode_tokens(tok):
     assert ro.episodes[0]["end"] == "max_episode_tokens" and not bool(ro.gen.stopped[0])
 
 
+def test_a_huge_observation_ends_the_episode_unread(tok, monkeypatch):
+    """100,000 characters with 9 tokens of room: a prefix shows it cannot fit (the whole text
+    is never tokenized), and samples.jsonl keeps its start and its size, not all of it."""
+    import proxima.rollout.episodes as episodes
+
+    seen = []
+    real = episodes.tokenize_text
+    monkeypatch.setattr(episodes, "tokenize_text", lambda t, k: seen.append(len(t)) or real(t, k))
+    ro, _ = play(tok, "HugeObservation", [[[A, A, A]]], n_items=1, max_episode_tokens=12)
+    ep = ro.episodes[0]
+    assert ep["end"] == "max_episode_tokens"
+    assert seen == [(12 - 3 + 1) * episodes.MAX_CHARS_PER_TOKEN]
+    shown = ep["turns"][0]["observation"]
+    assert shown.startswith("xyz" * 10) and len(shown) < 700
+    assert "(100002 characters, not shown to the model" in shown
+    assert ro.gen.response_ids.tolist() == [[A, A, A]]
+
+
 def test_env_error_ends_episode_with_fallback(tok):
     ro, _ = play(tok, "FailsSecond", [[[A]], [[B, B]]], n_items=1, fallback_reward=-1.0)
     ep = ro.episodes[0]
