@@ -10,8 +10,10 @@ that fails during the run (a server gone) is said once and switched off; the run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -70,12 +72,25 @@ class RunLogger:
                 )
 
     def _append(self, name: str, record: Mapping[str, Any]) -> None:
-        if name not in self._files:
-            # Append mode: a resumed run continues the same files.
-            self._files[name] = (self.run_dir / name).open("a", encoding="utf-8")
+        """One whole line, written through (a crash must not lose the last lines); a write
+        that fails (a full disk) takes its partial line back, so every line stays whole,
+        and names the file."""
+        path = self.run_dir / name
+        if name not in self._files:  # append: a resumed run continues the same files
+            self._files[name] = path.open("ab", buffering=0)
         f = self._files[name]
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()  # a crash must not lose the last lines
+        line = memoryview((json.dumps(record, ensure_ascii=False) + "\n").encode())
+        start = f.tell()
+        try:
+            while line:
+                line = line[f.write(line) :]
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                f.truncate(start)
+            raise OSError(
+                err.errno,
+                f"cannot write {path} ({err.strerror or err}); its earlier lines are whole",
+            ) from err
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record scalar ``metrics`` for ``step`` (tensors and numpy scalars are accepted)."""
@@ -141,6 +156,20 @@ class RunLogger:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close("failed" if exc_type is not None else None)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """``path`` holds ``text`` whole or keeps what it held: written beside it, then renamed
+    (a full disk leaves no empty or cut file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(err.errno, f"cannot write {path} ({err.strerror or err})") from err
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,6 +4,7 @@ import json
 import math
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -116,3 +117,49 @@ def test_progress_disabled_off_tty_and_forced(monkeypatch):
     forced = progress(total=2, disable=False)
     assert not forced.disable
     forced.close()
+
+
+class _FullDisk:
+    """A file that takes `room` more bytes, then fails as a full disk does (part written)."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data) -> int:
+        if len(data) > self.room:
+            self.f.write(bytes(data[: self.room]))
+            self.room = 0
+            raise OSError(28, "No space left on device")
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_leaves_whole_lines_and_names_the_file(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"a": 1.0})
+    file = tmp_path / "metrics.jsonl"
+    logger._files["metrics.jsonl"] = _FullDisk(logger._files["metrics.jsonl"], room=5)
+    with pytest.raises(OSError, match=f"cannot write {file} \\(No space left on device\\); its"):
+        logger.log(2, {"a": 2.0})
+    logger.close()
+    assert file.read_text() == '{"step": 1, "a": 1.0}\n'  # the cut line taken back
+
+
+def test_write_atomic_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    from proxima.logging import write_atomic
+
+    path = tmp_path / "summary.json"
+    write_atomic(path, '{"old": 1}')
+    real = Path.write_text
+
+    def full(self, text, *args, **kwargs):
+        real(self, text[:3], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match=f"cannot write {path} \\(No space left on device\\)"):
+        write_atomic(path, '{"new": 2}')
+    assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -37,7 +37,7 @@ from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.data.prompts import render_prompt
 from proxima.launch import Interrupted
-from proxima.logging import plot_overoptimization, progress, read_metrics
+from proxima.logging import plot_overoptimization, progress, read_metrics, write_atomic
 from proxima.models import (
     init_model,
     load_causal_lm,
@@ -506,7 +506,7 @@ class Pipeline:
             "figure": str(figure),
             "config": cfg.to_dict(),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         self._report(out, summary)
         return summary
 

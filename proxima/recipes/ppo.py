@@ -34,7 +34,14 @@ from proxima.checkpoint import (
 )
 from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.config.roles import role_plan
-from proxima.logging import RunLogger, format_line, plot_metrics, plot_pass_at_k, progress
+from proxima.logging import (
+    RunLogger,
+    format_line,
+    plot_metrics,
+    plot_pass_at_k,
+    progress,
+    write_atomic,
+)
 from proxima.recipes.common import (
     check_shared_run_dir,
     new_run_dir,
@@ -412,7 +419,7 @@ class PPORecipe:
         """summary.json, curves.png and the last lines; a write that fails (a full disk) is
         said, not raised: the console still tells what happened."""
         try:
-            (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
+            write_atomic(self.run_dir / "summary.json", json.dumps(self.summary, indent=2))
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
                 plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)

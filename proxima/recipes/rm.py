@@ -10,6 +10,7 @@ from proxima.config import Config
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.launch import Interrupted, signum_of
+from proxima.logging import write_atomic
 from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
 from proxima.models.loading import SCORE_NORMALIZATION
 from proxima.recipes.common import fresh_out, process_setup
@@ -71,7 +72,7 @@ def reward_model(cfg: Config) -> dict:
     summary = {"config": cfg.to_dict(), "pairs": len(train)}
     summary.update(dropped=train.num_dropped, eval_pairs=len(held) if held else 0, **evals)
     summary["curves"] = {k: res[k] for k in CURVES}
-    (out / "rm_summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(out / "rm_summary.json", json.dumps(summary, indent=2))
     for name in ("train", "eval"):
         if f"{name}_before" in res:
             before, after = res[f"{name}_before"], res[f"{name}_after"]
