@@ -4,6 +4,7 @@ export | chat`."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -498,12 +499,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
     if extra:
         ns.args = [*ns.args, *extra]
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
-    previous = _interrupt_on(signal.SIGTERM)
+    previous = {s: _interrupt_on(s) for s in (signal.SIGINT, signal.SIGTERM)}
     finished = False
     try:
+        held = _import_holding_signals(STACK)
+        if held is not None:  # said like a signal at any other point of the start-up
+            raise Interrupted(f"{signal.Signals(held).name} received", held)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Writing model shards" bars on every save
         status = ns.fn(ns)
         finished = True
         return status
@@ -517,11 +521,38 @@ def main(argv: list[str] | None = None) -> int:
         print("(set PROXIMA_DEBUG=1 for the full traceback)", file=sys.stderr)
         return 2
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
         from proxima.trainer.dist import shutdown
 
         shutdown(finished)
+
+
+# the stack every command imports first, with SIGINT and SIGTERM held back: a signal that
+# lands inside torch's or transformers' import machinery surfaces as another error there
+# (an ImportError, "SystemError: bad call flags"), not as the interruption it is
+STACK = ("torch", "transformers", "transformers.modeling_utils")
+
+
+def _import_holding_signals(modules: tuple[str, ...]) -> int | None:
+    """Import `modules` with SIGINT and SIGTERM held back; the first signal that came
+    meanwhile (its number), or None."""
+    if threading.current_thread() is not threading.main_thread():
+        for name in modules:
+            importlib.import_module(name)
+        return None
+    got: list[int] = []
+    held = {
+        s: signal.signal(s, lambda n, f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    return got[0] if got else None
 
 
 def _interrupt_on(signum: int):

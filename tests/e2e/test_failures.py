@@ -378,6 +378,33 @@ def test_interruptions_outside_the_loop_say_what_happened(
     assert "SFT interrupted (SIGTERM received)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_imports_is_an_interruption(
+    tmp_path, monkeypatch, capsys, signum, status
+):
+    """A signal while torch and transformers import is held until they are in, then said
+    as at any other point of the start-up (it used to surface as an ImportError or a
+    SystemError from inside the import machinery)."""
+    import proxima.cli as cli
+
+    name = f"signals_on_import_{int(signum)}"
+    (tmp_path / f"{name}.py").write_text(
+        f"import os, signal\nos.kill(os.getpid(), {int(signum)})\nfinished = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "STACK", (name, "json"))
+    called = []
+    monkeypatch.setattr(cli, "cmd_config", lambda ns: called.append(ns) or 0)
+    assert main(["config"]) == status
+    assert f"aborted: {signal.Signals(signum).name} received" in capsys.readouterr().err
+    assert not called
+    assert sys.modules[name].finished  # the import itself ran to its end
+    # a signal later in the start-up (here: in the command) says the same
+    monkeypatch.setattr(cli, "cmd_config", lambda ns: os.kill(os.getpid(), signum))
+    assert main(["config"]) == status
+    assert f"aborted: {signal.Signals(signum).name} received" in capsys.readouterr().err
+
+
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     import proxima.recipes as recipes
 
