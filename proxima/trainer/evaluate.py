@@ -77,6 +77,11 @@ def _summary(
     if len(samples[0]) == 4:  # episodes
         out["turns"] = float(turns.mean())
         out["multi_turn"] = float((turns > 1).float().mean())
+        failed = [row[3] for row in samples if row[3]["end"] in ("error", "timeout")]
+        out["failed_episodes"] = len(failed) / len(samples)
+        errors = [t["error"] for e in failed for t in e["turns"] if "error" in t]
+        if errors:
+            out["first_error"] = errors[0]
     out["samples"] = samples[:8]
     return out
 
@@ -248,6 +253,11 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "turns" in res:
             acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+        if res.get("failed_episodes"):
+            lines.append(
+                f"{mode}: warning: {res['failed_episodes']:.0%} of the episodes ended on an "
+                f"environment error or timeout (first: {res.get('first_error', '?')})"
+            )
         for src, part in res.get("by_source", {}).items():
             acc = f", accuracy {part['accuracy']:.2%}" if "accuracy" in part else ""
             lines.append(

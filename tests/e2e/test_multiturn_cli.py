@@ -104,7 +104,7 @@ class Env:
 
 
 def test_every_episode_failing_is_said_and_stops_the_run(
-    tmp_path, make_model, fast_overrides, capsys
+    tmp_path, make_model, fast_overrides, prompt_file, capsys
 ):
     """Not a silent exit 0: each iteration whose episodes mostly failed is warned about
     with the first error; all of them failing for guard.patience iterations stops the run
@@ -112,10 +112,17 @@ def test_every_episode_failing_is_said_and_stops_the_run(
     (tmp_path / "broken.py").write_text(BROKEN)
     run = tmp_path / "run"
     extra = (f"rollout.env={tmp_path / 'broken.py'}:Env", *MULTI, "guard.patience=2")
-    assert main(["train", *fast_overrides(make_model("llama"), run, 5, *extra)]) == 3
+    model = make_model("llama")
+    assert main(["train", *fast_overrides(model, run, 5, *extra)]) == 3
     err = capsys.readouterr().err
     assert "warning: iteration 1: 100% of the episodes ended on an environment failure; " in err
     assert 'first: raised KeyError: "no tool named' in err
     assert "every episode ended on an environment error or timeout, for 2 consecutive" in err
     assert "fix the environment (samples.jsonl holds each turn's error)" in err
     assert sorted(_steps(run)) == [1, 2]
+    # `proxima eval` says so too, instead of a bare accuracy of 0%
+    args = ["eval", "--model", str(model), "--data", str(prompt_file), extra[0]]
+    assert main([*args, *MULTI[1:4], "eval.max_prompts=4"]) == 0
+    said = capsys.readouterr().out
+    assert "greedy: warning: 100% of the episodes ended on an environment error or timeout " in said
+    assert '(first: raised KeyError: "no tool named' in said
