@@ -172,3 +172,41 @@ def test_one_grpo_iteration_with_lora(smol, tmp_path):
     )  # fmt: skip
     assert not (out / "critic").exists() and m["kl"] == 0.0
     assert (out / "actor_adapter" / "adapter_config.json").is_file()
+
+
+def test_a_turn_stop_string_across_bpe_tokens_ends_the_action(smol, prompts, tmp_path):
+    """`rollout.env.turn_stop` on a real BPE: a stop string made of the end of one token and
+    the start of the next (so no single token holds it) ends the action at the token where
+    the string completes, as the greedy answer runs without it up to there."""
+    model, tok = smol[2], smol[3]
+    items, cfg = prompts
+    item = items[:1]
+    free_cfg = cfg.replace({"rollout.max_response_length": 24}).rollout
+    free = generate_rollout(model, tok, item, free_cfg, torch.device("cpu"), greedy=True, n=1)
+    ids = free.gen.response_ids[0, : int(free.gen.response_mask[0].sum())].tolist()
+    pieces = [tok.decode([t]) for t in ids]
+    cut = next(
+        i
+        for i in range(2, len(ids) - 1)
+        if len(pieces[i].strip()) >= 2
+        and pieces[i + 1][:1].isalpha()
+        and (pieces[i][-2:] + pieces[i + 1][:1]) not in tok.decode(ids[: i + 1])
+    )
+    stop = pieces[cut][-2:] + pieces[cut + 1][:1]
+    assert all(stop not in p for p in pieces)  # no single token holds it
+    (tmp_path / "envs.py").write_text(
+        "class Env:\n    def __init__(self, row): pass\n"
+        "    def step(self, action): return None, 0.0, True\n"
+    )
+    env_cfg = cfg.replace(
+        {
+            "rollout.env.cls": f"{tmp_path / 'envs.py'}:Env",
+            "rollout.env.turn_stop": [stop],
+            "rollout.env.max_turn_tokens": 24,
+            "rollout.env.max_episode_tokens": 48,
+        }
+    ).rollout
+    ro = generate_rollout(model, tok, item, env_cfg, torch.device("cpu"), greedy=True, n=1)
+    action = ro.gen.response_ids[0][ro.gen.response_mask[0].bool()].tolist()
+    assert action == ids[: cut + 2]
+    assert tok.decode(action).endswith(pieces[cut + 1]) and stop in tok.decode(action)
