@@ -18,13 +18,13 @@ from proxima.models.gguf import GGUFError, export_gguf, import_gguf, is_gguf, lo
 
 
 def model_folder(path: str | Path) -> Path:
-    """The model folder `path` names: itself when it holds a model (config.json), else the
-    trained actor of a run folder (`actor/`)."""
+    """The model folder `path` names: the trained actor of a run folder (`actor/`; the run
+    folder's own config.json is proxima's), else itself when it holds a model (config.json)."""
     p = Path(path)
-    if (p / "config.json").is_file():
-        return p
     if (p / "actor" / "config.json").is_file():
         return p / "actor"
+    if (p / "config.json").is_file():
+        return p
     raise GGUFError(
         f"{p} holds no model: give a Hugging Face folder (with config.json), a run folder "
         "(with actor/), or a .gguf file."

@@ -42,5 +42,9 @@ def test_train_from_a_gguf_actor(tmp_path, make_model, fast_overrides, monkeypat
     actor = json.loads((out / "summary.json").read_text())["config"]["model"]["actor_path"]
     assert actor.startswith(str(tmp_path / "cache" / "gguf"))
     assert (out / "actor" / "config.json").is_file()
+    # the run folder (with proxima's own config.json beside actor/) names its trained actor
+    assert main(["chat", str(out), "--prompt", "1+2=", "--max-new-tokens", "3"]) == 0
+    assert main(["export", str(out), "--gguf", str(tmp_path / "trained.gguf")]) == 0
+    capsys.readouterr()
     assert main(["train", *fast_overrides(file, tmp_path / "run2", 1)]) == 0
     assert "importing" not in capsys.readouterr().out  # the second run reuses the folder
