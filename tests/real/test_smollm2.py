@@ -185,14 +185,15 @@ def test_a_turn_stop_string_across_bpe_tokens_ends_the_action(smol, prompts, tmp
     free = generate_rollout(model, tok, item, free_cfg, torch.device("cpu"), greedy=True, n=1)
     ids = free.gen.response_ids[0, : int(free.gen.response_mask[0].sum())].tolist()
     pieces = [tok.decode([t]) for t in ids]
+    # e.g. "re w" from " creature" and " with" (BPE pieces carry their leading space)
     cut = next(
         i
         for i in range(2, len(ids) - 1)
         if len(pieces[i].strip()) >= 2
-        and pieces[i + 1][:1].isalpha()
-        and (pieces[i][-2:] + pieces[i + 1][:1]) not in tok.decode(ids[: i + 1])
+        and pieces[i + 1][1:2].isalpha()
+        and (pieces[i][-2:] + pieces[i + 1][:2]) not in tok.decode(ids[: i + 1])
     )
-    stop = pieces[cut][-2:] + pieces[cut + 1][:1]
+    stop = pieces[cut][-2:] + pieces[cut + 1][:2]
     assert all(stop not in p for p in pieces)  # no single token holds it
     (tmp_path / "envs.py").write_text(
         "class Env:\n    def __init__(self, row): pass\n"
