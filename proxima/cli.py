@@ -538,13 +538,12 @@ STACK = ("torch", "transformers", "transformers.modeling_utils")
 def _import_holding_signals(modules: tuple[str, ...]) -> int | None:
     """Import `modules` with SIGINT and SIGTERM held back; the first signal that came
     meanwhile (its number), or None."""
-    if threading.current_thread() is not threading.main_thread():
-        for name in modules:
-            importlib.import_module(name)
-        return None
     got: list[int] = []
+    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
     held = {
-        s: signal.signal(s, lambda n, f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)
+        s: signal.signal(s, lambda n, f: got.append(n))
+        for s in (signal.SIGINT, signal.SIGTERM)
+        if main
     }
     try:
         for name in modules:

@@ -383,7 +383,7 @@ def test_a_signal_during_the_imports_is_an_interruption(
     tmp_path, monkeypatch, capsys, signum, status
 ):
     """A signal while torch and transformers import is held until they are in, then said
-    as at any other point of the start-up (it used to surface as an ImportError or a
+    as at any other point of the start-up (not as an ImportError or a
     SystemError from inside the import machinery)."""
     import proxima.cli as cli
 
