@@ -189,9 +189,10 @@ def _path_warnings(cfg) -> list[str]:
     lines = []
     for key in _PATH_KEYS:
         section, name = key.split(".")
-        path = getattr(getattr(cfg, section), name)
-        if path and not Path(path).exists():
-            lines.append(f"`{key}`: {path} does not exist")
+        value = getattr(getattr(cfg, section), name)
+        for path in value if isinstance(value, list) else [value]:  # data: one file or several
+            if path and not Path(path).exists():
+                lines.append(f"`{key}`: {path} does not exist")
     spec = cfg.reward.function
     if ":" in spec:  # a spec without one is named by the config check
         file, _, is_file = split_spec(spec, "`reward.function`")

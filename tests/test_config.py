@@ -145,7 +145,7 @@ def test_config_reference_page_is_the_generated_one():
 )
 def test_algorithm_names_checked_before_anything_loads(override, key):
     with pytest.raises(ConfigError, match=f"`{key}` must be one of"):
-        load_config(None, BASE + [override])
+        load_config(None, BASE + ([override] if isinstance(override, str) else list(override)))
 
 
 def test_config_is_frozen_and_replace_returns_a_new_one():
@@ -271,13 +271,28 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
         ("critic.optim.lr=-1", r"`critic.optim.lr` must be >= 0"),
         ("actor.optim.grad_clip=-1", r"`actor.optim.grad_clip` must be >= 0"),
         ("trainer.threads=-1", r"`trainer.threads` must be >= 0 \(0 = torch's default, N = N"),
+        ("data.train_path=[a.jsonl, 3]", r"`data.train_path` must be a prompt file or a list"),
+        ("data.eval_path=[a.jsonl, a.jsonl]", r"`data.eval_path` names a file twice"),
+        ("data.train_weights=[1, 2]", r"mixes several prompt files, but `data.train_path` names 1"),
+        (
+            ("data.train_path=[a.jsonl, b.jsonl]", "data.train_weights=[1]"),
+            r"has 1 weights for the 2 files of `data.train_path`; give one weight per file",
+        ),
+        (
+            ("data.train_path=[a.jsonl, b.jsonl]", "data.train_weights=[1, -1]"),
+            r"`data.train_weights` must be a list of numbers >= 0",
+        ),
+        (
+            ("data.train_path=[a.jsonl, b.jsonl]", "data.train_weights=[0, 0]"),
+            r"`data.train_weights` are all 0: no prompt set would be sampled",
+        ),
     ],
 )
 def test_values_checked_before_anything_loads(override, message):
     """Values that would otherwise fail later, mid-run (an IndexError for one beta, "No such
     file or directory: metrics.jsonl" for zero iterations), stop at load time."""
     with pytest.raises(ConfigError, match=message):
-        load_config(None, BASE + [override])
+        load_config(None, BASE + ([override] if isinstance(override, str) else list(override)))
 
 
 def test_rollout_engine_keys():
@@ -300,7 +315,7 @@ def test_rollout_engine_keys():
         ("algorithm.rollout_correction_cap=0.5", "rollout_correction_cap` must be >= 1"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            load_config(None, BASE + [override])
+            load_config(None, BASE + ([override] if isinstance(override, str) else list(override)))
 
 
 def test_dotted_keys_in_a_yaml_file_are_shown_nested(tmp_path):

@@ -10,16 +10,18 @@ from typing import Any
 from proxima.config.schema import Config
 
 
-def batch_plan(cfg: Config, world: int = 1) -> str:
+def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None) -> str:
     """Human-readable batch plan, printed at start-up: one unit (sequences), every count,
     global and per process, for each role trained with steps of its own (a value head
-    trains in the actor's)."""
+    trains in the actor's); with several prompt files, the mix (`mix`: each set's prompts
+    per batch, once the files are read)."""
     rollout = cfg.rollout_batch_size
     lines = [
         f"batch plan: {cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples = "
         f"{rollout} sequences per iteration"
         + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
+    lines += data_plan(cfg, mix)
     for role, sec in cfg.trained_roles().items():
         mini = sec.ppo_mini_batch_size
         n_mini = rollout // mini
@@ -41,6 +43,23 @@ def batch_plan(cfg: Config, world: int = 1) -> str:
         f"{cfg.trainer.iterations * rollout} sequences"
     )
     return "\n".join(lines)
+
+
+def data_plan(cfg: Config, mix: dict[str, float] | None = None) -> list[str]:
+    """Several prompt files: how a batch mixes them (each set's prompts per batch on
+    average, from `mix` or else the weights)."""
+    files, d = cfg.data.train_files(), cfg.data
+    if len(files) < 2:
+        return []
+    if mix is not None:
+        total = sum(mix.values())
+        parts = [f"{n} {v / total:.0%} ({v:.3g})" for n, v in mix.items()]
+        return [f"  data  : {len(mix)} prompt sets, prompts per batch: {', '.join(parts)}"]
+    if d.train_weights:
+        total = sum(d.train_weights)
+        shares = [f"{f} {w / total:.0%}" for f, w in zip(files, d.train_weights, strict=True)]
+        return [f"  data  : {len(files)} prompt sets mixed in every batch: {', '.join(shares)}"]
+    return [f"  data  : {len(files)} prompt sets mixed in proportion to their sizes"]
 
 
 def kl_plan(cfg: Config) -> list[str]:

@@ -95,12 +95,23 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    train_path: str = _f(
+    train_path: str | list = _f(
         "",
-        "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder.",
+        "Prompt file: .jsonl/.json/.parquet/.csv or a datasets.save_to_disk folder; or a list "
+        "of them ([math.jsonl, code.jsonl]), mixed in every batch by data.train_weights and "
+        "each named by its file (a `dataset` column every record carries).",
         fixed=True,
     )
-    eval_path: str = _f("", "Held-out prompt file for in-loop evaluation (optional).")
+    train_weights: list = _f(
+        [],
+        "With several data.train_path files: each one's share of a batch ([0.7, 0.3], "
+        "normalised); empty = in proportion to their sizes. May change on resume.",
+    )
+    eval_path: str | list = _f(
+        "",
+        "Held-out prompt file(s) for in-loop evaluation (optional); with several, each is "
+        "reported under its name (eval/<name>/accuracy) as well as together.",
+    )
     prompt_key: str = _f(
         "prompt", "Column holding the prompt (a string or a chat message list).", fixed=True
     )
@@ -113,6 +124,20 @@ class DataConfig:
         "", "Prompt/response records for the ptx (SFT) loss; used when actor.ptx_coef > 0."
     )
     response_key: str = _f("response", "Column holding the response in SFT records.")
+
+    def train_files(self) -> list[str]:
+        """The files of `train_path` (one, or the list)."""
+        return _files(self.train_path)
+
+    def eval_files(self) -> list[str]:
+        """The files of `eval_path` (none, one, or the list)."""
+        return _files(self.eval_path)
+
+
+def _files(value: str | list) -> list[str]:
+    if isinstance(value, str):
+        return [value] if value else []
+    return [str(v) for v in value]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ vocabularies (`trainer.setup`). `check_sources` checks that a command's inputs
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from proxima.config.choices import (
@@ -102,6 +103,7 @@ def validate(cfg: Config) -> None:
     _check_counts(cfg)
     _check_lora(cfg.model)
     _check_lists(cfg)
+    _check_data(cfg)
     _check_optim(cfg)
     _check_temperature(cfg)
     _check_mixed_precision(cfg.model)
@@ -227,6 +229,47 @@ def _check_lists(cfg: Config) -> None:
         raise ConfigError(
             f"`model.lora_target_modules` must be a list of module names, like "
             f"[q_proj, v_proj]; got {modules!r}."
+        )
+
+
+def _check_data(cfg: Config) -> None:
+    """Several prompt files: a list of paths, and a mixing weight for each training file."""
+    d = cfg.data
+    for key in ("train_path", "eval_path"):
+        value = getattr(d, key)
+        if isinstance(value, list) and not all(isinstance(p, str) and p for p in value):
+            raise ConfigError(
+                f"`data.{key}` must be a prompt file or a list of them, like "
+                f"[math.jsonl, code.jsonl]; got {value!r}."
+            )
+        files = getattr(d, key.replace("_path", "_files"))()
+        if len(set(files)) != len(files):
+            raise ConfigError(f"`data.{key}` names a file twice: {value!r}.")
+    weights, files = d.train_weights, d.train_files()
+    if not weights:
+        return
+    if not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+        for w in weights
+    ):
+        raise ConfigError(
+            "`data.train_weights` must be a list of numbers >= 0, one per data.train_path "
+            f"file, like [0.7, 0.3]; got {weights!r}."
+        )
+    if len(files) < 2:
+        raise ConfigError(
+            "`data.train_weights` mixes several prompt files, but `data.train_path` names "
+            f"{len(files)}; list the files ([a.jsonl, b.jsonl]) or leave the weights empty."
+        )
+    if len(weights) != len(files):
+        raise ConfigError(
+            f"`data.train_weights` has {len(weights)} weights for the {len(files)} files of "
+            "`data.train_path`; give one weight per file, in the same order."
+        )
+    if not sum(weights) > 0:
+        raise ConfigError(
+            "`data.train_weights` are all 0: no prompt set would be sampled; give at least "
+            "one set a weight above 0."
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from proxima.config import Config
+from proxima.data.mixing import all_items
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.engines import build_engine, sync_weights
@@ -17,8 +18,7 @@ from proxima.trainer.setup import (
     check_lengths,
     check_model_folders,
     check_token_ids,
-    load_prompts,
-    with_key,
+    load_prompt_sets,
 )
 
 
@@ -30,7 +30,7 @@ def evaluate_policy(cfg: Config) -> dict[str, dict]:
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
     check_token_ids(tok, cfg.model.actor_path, "model.actor_path")
-    items = list(with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tok))
+    items = all_items(load_prompt_sets(cfg, "data.eval_path", tok))
     items = items[: cfg.eval.max_prompts or None]
     check_lengths(cfg, items)
     actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)

@@ -34,6 +34,7 @@ from proxima.checkpoint import (
 )
 from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.config.roles import role_plan
+from proxima.data.mixing import MixedPromptLoader, all_items
 from proxima.logging import (
     RunLogger,
     format_line,
@@ -168,8 +169,10 @@ class PPORecipe:
             self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
         memory = f"\n{self.memory.describe()}" if self.memory is not None else ""
+        loader = self.trainer.loader
+        mix = loader.expected_counts() if isinstance(loader, MixedPromptLoader) else None
         self._say(
-            f"{batch_plan(cfg, self.dist.world_size)}\n{role_plan(cfg).describe()}"
+            f"{batch_plan(cfg, self.dist.world_size, mix)}\n{role_plan(cfg).describe()}"
             f"{memory}\nroles:\n{roles.report()}\n"
             f"{self.trainer.plan.describe()}"
         )
@@ -198,7 +201,7 @@ class PPORecipe:
         mode = self.cfg.trainer.memory_check
         if mode == "off":
             return None
-        items = [*inputs.prompts, *inputs.eval_items]
+        items = [*all_items(inputs.prompts), *inputs.eval_items]
         longest = max((len(item.ids) for item in items), default=None)
         plan = plan_memory(self.cfg, device, self.dist.world_size, prompt_length=longest)
         warning = check_memory(plan, mode)

@@ -73,7 +73,10 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         cat_generations([ro.gen for ro in parts], pad_id),
         [p for ro in parts for p in ro.prompts],
         [r for ro in parts for r in ro.responses],
-        {k: [v for ro in parts for v in ro.columns[k]] for k in parts[0].columns},
+        {
+            k: [v for ro in parts for v in ro.columns.get(k, [None] * len(ro.prompts))]
+            for k in dict.fromkeys(k for ro in parts for k in ro.columns)
+        },
         torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
         cat("scores"),
         cat("baselines"),
@@ -155,7 +158,8 @@ def generate_rollout(
     responses = tokenizer.batch_decode(gen.response_ids.cpu(), skip_special_tokens=True)
     items = [it for it in items for _ in range(n)]
     prompts = [it.text for it in items]
-    columns = {k: [it.columns.get(k) for it in items] for k in items[0].columns}
+    keys = dict.fromkeys(k for it in items for k in it.columns)  # sets may differ in columns
+    columns = {k: [it.columns.get(k) for it in items] for k in keys}
     return Rollout(gen, prompts, responses, columns, group_ids, episodes=episodes)
 
 

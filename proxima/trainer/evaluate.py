@@ -16,6 +16,7 @@ import torch
 
 from proxima.algos import mean_at_k, pass_at_k_table
 from proxima.config import RolloutConfig
+from proxima.data.mixing import DATASET_COLUMN
 from proxima.models.forward import response_logprobs
 from proxima.rollout.collect import collect, generate_rollout, score_rollout
 from proxima.rollout.engine import RolloutEngine
@@ -99,7 +100,8 @@ def evaluate(
     dist: Dist | None = None,
 ) -> dict:
     """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`, also per
-    source (`by_source`) when the prompts have a `data_source` column.
+    source (`by_source`) when the prompts have a `data_source` column, and per file of
+    several `data.eval_path` files.
 
     `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
@@ -130,14 +132,14 @@ def evaluate(
 
 
 def _by_source(items: list) -> dict[str, list[int]]:
-    """The rows of each value of the prompts' `data_source` column (verl's name: the
-    dataset, task or constraint kind a prompt comes from), in sorted order; {} without it."""
-    sources = [it.columns.get("data_source") for it in items]
-    if all(src is None for src in sources):
-        return {}
+    """The rows of each prompt set (the `dataset` column of several `data.eval_path` files)
+    and of each value of the prompts' `data_source` column (verl's name: the dataset, task
+    or constraint kind a prompt comes from), in sorted order; {} without either."""
     rows = defaultdict(list)
-    for i, src in enumerate(sources):
-        rows[str(src)].append(i)
+    for i, it in enumerate(items):
+        keys = (it.columns.get(DATASET_COLUMN), it.columns.get("data_source"))
+        for key in dict.fromkeys(str(k) for k in keys if k is not None):
+            rows[key].append(i)
     return dict(sorted(rows.items()))
 
 

@@ -32,6 +32,7 @@ from proxima.algos import (
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
+from proxima.data.mixing import DATASET_COLUMN, prompt_loader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
@@ -118,7 +119,8 @@ class PPOTrainer:
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
         self.dist = dist = dist or Dist()
-        self.loader = PromptLoader(prompts, cfg.data.train_batch_size, seed=cfg.trainer.seed)
+        d = cfg.data
+        self.loader = prompt_loader(prompts, d.train_batch_size, cfg.trainer.seed, d.train_weights)
         self.kl_ctl = build_kl_controller(cfg)
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
@@ -201,6 +203,7 @@ class PPOTrainer:
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
+        metrics.update(self._set_stats(ro))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro
@@ -354,6 +357,27 @@ class PPOTrainer:
         m.update(train_stats)
         m.update({f"time/{k}": v for k, v in self.timer.last.items()})
         return m
+
+    def _set_stats(self, ro: Rollout) -> dict[str, float]:
+        """Several prompt sets: each one's share of the batch's samples and their mean score
+        (data/<name>/share, data/<name>/score; no score for a set absent this time), over
+        the ranks."""
+        names = getattr(self.loader, "names", None)
+        sets = ro.columns.get(DATASET_COLUMN)
+        if not names or sets is None:
+            return {}
+        k = len(names)
+        sums = torch.zeros(2 * k, dtype=torch.float64)  # counts, then score sums
+        for name, score in zip(sets, ro.total_rewards().tolist(), strict=True):
+            sums[names.index(name)] += 1
+            sums[k + names.index(name)] += score
+        sums = self.dist.all_reduce_sum(sums)
+        out = {}
+        for i, name in enumerate(names):
+            out[f"data/{name}/share"] = float(sums[i] / sums[:k].sum())
+            if sums[i]:
+                out[f"data/{name}/score"] = float(sums[k + i] / sums[i])
+        return out
 
     def _source_stats(self, rows: int) -> dict[str, float]:
         """The reward sources' counters (reward/<name>/<stat>), summed over the ranks, and

@@ -14,6 +14,7 @@ from proxima.checkpoint import model_folders as checkpoint_model_folders
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
 from proxima.data import PromptDataset, SFTDataset, load_records
+from proxima.data.mixing import all_items, set_names, tag_records
 from proxima.models import (
     DTYPES,
     config_positions,
@@ -271,16 +272,35 @@ def check_enough(data, batch_size: int, size_key: str, data_key: str) -> None:
         )
 
 
+def load_prompt_sets(cfg: Config, key: str, tokenizer) -> dict[str | None, PromptDataset]:
+    """The prompt files of `key` (data.train_path or data.eval_path) by set name: {None:
+    the set} for one file; for several, each named by its file (`set_names`) and each of
+    its records given that name in its `dataset` column."""
+    files = cfg.data.train_files() if key == "data.train_path" else cfg.data.eval_files()
+    if len(files) == 1:
+        return {None: with_key(key, load_prompts, cfg, files[0], tokenizer)}
+    try:
+        names = set_names(files)
+    except ValueError as err:
+        raise ConfigError(f"`{key}`: {err}") from None
+    return {
+        name: with_key(key, load_prompts, cfg, path, tokenizer, dataset=name)
+        for name, path in zip(names, files, strict=True)
+    }
+
+
 def load_data(cfg: Config, tokenizer) -> tuple:
-    """Training prompts, held-out evaluation prompts (maybe none), ptx records (maybe none),
-    each error named by its config key; a prompt set smaller than one batch is refused."""
-    prompts = with_key("data.train_path", load_prompts, cfg, cfg.data.train_path, tokenizer)
-    check_enough(prompts, cfg.data.train_batch_size, "data.train_batch_size", "data.train_path")
+    """Training prompts (one set, or {name: set} for several files), held-out evaluation
+    prompts (maybe none), ptx records (maybe none), each error named by its config key; a
+    prompt set smaller than one batch is refused."""
+    sets = load_prompt_sets(cfg, "data.train_path", tokenizer)
+    prompts = sets[None] if None in sets else sets
+    size = cfg.data.train_batch_size  # several sets: all of them together fill a batch
+    check_enough(all_items(prompts), size, "data.train_batch_size", "data.train_path")
     eval_items = []
-    if cfg.data.eval_path:
-        eval_items = list(
-            with_key("data.eval_path", load_prompts, cfg, cfg.data.eval_path, tokenizer)
-        )
+    if cfg.data.eval_files():
+        sets = load_prompt_sets(cfg, "data.eval_path", tokenizer)
+        eval_items = all_items(sets)
     eval_items = eval_items[: cfg.eval.max_prompts or None]
     sft = None
     if cfg.actor.ptx_coef:
@@ -398,7 +418,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     engine = engine_class(cfg.rollout.name)
     plan = plan_scoring(cfg, engine, generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
-    check_lengths(cfg, prompts, eval_items)
+    check_lengths(cfg, all_items(prompts), eval_items)
     fn = None
     if cfg.reward.function:
         fn = with_key("reward.function", load_reward_function, cfg.reward.function)
@@ -437,9 +457,11 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     return Roles(tokenizer, actor, reference, critic, reward)
 
 
-def load_prompts(cfg: Config, path: str, tokenizer) -> PromptDataset:
+def load_prompts(cfg: Config, path: str, tokenizer, dataset: str | None = None) -> PromptDataset:
+    """The prompt file `path`; `dataset`: the name of its set, put in a `dataset` column."""
+    records = load_records(path)
     return PromptDataset(
-        load_records(path),
+        tag_records(records, dataset, path) if dataset else records,
         tokenizer,
         prompt_key=cfg.data.prompt_key,
         max_prompt_length=cfg.data.max_prompt_length,

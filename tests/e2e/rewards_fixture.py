@@ -92,3 +92,9 @@ def first_sample_correct(prompts: list[str], responses: list[str], **_: list) ->
         out.append(0.0 if p in seen else 1.0)
         seen.add(p)
     return out
+
+
+def set_is_ones(prompts: list[str], responses: list[str], dataset: list[str]) -> list[float]:
+    """0/1 reward read from the `dataset` column of several prompt files: 1 for the set
+    named "ones"."""
+    return [float(d == "ones") for d in dataset]

@@ -197,6 +197,12 @@ def test_config_warns_about_paths_that_do_not_exist(tmp_path, capsys):
         assert f"warning: `{key}`: {path} does not exist\n" in err
     assert f"warning: `reward.function`: {tmp_path}/rewards.py does not exist (the file" in err
     assert "warning: `data.sft_path`" not in err  # an empty path is not a missing one
+    # several prompt files: each missing one named
+    several = f"data.eval_path=[{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}]"
+    assert main(["config", *argv[1:], several, f"reward.function={tmp_path}/r.py:fn"]) == 0
+    err = capsys.readouterr().err
+    for name in ("a.jsonl", "b.jsonl"):
+        assert f"warning: `data.eval_path`: {tmp_path / name} does not exist\n" in err
 
 
 def test_yaml_after_the_overrides_is_asked_to_come_first(tmp_path, capsys):
