@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -64,8 +65,9 @@ class RunLogger:
                 getattr(tracker, call)(*args)
             except Exception as err:  # noqa: BLE001 - metrics.jsonl keeps everything
                 self.trackers.remove(tracker)
+                where = f" ({tracker.location})" if getattr(tracker, "location", "") else ""
                 warnings.warn(
-                    f"trainer.loggers: {tracker.name} failed in {call} "
+                    f"trainer.loggers: {tracker.name}{where} failed in {call} "
                     f"({type(err).__name__}: {err}); it is off for the rest of the run "
                     "(metrics.jsonl keeps every metric).",
                     stacklevel=3,
@@ -194,7 +196,27 @@ def _open_tensorboard(folder: Path) -> Any:
             )
             _TB_WARNED = True
         return None
+    _quiet_writer_threads()
     return SummaryWriter(log_dir=str(folder))
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes from a thread of its own, which keeps a failed write's error (a full
+    disk) for the writer's next call and also lets Python print it with a traceback. The
+    next call raises it here, where `RunLogger` names it and turns TensorBoard off, so that
+    thread's print is left out; every other thread's error prints as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        thread_class = type(args.thread).__name__ if args.thread is not None else ""
+        if thread_class == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class TensorBoardTracker(Tracker):
@@ -204,6 +226,7 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, writer: Any):
         self.writer = writer
+        self.location = getattr(writer, "log_dir", "")
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():

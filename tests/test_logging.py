@@ -3,6 +3,7 @@
 import json
 import math
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -163,3 +164,34 @@ def test_write_atomic_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
     with pytest.raises(OSError, match=f"cannot write {path} \\(No space left on device\\)"):
         write_atomic(path, '{"new": 2}')
     assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_full_disk_under_tensorboard_is_named_once_without_a_thread_traceback(
+    tmp_path, monkeypatch
+):
+    """TensorBoard's writer thread fails (a full disk): no traceback from that thread; the
+    main thread's warning names TensorBoard's folder and the cause, TensorBoard is off, and
+    metrics.jsonl keeps every line. Other threads' errors still reach the hook."""
+    printed = []  # what Python's thread hook would print
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.exc_value))
+    logger = RunLogger(tmp_path / "run")
+    tb = logger.trackers[0]
+    records = tb.writer.file_writer.event_writer._async_writer._writer
+
+    def full(data):
+        raise OSError(28, "No space left on device")
+
+    records.write = full
+    with pytest.warns(UserWarning) as caught:
+        logger.log(1, {"score": 0.5})
+    message = str(caught[0].message)
+    assert f"tensorboard ({tmp_path / 'run' / 'tb'}) failed in log" in message
+    assert "No space left on device" in message and "it is off for the rest" in message
+    assert logger.trackers == []
+    logger.log(2, {"score": 0.75})  # metrics.jsonl goes on
+    assert [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+    assert printed == []
+    other = threading.Thread(target=lambda: 1 / 0)
+    other.start()
+    other.join()
+    assert [type(e) for e in printed] == [ZeroDivisionError]

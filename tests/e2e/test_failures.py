@@ -405,6 +405,43 @@ def test_a_signal_during_the_imports_is_an_interruption(
     assert f"aborted: {signal.Signals(signum).name} received" in capsys.readouterr().err
 
 
+def test_a_signal_anywhere_in_the_start_up_is_said_the_same_way(
+    tmp_path, make_model, fast_overrides
+):
+    """A real `proxima train` gets SIGINT or SIGTERM at four points of its start-up: during
+    the imports (1 s in), once the config is read, once the models are loaded and the run
+    folder is made, and at the first iteration; every time the signal's exit status and
+    words, and never a traceback. (Before Python runs proxima's first line, the interpreter's
+    own handling applies.)"""
+    model = make_model()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    points = [
+        (1.0, signal.SIGINT),
+        ("config: ", signal.SIGTERM),
+        ("run folder: ", signal.SIGINT),
+        ("it 1/", signal.SIGTERM),
+    ]
+    for k, (point, signum) in enumerate(points):
+        out = tmp_path / f"run{k}"
+        argv = [sys.executable, "-m", "proxima.cli", "train", *fast_overrides(model, out, 1000)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        seen = b""
+        if isinstance(point, float):
+            time.sleep(point)
+        else:  # read the output up to the line that marks the point
+            while not any(line.startswith(point.encode()) for line in seen.splitlines()):
+                chunk = proc.stdout.readline()
+                assert chunk, f"ended before {point!r}: {seen.decode()}"
+                seen += chunk
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+        stderr, name = stderr.decode(), signal.Signals(signum).name
+        assert proc.returncode == 128 + signum, (point, stderr)
+        assert "Traceback" not in stderr, (point, stderr)
+        said = f"aborted: {name} received" if point != "it 1/" else f"({name}); resume with"
+        assert said in stderr + stdout.decode(), (point, stderr)
+
+
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     import proxima.recipes as recipes
 
