@@ -22,7 +22,7 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
         + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
     lines += data_plan(cfg, mix)
-    for role, sec in cfg.trained_roles().items():
+    for role, sec in cfg.trained_sections().items():
         mini = sec.ppo_mini_batch_size
         n_mini = rollout // mini
         n_micro = mini // world // sec.ppo_micro_batch_size

@@ -68,6 +68,12 @@ class RolePlan:
         return self.critic == "model"
 
     @property
+    def trained(self) -> tuple[str, ...]:
+        """The roles PPO trains with optimizer steps of their own: the actor, and a value
+        model (a value head trains in the actor's steps; a critic-free estimator has none)."""
+        return ("actor", "critic") if self.critic_model else ("actor",)
+
+    @property
     def reference_reads_other_folder(self) -> bool:
         """The reference loads a folder other than the actor's (`model.reference_path`)."""
         return self.reference == "folder" and self.reference_key == "model.reference_path"

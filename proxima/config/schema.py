@@ -209,13 +209,12 @@ class Config:
         estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
         return estimator is not None and estimator.critic
 
-    def trained_roles(self) -> dict[str, ActorConfig | CriticConfig]:
-        """The config section of each role PPO trains with its own optimizer steps, by role
-        name (a shared-backbone critic is trained in the actor's steps; a critic-free
-        estimator trains none)."""
-        if self.critic.shared_backbone or not self.uses_critic:
-            return {"actor": self.actor}
-        return {"actor": self.actor, "critic": self.critic}
+    def trained_sections(self) -> dict[str, ActorConfig | CriticConfig]:
+        """The config section of each role the role plan trains with its own optimizer steps
+        (`RolePlan.trained`), by role name."""
+        from proxima.config.roles import role_plan
+
+        return {role: getattr(self, role) for role in role_plan(self).trained}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -513,7 +513,7 @@ def _check_batch_sizes(cfg: Config, world: int) -> None:
             f"`data.train_batch_size`={cfg.data.train_batch_size} is global: it must split "
             f"evenly over the {world} processes. Pick a multiple of {world}."
         )
-    for role, sec in cfg.trained_roles().items():
+    for role, sec in cfg.trained_sections().items():
         mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
         if mini <= 0 or micro <= 0:
             raise ConfigError(
