@@ -163,10 +163,15 @@ def generate_rollout(
     return Rollout(gen, prompts, responses, columns, group_ids, episodes=episodes)
 
 
+def reward_args(ro: Rollout) -> tuple:
+    """What every reward source is called with (`proxima.rewards`): prompts, responses,
+    columns, sequences, attention mask."""
+    return ro.prompts, ro.responses, ro.columns, ro.gen.input_ids, ro.gen.attention_mask
+
+
 def score_rollout(ro: Rollout, reward) -> torch.Tensor:
     """[B] float32: the reward source's raw score of each sequence."""
-    gen = ro.gen
-    return reward(ro.prompts, ro.responses, ro.columns, gen.input_ids, gen.attention_mask).float()
+    return reward(*reward_args(ro)).float()
 
 
 def collect(

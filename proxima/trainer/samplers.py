@@ -24,6 +24,7 @@ from proxima.rollout.collect import (
     Rollout,
     cat_rollouts,
     generate_rollout,
+    reward_args,
     rollout_from_state,
     rollout_state,
     score_rollout,
@@ -57,7 +58,7 @@ class OnPolicy(Stateless):
         # a source of several parts returns their raw scores too (`WeightedReward.scored`)
         scored = getattr(reward, "scored", None)
         self.scored = (
-            (lambda ro: scored(*_reward_args(ro)))
+            (lambda ro: scored(*reward_args(ro)))
             if scored is not None
             else (lambda ro: (score_rollout(ro, reward), None))
         )
@@ -161,11 +162,6 @@ class OnPolicy(Stateless):
         out["env/episode_length"] = got["episode_tokens"] / episodes
         out["env/reward_per_turn"] = got["turn_reward"] / turns
         return out
-
-
-def _reward_args(ro: Rollout) -> tuple:
-    """The arguments of a reward source's call (`proxima.rewards`) for the rollout `ro`."""
-    return ro.prompts, ro.responses, ro.columns, ro.gen.input_ids, ro.gen.attention_mask
 
 
 def greedy_baselines(sampler: OnPolicy, items: list, ro: Rollout) -> Rollout:
