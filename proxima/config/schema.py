@@ -62,7 +62,9 @@ class TaskConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     every: int = _f(0, "Evaluate on data.eval_path every N iterations (0 = only before and after).")
-    max_prompts: int = _f(0, "Evaluate on at most this many prompts (0 = all).")
+    max_prompts: int = _f(
+        0, "Evaluate on at most this many prompts (0 = all); of each file, with several."
+    )
     sampled: bool = _f(False, "Also evaluate with sampling at rollout.temperature.")
     n: int = _f(
         1,
@@ -208,13 +210,6 @@ class Config:
 
         estimator = ADVANTAGE_ESTIMATORS.get(self.algorithm.adv_estimator)
         return estimator is not None and estimator.critic
-
-    def trained_sections(self) -> dict[str, ActorConfig | CriticConfig]:
-        """The config section of each role the role plan trains with its own optimizer steps
-        (`RolePlan.trained`), by role name."""
-        from proxima.config.roles import role_plan
-
-        return {role: getattr(self, role) for role in role_plan(self).trained}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

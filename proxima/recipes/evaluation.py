@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from proxima.config import Config
-from proxima.data.mixing import all_items
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.engines import build_engine, sync_weights
@@ -18,7 +17,7 @@ from proxima.trainer.setup import (
     check_lengths,
     check_model_folders,
     check_token_ids,
-    load_prompt_sets,
+    held_out_items,
 )
 
 
@@ -30,8 +29,7 @@ def evaluate_policy(cfg: Config) -> dict[str, dict]:
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
     check_token_ids(tok, cfg.model.actor_path, "model.actor_path")
-    items = all_items(load_prompt_sets(cfg, "data.eval_path", tok))
-    items = items[: cfg.eval.max_prompts or None]
+    items = held_out_items(cfg, tok)
     check_lengths(cfg, items)
     actor = load_causal_lm(cfg.model.actor_path, device=device, trainable=False)
     reward = build_reward(cfg, tok, device)

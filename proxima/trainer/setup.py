@@ -284,9 +284,16 @@ def load_prompt_sets(cfg: Config, key: str, tokenizer) -> dict[str | None, Promp
     except ValueError as err:
         raise ConfigError(f"`{key}`: {err}") from None
     return {
-        name: with_key(key, load_prompts, cfg, path, tokenizer, dataset=name)
+        name: with_key(f"{key}` file `{path}", load_prompts, cfg, path, tokenizer, dataset=name)
         for name, path in zip(names, files, strict=True)
     }
+
+
+def held_out_items(cfg: Config, tokenizer) -> list:
+    """The prompts of `data.eval_path`, at most `eval.max_prompts` of each file."""
+    limit = cfg.eval.max_prompts or None
+    sets = load_prompt_sets(cfg, "data.eval_path", tokenizer)
+    return [item for s in sets.values() for item in s.items[:limit]]
 
 
 def load_data(cfg: Config, tokenizer) -> tuple:
@@ -297,11 +304,7 @@ def load_data(cfg: Config, tokenizer) -> tuple:
     prompts = sets[None] if None in sets else sets
     size = cfg.data.train_batch_size  # several sets: all of them together fill a batch
     check_enough(all_items(prompts), size, "data.train_batch_size", "data.train_path")
-    eval_items = []
-    if cfg.data.eval_files():
-        sets = load_prompt_sets(cfg, "data.eval_path", tokenizer)
-        eval_items = all_items(sets)
-    eval_items = eval_items[: cfg.eval.max_prompts or None]
+    eval_items = held_out_items(cfg, tokenizer) if cfg.data.eval_files() else []
     sft = None
     if cfg.actor.ptx_coef:
         max_len = cfg.data.max_prompt_length + cfg.rollout.max_response_length
