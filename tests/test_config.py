@@ -4,6 +4,7 @@ import pytest
 
 from proxima.cli import default_config_path
 from proxima.config import Config, ConfigError, batch_plan, describe_fields, load_config
+from proxima.config.roles import trained_sections
 
 BASE = ["model.actor_path=m", "data.train_path=p.jsonl", "reward.function=f.py:fn"]
 
@@ -360,6 +361,6 @@ def test_a_critic_free_run_does_not_check_the_critics_batch_sizes():
     base = ["task.name=arithmetic", "data.train_batch_size=4", "rollout.n=2"]
     sizes = ["actor.ppo_mini_batch_size=8", "actor.ppo_micro_batch_size=4"]
     cfg = load_config(None, [*base, *sizes, "algorithm.adv_estimator=grpo"])
-    assert list(cfg.trained_sections()) == ["actor"]
+    assert list(trained_sections(cfg)) == ["actor"]
     with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size"):
         load_config(None, [*base, *sizes, "algorithm.adv_estimator=gae"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from proxima.config.roles import trained_sections
 from proxima.config.schema import Config
 
 
@@ -22,7 +23,7 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
         + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
     lines += data_plan(cfg, mix)
-    for role, sec in cfg.trained_sections().items():
+    for role, sec in trained_sections(cfg).items():
         mini = sec.ppo_mini_batch_size
         n_mini = rollout // mini
         n_micro = mini // world // sec.ppo_micro_batch_size

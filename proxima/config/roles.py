@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxima.config.schema import Config, ConfigError
+from proxima.config.sections import ActorConfig, CriticConfig
 from proxima.config.sources import RewardSource, reward_sources
 
 REFERENCES = ("adapters off", "folder", "none")
@@ -140,6 +141,12 @@ def role_plan(cfg: Config) -> RolePlan:
 
 
 _KEPT = "_role_plan"
+
+
+def trained_sections(cfg: Config) -> dict[str, ActorConfig | CriticConfig]:
+    """The config section of each role the role plan trains with optimizer steps of its own
+    (`RolePlan.trained`), by role name."""
+    return {role: getattr(cfg, role) for role in role_plan(cfg).trained}
 
 
 def plan_roles(cfg: Config) -> RolePlan:

@@ -31,6 +31,7 @@ from proxima.config.choices import (
     STRATEGIES,
     VLLM_DTYPES,
 )
+from proxima.config.roles import trained_sections
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ModelConfig
 from proxima.launch import world_size
@@ -513,7 +514,7 @@ def _check_batch_sizes(cfg: Config, world: int) -> None:
             f"`data.train_batch_size`={cfg.data.train_batch_size} is global: it must split "
             f"evenly over the {world} processes. Pick a multiple of {world}."
         )
-    for role, sec in cfg.trained_sections().items():
+    for role, sec in trained_sections(cfg).items():
         mini, micro = sec.ppo_mini_batch_size, sec.ppo_micro_batch_size
         if mini <= 0 or micro <= 0:
             raise ConfigError(
