@@ -567,5 +567,14 @@ def _interrupt_on(signum: int):
     return signal.signal(signum, handle)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The `proxima` command: on tcmalloc where it is installed (`proxima.allocator`), then
+    `main` with the command line."""
+    from proxima.allocator import preload
+
+    preload()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from proxima import allocator
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
 from proxima.models import DTYPES
@@ -437,6 +439,12 @@ def plan_memory(
             held[f"{r.name} optimizer"] = parts["optimizer"]
         held[f"{r.name} weights"] = weights
         plan.roles[r.name] = parts
+    if cpu and allocator.active() == "system malloc" and sys.platform.startswith("linux"):
+        plan.notes.append(
+            "glibc's malloc keeps memory PyTorch frees: the measured peak can exceed this "
+            "plan (1.5x at SmolLM2 with LoRA); `apt install libtcmalloc-minimal4` and the "
+            "`proxima` command runs on tcmalloc (docs/real-models.md)"
+        )
     if role_plan(cfg).critic_on_actor:
         plan.notes.append("critic: a value head on the actor (counted with the actor)")
     if role_plan(cfg).reference == "adapters off":
