@@ -9,6 +9,7 @@ from typing import Any
 
 from proxima.config.roles import trained_sections
 from proxima.config.schema import Config
+from proxima.config.sections import set_names
 
 
 def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None) -> str:
@@ -58,7 +59,8 @@ def data_plan(cfg: Config, mix: dict[str, float] | None = None) -> list[str]:
         return [f"  data  : {len(mix)} prompt sets, prompts per batch: {', '.join(parts)}"]
     if d.train_weights:
         total = sum(d.train_weights)
-        shares = [f"{f} {w / total:.0%}" for f, w in zip(files, d.train_weights, strict=True)]
+        names = set_names(files)
+        shares = [f"{n} {w / total:.0%}" for n, w in zip(names, d.train_weights, strict=True)]
         return [f"  data  : {len(files)} prompt sets mixed in every batch: {', '.join(shares)}"]
     return [f"  data  : {len(files)} prompt sets mixed in proportion to their sizes"]
 

@@ -8,7 +8,9 @@ gamma 1.0, lam 0.95; learning rates from the PPO-tricks seed: actor 5e-7, critic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -132,6 +134,22 @@ class DataConfig:
     def eval_files(self) -> list[str]:
         """The files of `eval_path` (none, one, or the list)."""
         return _files(self.eval_path)
+
+
+def set_names(paths: Sequence[str]) -> list[str]:
+    """A short name for each file: its stem (`math` for data/math.jsonl), or, where stems
+    repeat (math/train.jsonl, code/train.jsonl), its folder and stem (`math_train`)."""
+    stems = [Path(p).stem or Path(p).name for p in paths]
+    if len(set(stems)) == len(stems):
+        return stems
+    names = [f"{Path(p).parent.name}_{s}".lstrip("_") for p, s in zip(paths, stems, strict=True)]
+    if len(set(names)) != len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(
+            f"several prompt files would share the name {repeated[0]!r} ({list(paths)}); "
+            "rename the files (or their folders) so that each set has a name of its own."
+        )
+    return names
 
 
 def _files(value: str | list) -> list[str]:

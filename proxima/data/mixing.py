@@ -1,4 +1,4 @@
-"""Several prompt sets at once: their names, and batches mixed from them with weights.
+"""Several prompt sets at once: their `dataset` column, and batches mixed from them with weights.
 
 `data.train_path` (and `data.eval_path`) may list several files. Each set is named by its
 file (`set_names`) and every record of it carries that name in a `dataset` column, so that a
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,22 +17,6 @@ import torch
 from proxima.data.prompts import PromptLoader
 
 DATASET_COLUMN = "dataset"  # the column naming a record's prompt set, when there are several
-
-
-def set_names(paths: Sequence[str]) -> list[str]:
-    """A short name for each file: its stem (`math` for data/math.jsonl), or, where stems
-    repeat (math/train.jsonl, code/train.jsonl), its folder and stem (`math_train`)."""
-    stems = [Path(p).stem or Path(p).name for p in paths]
-    if len(set(stems)) == len(stems):
-        return stems
-    names = [f"{Path(p).parent.name}_{s}".lstrip("_") for p, s in zip(paths, stems, strict=True)]
-    if len(set(names)) != len(names):
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(
-            f"several prompt files would share the name {repeated[0]!r} ({list(paths)}); "
-            "rename the files (or their folders) so that each set has a name of its own."
-        )
-    return names
 
 
 def mixing_weights(weights: Sequence[float], sizes: Sequence[int]) -> list[float]:
@@ -154,14 +137,14 @@ class MixedPromptLoader:
         self._orders = [None] * len(self.sets)
 
 
-def tag_records(records: Sequence[Mapping[str, Any]], name: str, path: str) -> list[dict]:
+def tag_records(records: Sequence[Mapping[str, Any]], name: str) -> list[dict]:
     """`records` with their set's name in the `dataset` column; a record that has a column
     of that name already is refused (the name would be lost)."""
     out = []
     for i, record in enumerate(records):
         if DATASET_COLUMN in record:
             raise ValueError(
-                f"{path}: record {i} has a column {DATASET_COLUMN!r}, the column proxima "
+                f"record {i} has a column {DATASET_COLUMN!r}, the column proxima "
                 "gives each record of several prompt files (the name of its file's set); "
                 "rename that column."
             )

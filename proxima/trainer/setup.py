@@ -13,8 +13,9 @@ from proxima.checkpoint import checkpoint_iteration, list_checkpoints, state_pro
 from proxima.checkpoint import model_folders as checkpoint_model_folders
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
+from proxima.config.sections import set_names
 from proxima.data import PromptDataset, SFTDataset, load_records
-from proxima.data.mixing import all_items, set_names, tag_records
+from proxima.data.mixing import all_items, tag_records
 from proxima.models import (
     DTYPES,
     config_positions,
@@ -464,7 +465,7 @@ def load_prompts(cfg: Config, path: str, tokenizer, dataset: str | None = None) 
     """The prompt file `path`; `dataset`: the name of its set, put in a `dataset` column."""
     records = load_records(path)
     return PromptDataset(
-        tag_records(records, dataset, path) if dataset else records,
+        tag_records(records, dataset) if dataset else records,
         tokenizer,
         prompt_key=cfg.data.prompt_key,
         max_prompt_length=cfg.data.max_prompt_length,

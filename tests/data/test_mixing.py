@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+from proxima.config.sections import set_names
 from proxima.data import PromptLoader
 from proxima.data.mixing import (
     MixedPromptLoader,
@@ -15,7 +16,6 @@ from proxima.data.mixing import (
     batch_counts,
     mixing_weights,
     prompt_loader,
-    set_names,
     tag_records,
 )
 
@@ -110,6 +110,6 @@ def test_one_set_keeps_the_single_loader_and_all_items_flattens():
 
 
 def test_records_carry_their_set_and_a_dataset_column_of_their_own_is_refused():
-    assert tag_records([{"prompt": "x"}], "math", "m.jsonl") == [{"prompt": "x", "dataset": "math"}]
-    with pytest.raises(ValueError, match="m.jsonl: record 1 has a column 'dataset'"):
-        tag_records([{"prompt": "x"}, {"prompt": "y", "dataset": "z"}], "math", "m.jsonl")
+    assert tag_records([{"prompt": "x"}], "math") == [{"prompt": "x", "dataset": "math"}]
+    with pytest.raises(ValueError, match="record 1 has a column 'dataset'"):
+        tag_records([{"prompt": "x"}, {"prompt": "y", "dataset": "z"}], "math")

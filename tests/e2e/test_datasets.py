@@ -61,7 +61,8 @@ def test_two_sets_mixed_scored_and_reported_each(
     out = capsys.readouterr().out
     assert "greedy [ones]: mean reward 1.0000, accuracy 100.00% on 10" in out
     assert "greedy [rest]: mean reward 0.0000, accuracy 0.00% on 90" in out
-    assert main(["eval", "--model", str(run / "actor"), *flags, "--max-prompts", "4"]) == 0
+    limits = ["--max-prompts", "4", "--max-new-tokens", "2"]
+    assert main(["eval", "--model", str(run / "actor"), *flags, *limits]) == 0
     out = capsys.readouterr().out  # at most 4 of each file: both sets still reported
     assert "greedy [ones]: mean reward 1.0000, accuracy 100.00% on 4" in out
     assert "greedy [rest]: mean reward 0.0000, accuracy 0.00% on 4" in out
