@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -573,7 +574,16 @@ def run() -> None:
     from proxima.allocator import preload
 
     preload()
+    if not os.environ.get("PROXIMA_DEBUG"):
+        warnings.formatwarning = _warning_line
     sys.exit(main())
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command's user reads it: `warning: <message>`, its kind when it has
+    a name of its own, not the source line that raised it (PROXIMA_DEBUG=1 shows that)."""
+    kind = "" if category in (UserWarning, Warning) else f" ({category.__name__})"
+    return f"warning: {message}{kind}\n"
 
 
 if __name__ == "__main__":

@@ -82,3 +82,15 @@ def test_a_real_process_runs_again_on_tcmalloc():
     off = {**env, allocator.SWITCH: "system"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=off)
     assert out.stdout.strip() == "system malloc", out.stderr
+
+
+def test_a_warning_reads_as_one_line_of_the_command():
+    from proxima.cli import _warning_line
+    from proxima.trainer.setup import VocabularyGapWarning
+
+    assert _warning_line("a tracker failed", UserWarning, "proxima/x.py", 3) == (
+        "warning: a tracker failed\n"
+    )
+    assert _warning_line("gap", VocabularyGapWarning, "x.py", 1) == (
+        "warning: gap (VocabularyGapWarning)\n"
+    )

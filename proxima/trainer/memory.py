@@ -440,10 +440,14 @@ def plan_memory(
         held[f"{r.name} weights"] = weights
         plan.roles[r.name] = parts
     if cpu and allocator.active() == "system malloc" and sys.platform.startswith("linux"):
+        fix = (
+            "unset PROXIMA_ALLOCATOR to run on the tcmalloc installed"
+            if allocator.find_tcmalloc()
+            else "`apt install libtcmalloc-minimal4` and the `proxima` command runs on tcmalloc"
+        )
         plan.notes.append(
             "glibc's malloc keeps memory PyTorch frees: the measured peak can exceed this "
-            "plan (1.5x at SmolLM2 with LoRA); `apt install libtcmalloc-minimal4` and the "
-            "`proxima` command runs on tcmalloc (docs/real-models.md)"
+            f"plan (1.5x at SmolLM2 with LoRA); {fix} (docs/real-models.md)"
         )
     if role_plan(cfg).critic_on_actor:
         plan.notes.append("critic: a value head on the actor (counted with the actor)")

@@ -219,3 +219,19 @@ def test_check_memory_names_the_peak_and_the_keys():
     assert check_memory(plan, "off") is None
     plan.available = 2**40
     assert check_memory(plan, "error") is None
+
+
+def test_a_cpu_plan_on_glibc_malloc_says_what_to_do(llama, monkeypatch):
+    from proxima import allocator
+
+    monkeypatch.setattr(allocator.sys, "platform", "linux")
+    monkeypatch.setattr(allocator, "active", lambda: "system malloc")
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: None)
+    notes = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0).notes
+    assert any("glibc's malloc keeps memory" in n and "apt install libtcmalloc" in n for n in notes)
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: "/lib/libtcmalloc_minimal.so.4")
+    notes = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0).notes
+    assert any("unset PROXIMA_ALLOCATOR to run on the tcmalloc installed" in n for n in notes)
+    monkeypatch.setattr(allocator, "active", lambda: "tcmalloc")
+    notes = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0).notes
+    assert not any("malloc" in n for n in notes)
