@@ -2,9 +2,9 @@
 run side by side, each with a time limit, each failure kept as a value instead of ending
 the run.
 
-`gather` (a coroutine, for a caller with an event loop) and `run_all` (for one without) run
-zero-argument calls, at most ``concurrency`` at once, and give one `Outcome` per call, in
-the order of the calls:
+`gather` (a coroutine, for a caller with an event loop) and `run_all` (for one without, on
+threads alone) run zero-argument calls, at most ``concurrency`` at once, and give one
+`Outcome` per call, in the order of the calls:
 
 - a sync call runs in a daemon thread of its own; an awaitable it returns is awaited. With
   ``on_loop`` every call is async instead: called and awaited on the loop;
@@ -19,8 +19,11 @@ the order of the calls:
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
+import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +67,57 @@ def run_all(
     *,
     fail_fast: bool = False,
 ) -> list[Outcome]:
-    """`gather` for a caller without an event loop: on a loop of its own, closed after."""
-    return asyncio.run(gather(calls, concurrency, timeout_s, fail_fast=fail_fast))
+    """`gather` for a caller without an event loop, on threads alone: each call in a daemon
+    thread of its own (an awaitable it returns awaited there), the results waited for on a
+    queue. No event loop is started per batch: an environment's turn is one batch, and one
+    loop each made multi-turn generation 8-9% slower."""
+    results: list[Outcome | None] = [None] * len(calls)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    started: dict[int, float] = {}  # the calls running: their start times
+    waiting = collections.deque(range(len(calls)))
+    failed = False
+
+    def work(i: int) -> None:
+        done.put((i, _outcome(calls[i])))
+
+    while waiting or started:
+        while waiting and len(started) < concurrency:
+            i = waiting.popleft()
+            if failed and fail_fast:
+                results[i] = Outcome(skipped=True)
+                continue
+            started[i] = time.monotonic()
+            threading.Thread(target=work, args=(i,), name="guarded call", daemon=True).start()
+        if not started:
+            continue
+        wait = None
+        if timeout_s is not None:
+            wait = max(0.0, min(started.values()) + timeout_s - time.monotonic())
+        try:
+            i, outcome = done.get(timeout=wait)
+        except queue.Empty:  # the oldest call is past its limit: its slot is freed
+            now = time.monotonic()
+            for i, start in list(started.items()):
+                if now - start >= timeout_s:
+                    del started[i]
+                    results[i], failed = Outcome(timed_out=True), True
+            continue
+        if i in started:  # else given up on already: its late result is discarded
+            del started[i]
+            results[i] = outcome
+            failed = failed or not outcome.ok
+    return results
+
+
+def _outcome(call: Callable[[], Any]) -> Outcome:
+    """``call()``'s Outcome, in this thread; an awaitable it returns is awaited here."""
+    try:
+        value = call()
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the caller names it
+        return Outcome(error=exc)
+    if inspect.isawaitable(value):
+        return asyncio.run(awaited(value))
+    return Outcome(value)
 
 
 async def gather(
