@@ -42,7 +42,7 @@ run: install
 test: install-docs
 	$(VENV)/bin/ruff check proxima tests benchmarks
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -m "slow or not slow" -p no:cacheprovider
+	$(PY) -m pytest -m "slow or not slow" -p no:cacheprovider --durations=20
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The docs site (docs/, mkdocs.yml) into site/; docs/config.md is `python -m proxima.config`.
