@@ -32,7 +32,7 @@ from proxima.algos import (
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
-from proxima.data.mixing import DATASET_COLUMN, prompt_loader
+from proxima.data.mixing import DATASET_COLUMN, MixedPromptLoader, prompt_loader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
@@ -362,10 +362,10 @@ class PPOTrainer:
         """Several prompt sets: each one's share of the batch's samples and their mean score
         (data/<name>/share, data/<name>/score; no score for a set absent this time), over
         the ranks."""
-        names = getattr(self.loader, "names", None)
         sets = ro.columns.get(DATASET_COLUMN)
-        if not names or sets is None:
+        if not isinstance(self.loader, MixedPromptLoader) or sets is None:
             return {}
+        names = self.loader.names
         k = len(names)
         sums = torch.zeros(2 * k, dtype=torch.float64)  # counts, then score sums
         for name, score in zip(sets, ro.total_rewards().tolist(), strict=True):
