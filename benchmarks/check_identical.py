@@ -5,7 +5,7 @@ The runs: the default example (`proxima train`, its task preparation and SFT war
 included), the same with the shared-backbone critic (`critic.shared_backbone=true
 model.critic_init=actor`), the default example under `torchrun --nproc_per_node 2` (DDP,
 1 thread per process, micro-batches of 64), the default example sampling one batch ahead
-(`rollout.asynchronous=true`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
+(`rollout.max_staleness=1`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
 the multi-turn calculator (`proxima train tools`), the last three shortened to 20 iterations
 (`--iterations` sets the others). `--set KEY=VALUE ...` adds overrides to every run, e.g. a
 shorter warm start on a busy machine (`--set task.sft_steps=100`: the same for before and
@@ -52,7 +52,7 @@ RUNS = {
         ["trainer.threads=1", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"],
         2,
     ),
-    "async": (None, ["rollout.asynchronous=true", SHORT], 1),
+    "async": (None, ["rollout.max_staleness=1", SHORT], 1),
     "dapo": ("dapo", [SHORT], 1),
     "tools": ("tools", [SHORT], 1),
 }

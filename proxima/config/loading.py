@@ -90,6 +90,9 @@ def _build(cls: type, data: dict, prefix: str) -> Any:
                 f"under `{prefix}{moved.rsplit('.', 1)[0]}:`; on the command line "
                 f"{prefix}{moved}=...)."
             )
+        replaced = getattr(cls, "REPLACED", {}).get(key)
+        if replaced:
+            raise ConfigError(f"`{where}` is gone: use {replaced}.")
         if key not in ftypes:
             raise ConfigError(_unknown_key(key, value, ftypes, prefix))
         typ = ftypes[key]
@@ -222,13 +225,13 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def _async_defaults(cfg: Config, tree: dict) -> Config:
-    """With rollout.asynchronous the engine samples from weights one version behind the
-    trainer's: the truncated importance weights pi_old / mu correct for it (verl's rollout_is
-    in its one-step off-policy mode), on per token unless the YAML or an override set
-    algorithm.rollout_correction (also to empty: off)."""
+    """With rollout.max_staleness the engine samples from weights up to that many versions
+    behind the trainer's: the truncated importance weights pi_old / mu correct for it
+    (verl's rollout_is in its off-policy modes), on per token unless the YAML or an override
+    set algorithm.rollout_correction (also to empty: off)."""
     algorithm = tree.get("algorithm")
     chosen = isinstance(algorithm, dict) and "rollout_correction" in algorithm
-    if cfg.rollout.asynchronous and not chosen:
+    if cfg.rollout.max_staleness and not chosen:
         return cfg.replace({"algorithm.rollout_correction": "token"})
     return cfg
 

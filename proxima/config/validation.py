@@ -381,12 +381,37 @@ def _check_env(cfg: Config) -> None:
 def _check_rollout(cfg: Config) -> None:
     _check_dapo(cfg)
     _check_env(cfg)
+    _check_staleness(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
         raise ConfigError(
             "`rollout.vllm.gpu_memory_utilization` must be in (0, 1] (a share of GPU memory), "
             f"got {cfg.rollout.vllm.gpu_memory_utilization}."
+        )
+
+
+def _check_staleness(cfg: Config) -> None:
+    """Asynchronous rollouts: the bound and the workers, and what a worker process cannot
+    do yet (it forks the trainer and serves a copy of its actor)."""
+    r = cfg.rollout
+    for key, least in (("max_staleness", 0), ("workers", 0), ("worker_threads", 1)):
+        if getattr(r, key) < least:
+            raise ConfigError(f"`rollout.{key}` must be >= {least}, got {getattr(r, key)}.")
+    if not (r.max_staleness and r.workers):
+        return
+    why = ""
+    if r.name != "hf":
+        why = f"rollout.name={r.name} (a worker process serves the actor with the hf engine)"
+    elif cfg.algorithm.filter_groups:
+        why = (
+            "algorithm.filter_groups (DAPO's dynamic sampling draws a varying number of "
+            "batches, decided over all ranks)"
+        )
+    if why:
+        raise ConfigError(
+            f"`rollout.workers={r.workers}` does not go with {why}. Use rollout.workers=0: "
+            "the batches are sampled ahead in the trainer's process, with the same staleness."
         )
 
 

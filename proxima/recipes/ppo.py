@@ -140,7 +140,7 @@ class PPORecipe:
             raise
         finally:
             self.logger.close()
-            self.trainer.engine.close()
+            self.trainer.close()
 
     # ------------------------------------------------------------------ setup
 

@@ -6,8 +6,8 @@ rollout engine already computed the log-probs of what it sampled; where the two 
 quantity (the engine's class says when: `rollout.engines.Engine.logprobs_differ`; the `hf`
 engine's are exact in float32 with no truncation and no logits processor, up to the
 KV-cached decode's float rounding, ~1e-7), the scoring forward pass of the actor is skipped
-(`rollout.old_logprobs=auto`). With `rollout.asynchronous` they never are: the samples come
-from the weights one version behind the trainer's. A critic on the actor's backbone gives
+(`rollout.old_logprobs=auto`). With `rollout.max_staleness` they never are: the samples come
+from weights up to that many versions behind the trainer's. A critic on the actor's backbone gives
 its values from the same pass as the old log-probs: from the actor's scoring pass, or from
 the generation itself. Which reference and critic the run has is the role plan's
 (`config.roles`).
@@ -103,10 +103,10 @@ def _old_logprobs(cfg: Config, engine: Engine, generation_config) -> tuple[str, 
                 "Use rollout.old_logprobs=auto or recompute."
             )
         return "actor", f"{name} needs the actor's logits (sum of pi^2)"
-    if mode == "engine" and cfg.rollout.asynchronous:
+    if mode == "engine" and cfg.rollout.max_staleness:
         raise ConfigError(
-            "`rollout.old_logprobs=engine` with `rollout.asynchronous=true` would take the "
-            "log-probs of weights one version behind as PPO's old policy. Use "
+            "`rollout.old_logprobs=engine` with `rollout.max_staleness` >= 1 would take the "
+            "log-probs of older weights as PPO's old policy. Use "
             "rollout.old_logprobs=auto or recompute (the trainer's pass at its current weights)."
         )
     if mode == "engine" and cfg.algorithm.rollout_correction:
@@ -117,8 +117,8 @@ def _old_logprobs(cfg: Config, engine: Engine, generation_config) -> tuple[str, 
         )
     if mode != "auto":
         return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"
-    if cfg.rollout.asynchronous:  # the engine's log-probs are of the previous weights
-        return "actor", "auto: rollout.asynchronous, the engine's weights are one version old"
+    if cfg.rollout.max_staleness:  # the engine's log-probs are of older weights
+        return "actor", "auto: rollout.max_staleness, the engine's weights are older"
     why_not = engine.logprobs_differ(cfg, generation_config)
     if why_not:
         return "actor", f"auto: {why_not}"

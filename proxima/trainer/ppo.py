@@ -228,6 +228,11 @@ class PPOTrainer:
             role.optimizer.zero_grad(set_to_none=True)
         return True
 
+    def close(self) -> None:
+        """Stop the rollout workers and release the engine (the end of a run, whatever it was)."""
+        self.sampler.close()
+        self.engine.close()
+
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
         actor update, after `load_models`, before the first rollout)."""
@@ -416,10 +421,10 @@ class PPOTrainer:
         engine = self.engine.name
         fixes = ["algorithm.rollout_correction=token", *engine_of(self.engine).logprob_fixes]
         also = ""
-        if self.cfg.rollout.asynchronous:  # the gap includes one update: expected there
+        if self.cfg.rollout.max_staleness:  # the gap includes updates: expected there
             also = (
-                " With rollout.asynchronous it also includes the last update (the samples "
-                "come from the weights before it); rollout/is_weight_mean and "
+                " With rollout.max_staleness it also includes the last updates (the samples "
+                "come from the weights before them); rollout/is_weight_mean and "
                 "rollout/is_truncated_frac show what the correction makes of it."
             )
         return (

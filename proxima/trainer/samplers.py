@@ -5,8 +5,10 @@ of an iteration's scored batch and its sampling stats; `step()` never asks which
   with what the estimator needs of sampling (`PREPARE`).
 - `DynamicSampling` (`algorithm.filter_groups`, DAPO's dynamic sampling): rounds of the
   on-policy sampler until the batch is full of informative groups.
-- `SamplingAhead` (`rollout.asynchronous`, verl's one-step off-policy pipeline): the batch
-  sampled during the previous iteration, and the next one sampled now.
+- `Ahead` (`rollout.max_staleness` = k, verl's one-step off-policy pipeline when k = 1): the
+  batch trained now was sampled from the weights of k iterations ago, by rollout worker
+  processes while the trainer trained (`InWorkers`, `trainer.workers`) or in the trainer's
+  process (`InProcess`).
 
 Each owns its state: `state_dict()` / `load_state_dict()` for a checkpoint and, where it keeps
 something between iterations, `snapshot()` / `restore()` for `PPOTrainer.undo_iteration`.
@@ -20,6 +22,7 @@ from dataclasses import replace
 import torch
 
 from proxima.algos import ADVANTAGE_ESTIMATORS, overlong_penalty
+from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.collect import (
     Rollout,
     cat_rollouts,
@@ -32,12 +35,16 @@ from proxima.rollout.collect import (
 )
 from proxima.rollout.episodes import episode_stats
 from proxima.trainer.guard import NonFiniteOutputsError
+from proxima.trainer.workers import Request, RolloutWorkerError, Workers
 
 Batch = tuple[Rollout, dict[str, float]]
 
 
 class Stateless:
     """A sampler that keeps nothing between iterations."""
+
+    def close(self) -> None:
+        pass
 
     def state_dict(self) -> dict:
         return {}
@@ -66,9 +73,15 @@ class OnPolicy(Stateless):
         self.prepare = [PREPARE[name] for name in needs if name in PREPARE]
 
     def sample(self) -> Batch:
+        ro, penalty = self.produce(self.next_prompts())
+        return ro, self.stats(ro, penalty)
+
+    def produce(self, items: list) -> tuple[Rollout, torch.Tensor | None]:
+        """Phases 1-2 for `items` (this rank's share of a batch), no statistic over the ranks:
+        (the scored rollout with what the estimator needs of sampling, DAPO's overlong
+        penalty or None). A rollout worker runs this alone (`trainer.workers`)."""
         t = self.trainer
         timer, agree = t.timer, t.dist.agree
-        items = self.next_prompts()
         with timer("generate"), t.precision(generation=True):  # 1. the actor writes responses
             ro = agree(lambda: self.generate(items), "generation")
         with timer("reward"), t.precision():  # 2. the reward model / function scores them
@@ -76,10 +89,15 @@ class OnPolicy(Stateless):
         ro = replace(ro, scores=scores, components=components)
         for prepare in self.prepare:
             ro = prepare(self, items, ro)
+        return ro, penalty
+
+    def stats(self, ro: Rollout, penalty: torch.Tensor | None) -> dict[str, float]:
+        """The sampling statistics of a produced batch over all ranks (every rank calls it):
+        its episodes' and the overlong penalty's."""
         stats = self._episode_stats(ro) if ro.episodes is not None else {}
         if penalty is not None:
             stats.update(self._penalty_stats(penalty))
-        return ro, stats
+        return stats
 
     def next_prompts(self) -> list:
         """This rank's share of the next global batch of prompts (all samples of a prompt
@@ -277,68 +295,191 @@ def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]
     }
 
 
-class SamplingAhead:
-    """`rollout.asynchronous` (verl's one-step off-policy pipeline): `sample()` returns the
-    batch `inner` sampled during the previous iteration, from the weights before that
-    iteration's update (the first iteration has none: it samples now), and samples the next
-    one now from the current weights, which the update is about to replace. Every batch but
-    the first is thus trained one policy version after it was sampled. The two generations
-    run one after the other, not in a thread beside the update: HF generate samples from
-    torch's process-wide generator, which a concurrent update (dropout) would draw from in an
-    order that varies, and on a CPU both would share the same cores."""
+class InProcess:
+    """`rollout.workers=0`: a batch is sampled when it is submitted, by the inner sampler in
+    the trainer's process (on-policy rounds or dynamic sampling, every engine), under the
+    batch's own seed (the trainer's random streams are left as they were)."""
 
-    def __init__(self, inner, trainer) -> None:
-        self.inner, self.trainer = inner, trainer
-        # the next iteration's scored batch and its sampling stats
-        self.pending: Batch | None = None
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def start(self, index: int) -> None:
+        pass
+
+    def publish(self, index: int) -> None:
+        pass  # the engine serves the trainer's weights, current at every submit
+
+    def submit(self, batch: int, weights: int, seed: int) -> Batch:
+        with preserve_rng():
+            seed_everything(seed)
+            return self.inner.sample()
+
+    def sent(self, batch: int) -> bool:
+        return False
+
+    def receive(self, batch: int) -> tuple[int, Batch]:
+        raise AssertionError("a batch sampled in the trainer's process is never waited for")
+
+    def close(self) -> None:
+        pass
+
+
+class InWorkers:
+    """`rollout.workers` >= 1: the batch's prompts drawn here and sent to a worker process
+    (`trainer.workers`), which samples it from the weights of iteration `weights` while the
+    trainer goes on; its statistics over the ranks computed when it is received."""
+
+    def __init__(self, rounds: OnPolicy, count: int, threads: int, staleness: int) -> None:
+        self.rounds, self.trainer = rounds, rounds.trainer
+        self.workers = Workers(rounds.trainer, count, threads, staleness)
+
+    def start(self, index: int) -> None:
+        self.workers.start(index)
+
+    def publish(self, index: int) -> None:
+        self.workers.publish(index)
+
+    def submit(self, batch: int, weights: int, seed: int) -> None:
+        items = self.rounds.next_prompts()  # drawn again after an undo: the loader's order
+        if not self.sent(batch):
+            self.workers.submit(Request(batch, items, weights, seed))
+
+    def sent(self, batch: int) -> bool:
+        return batch in self.workers.sent
+
+    def receive(self, batch: int) -> tuple[int, Batch]:
+        """A batch of `batch`'s worker (the earliest it has), with its statistics; a batch
+        that raised in its worker raises here, on every rank."""
+
+        def local():
+            got, out, error = self.workers.receive(batch)
+            if error is not None:
+                raise RolloutWorkerError(f"batch {got + 1} raised in its rollout worker: {error}")
+            return got, out
+
+        t = self.trainer
+        got, (ro, penalty, seconds) = t.dist.agree(local, "generation")
+        ro = ro.to(t.device)
+        stats = self.rounds.stats(ro, penalty)
+        tokens = float(ro.gen.response_mask.sum())
+        times = torch.tensor([seconds.get("generate", 0.0), seconds.get("reward", 0.0), tokens])
+        times = t.dist.all_reduce_sum(times) / t.dist.world_size
+        stats["time/worker_generate"] = float(times[0])
+        stats["time/worker_reward"] = float(times[1])
+        stats["tokens_per_s"] = float(times[2] / max(float(times[0]), 1e-9)) * t.dist.world_size
+        return got, (ro, stats)
+
+    def close(self) -> None:
+        self.workers.close()
+
+
+class Ahead:
+    """`rollout.max_staleness` = k >= 1: the batch trained at iteration i is sampled from the
+    weights the trainer had at the start of iteration i - k (or of the iteration this run
+    started at, when later), so no sample trains more than k policy versions after it was
+    sampled. Up to k batches are thus sampled ahead: by worker processes while the trainer
+    trains (`InWorkers`), or in the trainer's process, one phase after the other
+    (`InProcess`). Each batch has its own seed (trainer.seed, the rank, its index), so both
+    sample the same batch, and its samples depend on nothing that varies with timing.
+
+    A checkpoint holds the batches sampled ahead (those in flight are waited for): they come
+    from weights older than the checkpoint's, which cannot be sampled from again. The next
+    batches need the checkpoint's weights, and are sampled again after a resume, with the
+    same prompts and seeds: a resumed run trains what the uninterrupted one would have."""
+
+    def __init__(self, trainer, staleness: int, backend: InProcess | InWorkers) -> None:
+        self.trainer, self.k, self.backend = trainer, staleness, backend
+        self.ready: dict[int, Batch] = {}  # sampled, not yet trained, by the iteration that will
+        self.first: int | None = None  # the iteration this run started the pipeline at
+        self.drawn = 0  # the batches before this one are submitted (their prompts drawn)
+        self.taken: tuple[int, Batch] | None = None  # the batch the last `sample` returned
+
+    def _seed(self, batch: int) -> int:
+        t = self.trainer
+        return (t.cfg.trainer.seed * 1_000_003 + batch) * 4099 + t.dist.rank
 
     def sample(self) -> Batch:
         t = self.trainer
-        trained_at = t.policy_version  # staleness: against the weights the batch trains
-        sampled_now = self.pending is None  # the first iteration generates its batch too
-        ro, stats = self.inner.sample() if sampled_now else self.pending
-        self.pending = self.inner.sample()  # `restore` puts the old one back after a failure
-        made = [self.pending[0], ro] if sampled_now else [self.pending[0]]
-        # the staleness over every rank's rows; the generation speed of the rollouts made
-        # this iteration (the time of `generate` is theirs)
-        out = {**stats, **staleness_stats(t.dist.gather_rows(ro.versions), trained_at)}
-        tokens = sum(float(r.gen.response_mask.sum()) for r in made)
-        tokens = float(t.dist.all_reduce_sum(torch.tensor(tokens)))
-        out["tokens_per_s"] = tokens / max(t.timer.last["generate"], 1e-9)
+        i = t.iteration
+        if self.first is None:  # the first rollout of this process: the workers start
+            self.first, self.drawn = i, i + len(self.ready)
+            self.backend.start(i)
+        self.backend.publish(i)  # the weights of iteration i, for the batch i + k
+        made = []
+        while self.drawn <= i + self.k:
+            j, self.drawn = self.drawn, self.drawn + 1
+            got = self.backend.submit(j, max(self.first, j - self.k), self._seed(j))
+            if got is not None:
+                self.ready[j] = got
+                made.append(got[0])
+        with t.timer("generate"):  # waiting for a worker: the time the overlap did not hide
+            ro, stats = self._take(i)
+        self.taken = (i, (ro, stats))
+        out = {**stats, **staleness_stats(t.dist.gather_rows(ro.versions), t.policy_version)}
+        if isinstance(self.backend, InProcess):  # the speed of the rollouts made just now
+            tokens = sum(float(r.gen.response_mask.sum()) for r in made)
+            tokens = float(t.dist.all_reduce_sum(torch.tensor(tokens)))
+            out["tokens_per_s"] = tokens / max(t.timer.last["generate"], 1e-9)
         return ro, out
 
+    def _take(self, batch: int) -> Batch:
+        while batch not in self.ready:
+            got, produced = self.backend.receive(batch)
+            self.ready[got] = produced
+        return self.ready.pop(batch)
+
     def state_dict(self) -> dict:
-        """Each rank's share of the batch sampled from the previous weights (they are not
-        saved, so it could not be sampled again); every rank calls it."""
-        mine = None
-        if self.pending is not None:
-            mine = {"rollout": rollout_state(self.pending[0]), "stats": dict(self.pending[1])}
-        return {"pending": self.trainer.dist.all_gather_object(mine)}
+        """Each rank's batches sampled ahead (waited for), from the next iteration on; every
+        rank calls it."""
+        t = self.trainer
+        for j in range(t.iteration, self.drawn):
+            if j not in self.ready and not self.backend.sent(j):
+                break  # lost with a batch that raised: sampled again after a resume
+            self.ready[j] = self._take(j)
+        mine, j = {}, t.iteration
+        while j in self.ready:
+            ro, stats = self.ready[j]
+            mine[j] = {"rollout": rollout_state(ro), "stats": dict(stats)}
+            j += 1
+        return {"ready": t.dist.all_gather_object(mine)}
 
     def load_state_dict(self, state: dict) -> None:
-        """The pending batch of this rank; none when the checkpoint was written by another
-        number of processes (its rows are not this rank's) or without sampling ahead: the
-        next iteration samples its own batch."""
-        dist, pending = self.trainer.dist, state.get("pending") or []
-        self.pending = None
-        if len(pending) == dist.world_size and pending[dist.rank] is not None:
-            mine = pending[dist.rank]
-            rollout = rollout_from_state(mine["rollout"], self.trainer.device)
-            self.pending = (rollout, mine["stats"])
+        """This rank's batches sampled ahead; none when the checkpoint was written by another
+        number of processes (its rows are not this rank's) or synchronously: the next
+        iterations sample their own, from the current weights."""
+        dist, ready = self.trainer.dist, state.get("ready") or []
+        self.ready = {}
+        if len(ready) == dist.world_size:
+            for j, got in ready[dist.rank].items():
+                ro = rollout_from_state(got["rollout"], self.trainer.device)
+                self.ready[int(j)] = (ro, got["stats"])
 
-    def snapshot(self) -> Batch | None:
-        return self.pending
+    def snapshot(self) -> tuple[dict[int, Batch], int]:
+        return dict(self.ready), self.drawn
 
-    def restore(self, pending: Batch | None) -> None:
-        self.pending = pending
+    def restore(self, snapshot: tuple[dict[int, Batch], int]) -> None:
+        """The batches ahead as the iteration found them, with the one it took back and those
+        received since (a worker sends each batch once); the prompts drawn since are drawn
+        again (the loader is put back too), and a batch submitted since is not sent again."""
+        ready, self.drawn = {**self.ready, **snapshot[0]}, snapshot[1]
+        if self.taken is not None and self.taken[0] >= self.trainer.iteration:
+            ready[self.taken[0]] = self.taken[1]
+        self.ready = ready
+
+    def close(self) -> None:
+        self.backend.close()
 
 
-def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | SamplingAhead]:
+def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | Ahead]:
     """(the on-policy round, the sampler `step()` calls), chosen once from the config."""
     cfg = trainer.cfg
     rounds = sampler = OnPolicy(trainer)
     if cfg.algorithm.filter_groups:
         sampler = DynamicSampling(rounds, cfg.algorithm.max_gen_batches)
-    if cfg.rollout.asynchronous:
-        sampler = SamplingAhead(sampler, trainer)
+    r = cfg.rollout
+    if r.max_staleness and r.workers:
+        backend = InWorkers(rounds, r.workers, r.worker_threads, r.max_staleness)
+        sampler = Ahead(trainer, r.max_staleness, backend)
+    elif r.max_staleness:
+        sampler = Ahead(trainer, r.max_staleness, InProcess(sampler))
     return rounds, sampler

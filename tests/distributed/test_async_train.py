@@ -1,7 +1,7 @@
-"""One-step asynchronous rollouts (`rollout.asynchronous`) under `torchrun --nproc_per_node 2`
-(gloo, CPU): each rank samples its share of the next batch ahead, two processes give the
-metrics of one (staleness included), and a resumed job replays the run (each rank's batch
-sampled ahead is in the checkpoint)."""
+"""Asynchronous rollouts (`rollout.max_staleness=1`) under `torchrun --nproc_per_node 2`
+(gloo, CPU): each rank's worker process samples its share of the next batch ahead, two
+processes give the metrics of one (staleness included), and a resumed job replays the run
+(each rank's batch sampled ahead is in the checkpoint; FSDP2 samples in its own processes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.distributed.test_train import _close, _metrics
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-ASYNC = ("rollout.asynchronous=true", "trainer.threads=1")
+ASYNC = ("rollout.max_staleness=1", "trainer.threads=1")
 
 
 def test_two_processes_give_the_metrics_of_one(make_model, fast_overrides, tmp_path):
@@ -34,7 +34,7 @@ def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_p
     model = make_model("llama")
     a, b = tmp_path / "a", tmp_path / "b"
     base = [*ASYNC, "trainer.save_every=2", "trainer.keep_checkpoints=0"]
-    base.append(f"trainer.strategy={strategy}")
+    base += [f"trainer.strategy={strategy}", f"rollout.workers={int(strategy == 'ddp')}"]
     torchrun(["-m", "proxima", "train", *fast_overrides(model, a, 4, *base)])
     resume = f"trainer.resume_from={a / 'checkpoints' / 'iter_2'}"
     torchrun(["-m", "proxima", "train", *fast_overrides(model, b, 4, *base, resume)])

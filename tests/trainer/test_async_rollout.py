@@ -1,10 +1,15 @@
-"""One-step asynchronous rollouts (`rollout.asynchronous`): every batch but the first is
-sampled from the weights one version behind the ones it trains (the staleness accounting is
-exact, critic warm-up included), the old log-probs are the trainer's own at its current
-weights, the engine's feed the truncated importance weights (on by default), the batch
-sampled ahead travels in the trainer's state, and the config refuses what cannot work."""
+"""Asynchronous rollouts with bounded staleness (`rollout.max_staleness`): the batch
+trained at iteration i is sampled from the weights of iteration i - k (the staleness
+accounting is exact, critic warm-up included), by worker processes bit for bit as in the
+trainer's process, the old log-probs are the trainer's own at its current weights, the
+engine's feed the truncated importance weights (on by default), the batches sampled ahead
+travel in the trainer's state, a failed iteration replays exactly, a worker's failure is
+named, and the config refuses what cannot work."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 import torch
@@ -17,12 +22,13 @@ from proxima.rollout.engines import engine_class
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
-from tests.rollout.scripted import spec
+from proxima.trainer.workers import RolloutWorkerError
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 HF = engine_class("hf")
 
-ASYNC = "rollout.asynchronous=true"
+ASYNC = "rollout.max_staleness=1"
+IN_PROCESS = "rollout.workers=0"
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +54,64 @@ def _as_gen(exp) -> Generation:
     return Generation(exp.input_ids, exp.attention_mask, exp.response_mask, exp.stopped)
 
 
-def test_staleness_is_exactly_one_version_after_the_first_batch(files):
-    trainer = nano_trainer(files, ASYNC)
-    rows = []
-    for k in range(3):
+def _comparable(metrics: dict) -> dict:
+    return {
+        k: v
+        for k, v in metrics.items()
+        if not k.startswith(("time/", "tokens_per_s", "rollout/wait"))
+    }
+
+
+def _run(files, iterations: int, *extra: str) -> tuple[list[dict], list]:
+    trainer = nano_trainer(files, "trainer.iterations=6", *extra)
+    try:
+        got = [trainer.step() for _ in range(iterations)]
+    finally:
+        trainer.close()
+    return [_comparable(m) for m, _ in got], [ro for _, ro in got]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_each_batch_comes_from_the_weights_of_k_iterations_before(files, k):
+    torch.set_num_threads(1)
+    trainer = nano_trainer(files, f"rollout.max_staleness={k}", IN_PROCESS)
+    for i in range(5):
         metrics, ro = trainer.step()
-        rows.append((metrics, ro))
-        # the batch of the next iteration was sampled now, before this update: version k
-        assert trainer.sampler.pending is not None
-        assert trainer.sampler.pending[0].versions.tolist() == [k] * 8
-        assert trainer.policy_version == k + 1
-    # iteration 0 trains what it sampled (version 0); iteration k > 0 the batch sampled
-    # during k - 1 from version k - 1, trained at version k
-    for k, (metrics, ro) in enumerate(rows):
-        assert ro.versions.tolist() == [max(k - 1, 0)] * 8, k
-        # tokens generated this iteration: the batch sampled ahead (and, first, its own)
-        made = trainer.sampler.pending[0] if k == 2 else rows[k + 1][1]
-        tokens = float(made.gen.response_mask.sum())
-        tokens += float(ro.gen.response_mask.sum()) if k == 0 else 0.0
-        speed = tokens / metrics["time/generate"]
-        assert metrics["tokens_per_s"] == pytest.approx(speed, rel=1e-12)
-        assert metrics["rollout/staleness_mean"] == (0.0 if k == 0 else 1.0)
-        assert metrics["rollout/staleness_max"] == (0.0 if k == 0 else 1.0)
+        assert ro.versions.tolist() == [max(i - k, 0)] * 8, i
+        assert metrics["rollout/staleness_max"] == min(i, k)
+        # sampled ahead: the next k batches, from the weights of this iteration and before
+        assert sorted(trainer.sampler.ready) == list(range(i + 1, i + k + 1))
+        assert trainer.policy_version == i + 1
+    trainer.close()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_worker_processes_sample_what_the_trainers_process_samples(files, k):
+    # one thread each side: the same float sums, so the same batches bit for bit
+    torch.set_num_threads(1)
+    staleness = f"rollout.max_staleness={k}"
+    here, ros_here = _run(files, 5, staleness, IN_PROCESS)
+    there, ros_there = _run(files, 5, staleness, "rollout.workers=1", "rollout.worker_threads=1")
+    assert there == here
+    for a, b in zip(ros_here, ros_there, strict=True):
+        assert a.responses == b.responses
+        assert torch.equal(a.gen.logprobs, b.gen.logprobs)
+        assert torch.equal(a.versions, b.versions)
+    assert here[1] != here[4]  # the comparison is not between constants
+    # two workers share the batches out (j mod 2): the same batches again
+    two, _ = _run(files, 5, staleness, "rollout.workers=2", "rollout.worker_threads=1")
+    assert two == here
+
+
+def test_max_staleness_0_is_the_synchronous_sampler(files):
+    trainer = nano_trainer(files, "rollout.max_staleness=0", "rollout.workers=3")
+    assert trainer.sampler is trainer.on_policy
 
 
 def test_the_pending_batch_is_the_next_iterations_batch(files):
-    trainer = nano_trainer(files, ASYNC)
+    trainer = nano_trainer(files, ASYNC, IN_PROCESS)
     trainer.step()
-    ahead = trainer.sampler.pending[0]
+    ahead = trainer.sampler.ready[1][0]
     _, ro = trainer.step()
     assert ro is ahead  # iteration 1 trains exactly what iteration 0 sampled ahead
 
@@ -84,14 +120,14 @@ def test_critic_warmup_leaves_the_policy_version_and_the_staleness_at_zero(files
     # iteration 0 only warms the critic up: the policy stays version 0, so the batch that
     # iteration 1 trains (sampled during 0) is not stale; iteration 1 updates the actor, so
     # the batch of iteration 2 (sampled during 1, from version 0) is one version behind
-    trainer = nano_trainer(files, ASYNC, "critic.warmup_iterations=1")
+    trainer = nano_trainer(files, ASYNC, IN_PROCESS, "critic.warmup_iterations=1")
     got = [trainer.step()[0] for _ in range(3)]
     assert [m["rollout/staleness_max"] for m in got] == [0.0, 0.0, 1.0]
     assert trainer.policy_version == 2
 
 
 def test_old_logprobs_are_the_trainers_and_the_correction_weights_the_gap(files):
-    trainer = nano_trainer(files, ASYNC)
+    trainer = nano_trainer(files, ASYNC, IN_PROCESS)
     assert trainer.cfg.algorithm.rollout_correction == "token"  # on by default
     assert trainer.plan.old_logprobs == "actor"
     seen = _spy_update(trainer)
@@ -124,30 +160,36 @@ def test_synchronous_runs_record_no_staleness_and_keep_nothing(files):
     assert trainer.state_dict()["sampler"] == {}  # nothing gathered either
 
 
-def test_the_pending_batch_round_trips_through_the_state(files, tmp_path):
-    trainer = nano_trainer(files, ASYNC)
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_the_batches_sampled_ahead_round_trip_through_the_state(files, tmp_path, workers):
+    trainer = nano_trainer(files, "rollout.max_staleness=2", f"rollout.workers={workers}")
     trainer.step()
     path = tmp_path / "state.pt"
-    torch.save(trainer.state_dict(), path)
+    torch.save(trainer.state_dict(), path)  # waits for the batches in flight
     state = torch.load(path, weights_only=True)
-    assert len(state["sampler"]["pending"]) == 1  # one entry per rank
-    mine = state["sampler"]["pending"][0]
-    back = rollout_from_state(mine["rollout"], "cpu")
-    ro = trainer.sampler.pending[0]
-    assert back.prompts == ro.prompts and back.responses == ro.responses
-    assert back.columns == ro.columns
-    for name in ("input_ids", "attention_mask", "response_mask", "stopped", "logprobs"):
-        assert torch.equal(getattr(back.gen, name), getattr(ro.gen, name)), name
-    for name in ("group_ids", "scores", "versions"):
-        assert torch.equal(getattr(back, name), getattr(ro, name)), name
-    assert mine["stats"] == trainer.sampler.pending[1]
-    assert rollout_state(back).keys() == mine["rollout"].keys()
-    fresh = nano_trainer(files, ASYNC)
+    assert len(state["sampler"]["ready"]) == 1  # one entry per rank
+    mine = state["sampler"]["ready"][0]
+    assert sorted(mine) == [1, 2]  # the next two iterations' batches
+    for j in (1, 2):
+        back = rollout_from_state(mine[j]["rollout"], "cpu")
+        ro, stats = trainer.sampler.ready[j]
+        assert back.prompts == ro.prompts and back.responses == ro.responses
+        assert back.columns == ro.columns
+        for name in ("input_ids", "attention_mask", "response_mask", "stopped", "logprobs"):
+            assert torch.equal(getattr(back.gen, name), getattr(ro.gen, name)), name
+        for name in ("group_ids", "scores", "versions"):
+            assert torch.equal(getattr(back, name), getattr(ro, name)), name
+        assert mine[j]["stats"] == stats
+        assert rollout_state(back).keys() == mine[j]["rollout"].keys()
+    trainer.close()
+    fresh = nano_trainer(files, "rollout.max_staleness=2", IN_PROCESS)
     fresh.load_state_dict(state)
-    assert torch.equal(fresh.sampler.pending[0].gen.input_ids, ro.gen.input_ids)
+    assert torch.equal(
+        fresh.sampler.ready[1][0].gen.input_ids, trainer.sampler.ready[1][0].gen.input_ids
+    )
     # another number of processes than the checkpoint's: its rows are not this rank's
-    fresh.load_state_dict({**state, "sampler": {"pending": [mine, mine]}})
-    assert fresh.sampler.pending is None  # the next iteration samples its own batch
+    fresh.load_state_dict({**state, "sampler": {"ready": [mine, mine]}})
+    assert fresh.sampler.ready == {}  # the next iterations sample their own batches
 
 
 def test_config_defaults_and_refusals(files):
@@ -165,27 +207,34 @@ def test_config_defaults_and_refusals(files):
     assert seq.algorithm.rollout_correction == "sequence"
     # auto recomputes even where the engine's log-probs would otherwise be exact
     plan = plan_scoring(off, HF)
-    assert plan.old_logprobs == "actor" and "asynchronous" in plan.why
+    assert plan.old_logprobs == "actor" and "max_staleness" in plan.why
     assert plan_scoring(load_config(None, base), HF).old_logprobs == "engine"
     for cfg in (off, seq):  # named for the stale weights, whatever the correction
-        with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*asynchronous"):
+        with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*max_staleness"):
             plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), HF)
-    with pytest.raises(ConfigError, match="Did you mean `rollout.asynchronous`"):
-        load_config(None, [*base, "rollout.async=true"])
+    with pytest.raises(ConfigError, match="`rollout.asynchronous` is gone: use rollout.max_st"):
+        load_config(None, [*base, "rollout.asynchronous=true"])
+    for bad, why in (
+        ("rollout.name=vllm", "rollout.name=vllm"),
+        ("algorithm.filter_groups=true", "algorithm.filter_groups"),
+    ):
+        with pytest.raises(ConfigError, match=f"rollout.workers=1` does not go with {why}"):
+            load_config(None, [*base, ASYNC, bad, "rollout.n=2"])
+        load_config(None, [*base, ASYNC, bad, "rollout.n=2", IN_PROCESS])  # in-process: fine
+    with pytest.raises(ConfigError, match="rollout.max_staleness` must be >= 0"):
+        load_config(None, [*base, "rollout.max_staleness=-1"])
 
 
-def _comparable(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith(("time/", "tokens_per_s"))}
-
-
-def test_a_failed_iteration_keeps_the_pending_batch_and_replays_exactly(files):
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_failed_iteration_keeps_the_batches_ahead_and_replays_exactly(files, workers):
+    torch.set_num_threads(1)
+    extra = ("rollout.max_staleness=2", f"rollout.workers={workers}")
     seed_everything(0)
-    a = nano_trainer(files, ASYNC)
-    want = [_comparable(a.step()[0]) for _ in range(2)]
+    want, _ = _run(files, 3, *extra)
     seed_everything(0)
-    b = nano_trainer(files, ASYNC)
+    b = nano_trainer(files, "trainer.iterations=6", *extra)
     assert _comparable(b.step()[0]) == want[0]
-    pending, update = b.sampler.pending, b.update
+    update = b.update
 
     def fail(exp):
         raise RuntimeError("boom")
@@ -194,52 +243,36 @@ def test_a_failed_iteration_keeps_the_pending_batch_and_replays_exactly(files):
     with pytest.raises(RuntimeError, match="boom"):
         b.step()
     assert b.undo_iteration()
-    assert b.sampler.pending is pending  # the batch sampled during iteration 0 is still next
+    assert 1 in b.sampler.ready  # the batch that iteration 1 trains is next again
     b.update = update
-    assert _comparable(b.step()[0]) == want[1]
+    assert [_comparable(b.step()[0]) for _ in range(2)] == want[1:]
+    b.close()
 
 
-def test_dynamic_sampling_keeps_each_samples_version(files):
-    # DAPO's rounds are cut and concatenated by group: the versions travel with the rows
-    trainer = nano_trainer(
-        files,
-        ASYNC,
-        f"reward.function={REWARD}:even_first_digit_varies",
-        "algorithm.adv_estimator=grpo",
-        "rollout.n=2",
-        "algorithm.filter_groups=true",
-    )
-    got = [trainer.step() for _ in range(2)]
-    assert got[0][1].versions.tolist() == [0] * 16
-    assert got[1][1].versions.tolist() == [0] * 16
-    assert [m["rollout/staleness_max"] for m, _ in got] == [0.0, 1.0]
-    assert trainer.sampler.pending[0].versions.tolist() == [1] * 16
+def test_a_batch_that_raises_in_its_worker_raises_in_the_trainer(files):
+    trainer = nano_trainer(files, ASYNC)
+
+    def boom(items):
+        raise ValueError("the reward server is down")
+
+    trainer.on_policy.produce = boom  # the worker is forked with it
+    with pytest.raises(
+        RolloutWorkerError,
+        match="batch 1 raised in its rollout worker: ValueError: the reward server is down",
+    ):
+        trainer.step()
+    trainer.close()
 
 
-def test_a_critic_on_the_actor_takes_its_values_from_the_trainers_pass(files):
-    trainer = nano_trainer(files, ASYNC, "critic.shared_backbone=true")
-    assert (trainer.plan.old_logprobs, trainer.plan.values) == ("actor", "actor")
-    got = [trainer.step()[0] for _ in range(2)]
-    assert got[1]["rollout/staleness_mean"] == 1.0
-    assert all(torch.isfinite(torch.tensor(m["critic/explained_variance"])) for m in got)
-
-
-def test_multi_turn_episodes_and_lora_ride_in_the_pending_batch(files, tmp_path):
-    # an episode's record (turns, end, return) is plain data: it survives weights_only
-    trainer = nano_trainer(
-        files,
-        ASYNC,
-        f"rollout.env={spec('Never')}",
-        "rollout.env.max_turns=2",
-        "rollout.env.max_turn_tokens=3",
-        "rollout.env.max_episode_tokens=10",
-        "model.lora_rank=4",
-    )
-    got = [trainer.step() for _ in range(2)]
-    assert [m["rollout/staleness_max"] for m, _ in got] == [0.0, 1.0]
-    assert got[1][0]["env/turns"] == 2.0
-    torch.save(trainer.state_dict(), tmp_path / "state.pt")
-    state = torch.load(tmp_path / "state.pt", weights_only=True)
-    back = rollout_from_state(state["sampler"]["pending"][0]["rollout"], "cpu")
-    assert back.episodes == trainer.sampler.pending[0].episodes and len(back.episodes) == 8
-    assert torch.equal(back.gen.turn_rewards, trainer.sampler.pending[0].gen.turn_rewards)
+def test_a_worker_that_dies_is_named(files):
+    trainer = nano_trainer(files, ASYNC)
+    trainer.step()
+    proc = trainer.sampler.backend.workers.procs[0]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    with pytest.raises(
+        RolloutWorkerError, match=r"rollout worker 0 \(pid \d+\) died with exit code -9"
+    ):
+        for _ in range(3):
+            trainer.step()
+    trainer.close()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from proxima.rewards import WeightedPart, WeightedReward
-from proxima.trainer.samplers import DynamicSampling, OnPolicy, SamplingAhead
+from proxima.trainer.samplers import Ahead, DynamicSampling, InProcess, InWorkers, OnPolicy
 from proxima.trainer.state import Part, StateRegistry, stateful
 from tests.trainer.nano import nano_files, nano_trainer
 
@@ -22,10 +22,16 @@ def files(tmp_path_factory):
     [
         ((), [OnPolicy]),
         (("algorithm.filter_groups=true", "rollout.n=2"), [DynamicSampling, OnPolicy]),
-        (("rollout.asynchronous=true",), [SamplingAhead, OnPolicy]),
+        (("rollout.max_staleness=1",), [Ahead, InWorkers, OnPolicy]),
+        (("rollout.max_staleness=2", "rollout.workers=0"), [Ahead, InProcess, OnPolicy]),
         (
-            ("algorithm.filter_groups=true", "rollout.n=2", "rollout.asynchronous=true"),
-            [SamplingAhead, DynamicSampling, OnPolicy],
+            (
+                "algorithm.filter_groups=true",
+                "rollout.n=2",
+                "rollout.max_staleness=1",
+                "rollout.workers=0",
+            ),
+            [Ahead, InProcess, DynamicSampling, OnPolicy],
         ),
     ],
 )
@@ -34,7 +40,10 @@ def test_the_sampler_is_chosen_once_from_the_config(files, extra, kinds):
     chain, sampler = [], trainer.sampler
     while sampler is not None:
         chain.append(type(sampler))
-        sampler = getattr(sampler, "inner", None) or getattr(sampler, "rounds", None)
+        sampler = next(
+            (getattr(sampler, k) for k in ("backend", "inner", "rounds") if hasattr(sampler, k)),
+            None,
+        )
     assert chain == kinds
     assert chain[-1] is OnPolicy and trainer.on_policy.trainer is trainer
 

@@ -1,0 +1,229 @@
+"""Rollout worker processes beside the trainer (`rollout.max_staleness` >= 1 with
+`rollout.workers` >= 1): each generates and scores whole batches while the trainer trains,
+from the weights the trainer publishes into shared memory.
+
+A worker is the trainer process forked once, at the first rollout: it inherits the built
+roles (the tokenizer, the actor, the reward source, a task's environment) and serves its own
+copy of the actor with the `hf` engine. It drops what it never uses (the optimizers, the
+reference) and runs one request after the other: (batch index, prompts, the weights it
+must be sampled from, its seed).
+
+Which weights, exactly: batch j (trained at iteration j) is sampled from the weights the
+trainer had at the start of iteration j - k (k = max_staleness; never before the first
+iteration this pipeline ran). The trainer publishes the weights of iteration m into the
+shared `WeightBox` only once every batch that needs those of m - 1 has taken them, so the
+box always holds what the next batch needs, and a batch's samples depend only on those
+weights, its prompts and its seed: the same as sampling it in the trainer's process
+(`samplers.Ahead` with `rollout.workers=0`), which the tests compare bit for bit.
+
+A worker ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process group: the trainer
+decides when to stop, and closes its workers) and dies with the trainer (PR_SET_PDEATHSIG).
+Requests and results travel as pickled bytes over pipes: no tensor is shared but the box.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from proxima.rng import seed_everything
+from proxima.trainer.dist import Dist
+
+POLL_S = 0.5  # how often a wait checks that the other side is alive
+PR_SET_PDEATHSIG = 1
+
+
+class RolloutWorkerError(RuntimeError):
+    """A rollout worker process died, or its batch raised (the worker's traceback said)."""
+
+
+class WeightBox:
+    """The actor's state in shared memory, with the trainer's iteration it is of (`index`)
+    and the policy version the samples are stamped with."""
+
+    def __init__(self, module: torch.nn.Module, ctx) -> None:
+        self.tensors = {
+            name: t.detach().clone().share_memory_() for name, t in module.state_dict().items()
+        }
+        self.index = ctx.Value("q", -1, lock=False)
+        self.version = ctx.Value("q", 0, lock=False)
+
+    def publish(self, module: torch.nn.Module, index: int, version: int) -> None:
+        with torch.no_grad():
+            for name, t in module.state_dict().items():
+                self.tensors[name].copy_(t)
+        self.version.value = version
+        self.index.value = index  # last: a worker waiting for `index` reads complete weights
+
+    def take(self, module: torch.nn.Module) -> int:
+        """Copy the weights into `module`'s own tensors; their policy version."""
+        with torch.no_grad():
+            for name, t in module.state_dict().items():
+                t.copy_(self.tensors[name])
+        return int(self.version.value)
+
+
+@dataclass
+class Request:
+    batch: int  # the iteration that trains it
+    items: list  # its prompts (this rank's share)
+    weights: int  # the trainer iteration whose weights sample it
+    seed: int
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL when the trainer exits, whatever the way (kill -9 included)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the closed pipe ends it instead
+        pass
+
+
+def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, parent: int) -> None:
+    """A worker's loop (in the forked process): requests in, produced batches out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() != parent:  # the trainer was gone before the line above ran
+        os._exit(0)
+    torch.set_num_threads(threads)
+    t = trainer
+    t.dist = Dist()  # no collective from here: the process group is the trainer's
+    t.timer.listener = None  # the console is the trainer's
+    t.trained, t.objectives, t.roles.reference = {}, {}, None  # never used here: freed
+    policy = t.roles.actor
+    while True:
+        try:
+            request = pickle.loads(conn.recv_bytes())
+        except EOFError:  # the trainer closed the pipe
+            return
+        if request is None:
+            return
+        while box.index.value != request.weights:
+            time.sleep(0.001)
+            if os.getppid() != parent:
+                return
+        t.policy_version = box.take(policy)
+        started[slot] = request.batch
+        t.timer.new_iteration()
+        seed_everything(request.seed)
+        try:
+            ro, penalty = t.on_policy.produce(request.items)
+            out = (request.batch, (ro.to("cpu"), penalty, dict(t.timer.last)), None)
+        except Exception as err:  # noqa: BLE001 - sent to the trainer, raised there
+            out = (request.batch, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        conn.send_bytes(pickle.dumps(out))
+
+
+class Workers:
+    """`rollout.workers` processes, each forked from the trainer at `start`; batch j goes to
+    worker j mod N."""
+
+    def __init__(self, trainer, count: int, threads: int, staleness: int) -> None:
+        self.trainer, self.count, self.threads, self.k = trainer, count, threads, staleness
+        self.procs: list = []
+        self.conns: list = []
+        self.sent: dict[int, int] = {}  # batch -> worker
+        self.box: WeightBox | None = None
+
+    def start(self, index: int) -> None:
+        """Fork the workers, the box holding the trainer's weights of iteration `index`."""
+        t = self.trainer
+        if t.device.type != "cpu":
+            raise RolloutWorkerError(
+                f"rollout.workers={self.count} forks the trainer, which {t.device.type} does not "
+                "allow; use rollout.workers=0 (sampling ahead in the trainer's process)"
+            )
+        if t.dist.strategy == "fsdp2":
+            raise RolloutWorkerError(
+                f"rollout.workers={self.count} serves a copy of the whole actor, which FSDP2 "
+                "shards; use rollout.workers=0 or dist.strategy=ddp"
+            )
+        ctx = mp.get_context("fork")
+        self.box = WeightBox(t.roles.actor, ctx)
+        self.box.publish(t.roles.actor, index, t.policy_version)
+        self.started = ctx.Array("q", [-1] * self.count, lock=False)
+        for slot in range(self.count):
+            mine, theirs = ctx.Pipe()
+            args = (t, self.box, theirs, self.started, slot, self.threads, os.getpid())
+            proc = ctx.Process(target=_serve, args=args, name=f"rollout-worker-{slot}")
+            proc.daemon = True
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(mine)
+        atexit.register(self.close)  # before multiprocessing's own, which would wait on them
+
+    def publish(self, index: int) -> None:
+        """Put the trainer's weights of iteration `index` into the box, once every batch that
+        needs those of `index - 1` has taken them."""
+        if self.box.index.value >= index:
+            return
+        last = index - 1 + self.k  # the last batch sampled from the weights of index - 1
+        for batch, slot in self.sent.items():
+            if batch <= last:
+                self._wait(slot, lambda s=slot, b=batch: self.started[s] >= b)
+        t = self.trainer
+        self.box.publish(t.roles.actor, index, t.policy_version)
+
+    def submit(self, request: Request) -> None:
+        slot = request.batch % self.count
+        self._alive(slot)
+        try:
+            self.conns[slot].send_bytes(pickle.dumps(request))
+        except OSError:  # it died since
+            self.procs[slot].join()
+            self._alive(slot)
+            raise
+        self.sent[request.batch] = slot
+
+    def receive(self, batch: int):
+        """(batch index, (rollout, penalty, phase seconds) or None, error text or None): the
+        next result of the worker that has `batch`."""
+        slot = self.sent[batch]
+        while not self.conns[slot].poll(POLL_S):
+            self._alive(slot)
+        got, out, error = pickle.loads(self.conns[slot].recv_bytes())
+        del self.sent[got]
+        return got, out, error
+
+    def _wait(self, slot: int, ready) -> None:
+        while not ready():
+            self._alive(slot)
+            time.sleep(0.001)
+
+    def _alive(self, slot: int) -> None:
+        proc = self.procs[slot]
+        if not proc.is_alive():
+            raise RolloutWorkerError(
+                f"rollout worker {slot} (pid {proc.pid}) died with exit code {proc.exitcode}; "
+                "the lines above may say why (out of memory: fewer rollout.workers, or a "
+                "smaller rollout.micro_batch_size)"
+            )
+
+    def close(self) -> None:
+        """Stop the workers: asked, then killed (they ignore SIGTERM, and hold nothing that
+        a run keeps)."""
+        atexit.unregister(self.close)
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(timeout=1)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
