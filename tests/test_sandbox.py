@@ -111,12 +111,16 @@ def test_a_fork_bomb_is_contained():
     """Every process forks forever: RLIMIT_NPROC stops it (not for root: then the wall time's
     kill of the whole group does, or bubblewrap's PID namespace); nothing is left after."""
     bomb = (
-        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+        "import os\nrefused = False\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        if not refused:\n            print('refused', flush=True)\n"
+        "        refused = True\n"
     )
     start = time.monotonic()
     r = run_python(bomb, Limits(wall_s=0.5, cpu_s=1, processes=8))
     assert r.outcome == "timeout"
     assert time.monotonic() - start < 3.0
+    if os.geteuid() != 0:
+        assert "refused\n" in r.stdout  # RLIMIT_NPROC at work
     deadline = time.monotonic() + 5.0
     while _sandboxed_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
