@@ -14,7 +14,6 @@ import warnings
 
 import pytest
 
-from proxima import sandbox
 from proxima.rewards.function import FunctionReward
 from proxima.rollout.environments import load_env_class
 from proxima.sandbox import (
@@ -22,11 +21,14 @@ from proxima.sandbox import (
     CodeTestsReward,
     Limits,
     PythonEnv,
+    SandboxWarning,
     build_isolation,
     code_block,
+    isolation_in_use,
     run_python,
     trial,
 )
+from proxima.sandbox import isolation as isolation_module
 
 FAST = Limits(wall_s=3.0, cpu_s=1, memory_mb=512, output_bytes=4000, processes=8)
 BOOT_MARK = "import json, resource, sys"  # in the command line of every sandboxed interpreter
@@ -45,16 +47,6 @@ def _working(name: str):
 ISOLATED = [_working(name) for name in ISOLATIONS]
 
 
-@pytest.fixture
-def under(monkeypatch):
-    """Run the test's sandboxes under the given isolation."""
-
-    def use(iso):
-        monkeypatch.setattr(sandbox, "isolation", lambda: iso)
-
-    return use
-
-
 def _sandboxed_processes() -> int:
     count = 0
     for entry in os.listdir("/proc"):
@@ -70,7 +62,7 @@ def test_ok_run_gives_its_output():
     r = run_python("import sys\nprint(6 * 7)\nprint('warn', file=sys.stderr)", FAST)
     assert (r.outcome, r.exit_code, r.stdout, r.stderr) == ("ok", 0, "42\n", "warn\n")
     assert r.ok and not r.truncated and r.detail == ""
-    assert r.isolation == sandbox.isolation().name
+    assert r.isolation == isolation_in_use().name
 
 
 @pytest.mark.parametrize(
@@ -143,10 +135,11 @@ def test_ten_gigabytes_is_a_memory_outcome():
 
 
 @pytest.mark.parametrize("iso", ISOLATED)
-def test_the_network_is_out_of_reach(iso, under):
+def test_the_network_is_out_of_reach(iso):
     """A namespace leaves no interface up; without one the audit hook refuses the socket."""
-    under(iso)
-    r = run_python("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", FAST)
+    r = run_python(
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", FAST, isolation=iso
+    )
     assert r.outcome == "network"
     if iso.name == "none":
         assert r.detail == "PermissionError: network access is blocked in the proxima sandbox"
@@ -155,22 +148,21 @@ def test_the_network_is_out_of_reach(iso, under):
 
 
 @pytest.mark.parametrize("iso", ISOLATED)
-def test_a_fresh_folder_removed_after(iso, under, tmp_path):
+def test_a_fresh_folder_removed_after(iso, tmp_path):
     """The code runs in an empty folder of its own, gone after the run; under bubblewrap the
     caller's folders are not there at all (a private /tmp) and the rest is read-only."""
-    under(iso)
     code = (
         "import os\nprint(os.listdir('.'), os.getcwd())\nopen('out.txt', 'w').write('x')\n"
         f"open({str(tmp_path / 'outside.txt')!r}, 'w').write('x')\n"
     )
-    r = run_python(code, FAST)
+    r = run_python(code, FAST, isolation=iso)
     listed, cwd = r.stdout.split("] ")
     assert listed == "['main.py'"
     if iso.name == "bwrap":
         assert cwd.strip() == "/sandbox"
         assert r.outcome == "error" and r.detail.startswith("FileNotFoundError")
         assert not (tmp_path / "outside.txt").exists()
-        r = run_python("import sys\nopen(sys.prefix + '/x', 'w')", FAST)
+        r = run_python("import sys\nopen(sys.prefix + '/x', 'w')", FAST, isolation=iso)
         assert r.detail.startswith("OSError: [Errno 30] Read-only file system")
     else:
         assert r.outcome == "ok"
@@ -178,12 +170,11 @@ def test_a_fresh_folder_removed_after(iso, under, tmp_path):
 
 
 @pytest.mark.parametrize("iso", ISOLATED)
-def test_a_child_left_behind_is_killed(iso, under):
+def test_a_child_left_behind_is_killed(iso):
     """A child that outlives the script (and holds its stdout) is killed with its group."""
-    under(iso)
     code = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('parent done')\n"
     start = time.monotonic()
-    r = run_python(code, FAST)
+    r = run_python(code, FAST, isolation=iso)
     assert (r.outcome, r.stdout) == ("ok", "parent done\n")
     assert time.monotonic() - start < 2.0
 
@@ -192,12 +183,12 @@ def test_the_isolation_in_use_is_said(monkeypatch):
     """Without bubblewrap (and without unshare) one warning names what is missing and how
     to install it."""
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    monkeypatch.setattr(sandbox, "_CHOSEN", [])  # not chosen yet
-    with pytest.warns(sandbox.SandboxWarning) as seen:
-        iso = sandbox.isolation()
+    monkeypatch.setattr(isolation_module, "_CHOSEN", [])  # not chosen yet
+    with pytest.warns(SandboxWarning) as seen:
+        iso = isolation_in_use()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert sandbox.isolation() is iso  # decided once, said once
+        assert isolation_in_use() is iso  # decided once, said once
     assert iso.name == "none" and not iso.network_cut
     assert len(seen) == 1 and str(seen[0].message) == iso.missing
     assert "bubblewrap (`bwrap`) is not installed (Debian/Ubuntu: apt-get install bubblewrap)" in (
