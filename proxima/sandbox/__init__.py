@@ -2,17 +2,17 @@
 the multi-turn environment `PythonEnv` (``rollout.env.cls=proxima.sandbox:PythonEnv``) and the
 reward functions `tests_passed` / `all_tests_passed` (``reward.function=proxima.sandbox:...``).
 
-A run: a fresh temporary folder (working directory and HOME, removed afterwards), the code
-as ``main.py`` there, run by this interpreter with ``-E -s -B`` (no PYTHON* variables, no
-user site, no .pyc files), stdin from the given text or empty, in a session of its own. A
-short bootstrap (`run._BOOT`) sets the limits inside the sandboxed interpreter before the code
-runs: RLIMIT_CPU (``cpu_s``: SIGXCPU, then SIGKILL a second later), RLIMIT_AS
-(``memory_mb``: an allocation past it raises MemoryError), RLIMIT_FSIZE (``file_mb``),
-RLIMIT_CORE 0 and RLIMIT_NPROC (``processes`` more than the user runs already: the kernel
-counts all of a user's processes, and does not apply the limit to root). The parent reads
-stdout and stderr as they come, ``output_bytes`` each at most, and kills the whole process
-group (SIGKILL) when the output passes that, at ``wall_s``, and after every run (children
-left behind included).
+Linux only (namespaces, /proc, Linux's resource limits). A run: a fresh temporary folder
+(working directory and HOME, removed afterwards), the code as ``main.py`` there, run by this
+interpreter with ``-E -s -B`` (no PYTHON* variables, no user site, no .pyc files), stdin
+from the given text or empty, in a session of its own. A short bootstrap (`run._BOOT`) sets
+the limits inside the sandboxed interpreter before the code runs: RLIMIT_CPU (``cpu_s``:
+SIGXCPU, then SIGKILL a second later), RLIMIT_AS (``memory_mb``: an allocation past it
+raises MemoryError), RLIMIT_FSIZE (``file_mb``), RLIMIT_CORE 0 and RLIMIT_NPROC
+(``processes`` more than the user runs already: the kernel counts all of a user's processes,
+and does not apply the limit to root). The parent reads stdout and stderr as they come,
+``output_bytes`` each at most, and kills the whole process group (SIGKILL) when the output
+passes that, at ``wall_s``, and after every run (children left behind included).
 
 Isolation, the strongest that works here, chosen once per process by a trial run
 (`isolation_in_use`; `run_python` may be given another):
