@@ -9,7 +9,9 @@ An environment is a class named as `path/to/file.py:Env` or `package.module:Env`
         def step(self, action: str) -> tuple[str | None, float, bool]: ...
 
 `step` gets the model's text for the turn and returns the observation to append to the
-context (or None), the turn's reward and whether the episode is done. An optional class
+context (or None), the turn's reward and whether the episode is done, and may add a fourth
+value, a dict of JSON values kept as the turn's `info` in samples.jsonl (e.g. how a
+sandboxed run of the action's code ended: `proxima.sandbox.PythonEnv`). An optional class
 attribute `max_reward` is the best total reward of an episode: evaluation's `accuracy` is
 the share of episodes that reach it.
 """
@@ -38,7 +40,7 @@ def load_env_class(spec: str) -> type:
         kind="class",
         fits=_is_env_class,
         wanted="a class with a method step(self, action: str) -> (observation or None, "
-        "reward, done), built as Env(row)",
+        "reward, done[, info]), built as Env(row)",
         error=ConfigError,
     )
 

@@ -24,6 +24,7 @@ Every episode ends on an action token. `stopped` is False only for episodes cut 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -70,7 +71,8 @@ class Episode:
 
     def record(self) -> dict:
         """The episode as samples.jsonl shows it: each turn (action, observation, reward,
-        error), why it ended, the sum of its turn rewards (`return`)."""
+        error, and the step's `info` when it gave one), why it ended, the sum of its turn
+        rewards (`return`)."""
         return {"turns": self.turns, "end": self.end, "return": sum(self.rewards.values())}
 
 
@@ -158,13 +160,15 @@ class _Context:
     ids: list[int]  # what collate_prompts reads
 
 
-def _checked(value: Any) -> tuple[str | None, float, bool]:
-    """A step's return as (observation, reward, done); ValueError naming what is wrong."""
-    if not (isinstance(value, tuple | list) and len(value) == 3):
+def _checked(value: Any) -> tuple[str | None, float, bool, dict | None]:
+    """A step's return as (observation, reward, done, info or None); ValueError naming what
+    is wrong."""
+    if not (isinstance(value, tuple | list) and len(value) in (3, 4)):
         raise ValueError(
             f"step returned {value!r:.200}; it must return (observation or None, reward, done)"
+            " or (observation or None, reward, done, info)"
         )
-    obs, reward, done = value
+    obs, reward, done, *info = value
     if obs is not None and not isinstance(obs, str):
         raise ValueError(f"step's observation must be a string or None, got {obs!r:.200}")
     try:
@@ -173,10 +177,20 @@ def _checked(value: Any) -> tuple[str | None, float, bool]:
         raise ValueError(f"step's reward must be a number, got {reward!r:.200}") from None
     if not math.isfinite(reward):
         raise ValueError(f"step's reward must be finite, got {reward}")
-    return obs, reward, bool(done)
+    if info and not _json_dict(info[0]):
+        raise ValueError(f"step's info must be a dict of JSON values, got {info[0]!r:.200}")
+    return obs, reward, bool(done), info[0] if info else None
 
 
-def _checked_step(env, action: str) -> tuple[str | None, float, bool]:
+def _json_dict(value: Any) -> bool:
+    """Whether samples.jsonl can keep ``value`` as a JSON object."""
+    try:
+        return isinstance(value, dict) and json.dumps(value) is not None
+    except (TypeError, ValueError):
+        return False
+
+
+def _checked_step(env, action: str) -> tuple[str | None, float, bool, dict | None]:
     return _checked(env.step(action))
 
 
@@ -190,11 +204,14 @@ def _step(live: list[Episode], tokenizer, cfg: RolloutConfig, last_turn: bool) -
     eos = tokenizer.eos_token_id
     for e, res in zip(live, results, strict=True):
         turn = e.turns[-1]
-        obs, reward, done = res.value if res.ok else (None, cfg.env.fallback_reward, True)
+        failed = (None, cfg.env.fallback_reward, True, None)
+        obs, reward, done, info = res.value if res.ok else failed
         if not res.ok:
             turn["error"] = res.why(f"rollout.env.timeout_s={cfg.env.timeout_s:g} s")
             e.end = "timeout" if res.timed_out else "error"
         turn["observation"], turn["reward"] = obs, reward
+        if info is not None:
+            turn["info"] = info
         last = len(e.ids) - 1
         e.rewards[last] = e.rewards.get(last, 0.0) + reward
         if e.end:

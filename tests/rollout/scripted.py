@@ -180,3 +180,16 @@ class Echo:
 
     def step(self, action: str):
         return None, float(action == "</s>"), True
+
+
+class WithInfo:
+    """Answers "x" with its `info` once, then is done with a non-JSON info."""
+
+    def __init__(self, row: dict) -> None:
+        self.turn = 0
+
+    def step(self, action: str):
+        self.turn += 1
+        if self.turn == 1:
+            return "x", 0.5, False, {"outcome": "ok", "seconds": 0.25}
+        return None, 1.0, True, {"bad": object()}

@@ -205,3 +205,19 @@ def test_sys_exit_in_step_is_an_error_not_a_hang(tok):
     assert time.monotonic() - start < 10
     assert ro.episodes[0]["end"] == "error"
     assert ro.episodes[0]["turns"][0]["error"] == "called sys.exit(3)"
+
+
+def test_step_info_is_kept_in_the_turn(tok):
+    """A fourth value of step, a dict of JSON values, is the turn's `info`; one that JSON
+    cannot write is an error of that turn."""
+    ro, _ = play(tok, "WithInfo", [[[A]], [[B]]], n_items=1, fallback_reward=-1.0)
+    first, second = ro.episodes[0]["turns"]
+    assert first == {
+        "action": "a",
+        "observation": "x",
+        "reward": 0.5,
+        "info": {"outcome": "ok", "seconds": 0.25},
+    }
+    assert second["error"].startswith("raised ValueError: step's info must be a dict of JSON")
+    assert second["reward"] == -1.0 and "info" not in second
+    assert ro.episodes[0]["end"] == "error"
