@@ -49,7 +49,9 @@ class Experience:
     # [B, R] the rollout engine's own log-probs of the sampled tokens (the behaviour policy
     # it actually sampled from), when the engine returned them
     rollout_logprobs: torch.Tensor | None = None
-    # [B, R] truncated importance weights pi_old / mu (algorithm.rollout_correction), or None
+    # [B, R] the policy loss's weights from pi_old / mu: truncated importance weights
+    # (algorithm.rollout_correction) times the rejection mask (algorithm.rollout_rejection),
+    # or None when neither is on
     is_weights: torch.Tensor | None = None
     # [B, R] sum over the vocabulary of pi_old^2 at each response token, when the advantage
     # estimator needs it (optimal_token_baseline), else None

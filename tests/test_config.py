@@ -319,6 +319,27 @@ def test_rollout_engine_keys():
             load_config(None, BASE + ([override] if isinstance(override, str) else list(override)))
 
 
+def test_rollout_rejection_is_a_level_and_a_band_that_keeps_the_ratio_one():
+    assert not load_config(None, BASE).algorithm.corrects_rollout  # off by default
+    c = load_config(None, [*BASE, "algorithm.rollout_rejection=geometric"])
+    assert c.algorithm.corrects_rollout and c.algorithm.rollout_correction == ""
+    icepop = ["algorithm.rollout_rejection=token", "algorithm.rollout_rejection_threshold=5",
+              "algorithm.rollout_rejection_threshold_lower=0.5"]  # fmt: skip
+    assert load_config(None, [*BASE, *icepop]).algorithm.rollout_rejection_threshold == 5
+    for override, message in [
+        ("algorithm.rollout_rejection=seq", "must be token, sequence, geometric or empty"),
+        ("algorithm.rollout_rejection_threshold=0.9", "threshold` must be > 1 .the on-policy"),
+        ("algorithm.rollout_rejection_threshold=1", "threshold` must be > 1"),
+        ("algorithm.rollout_rejection_threshold=-2", "threshold` must be > 1"),
+        ("algorithm.rollout_rejection_threshold_lower=1", "lower` must be in .0, 1."),
+        ("algorithm.rollout_rejection_threshold_lower=-0.5", "lower` must be in .0, 1."),
+        (["algorithm.rollout_rejection=geometric", "algorithm.rollout_rejection_threshold=2.5"],
+         "geometric mean of the ratios stays near 1"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, BASE + ([override] if isinstance(override, str) else override))
+
+
 def test_dotted_keys_in_a_yaml_file_are_shown_nested(tmp_path):
     """`actor.optim.lr: 1e-5` at the top of a YAML file is the command line's spelling: the
     message shows the nested form to write instead (also for a key dotted further down)."""

@@ -64,7 +64,16 @@ from .policy_losses import (
 )
 from .preferences import preference_probability, sample_preferences
 from .rewards import last_token_index, overlong_penalty, shape_rewards, token_rewards
-from .rollout_correction import IS_LEVELS, logprob_diff, truncated_is_weights
+from .rollout_correction import (
+    IS_LEVELS,
+    REJECTION_LEVELS,
+    REJECTION_THRESHOLDS,
+    RolloutCorrection,
+    logprob_diff,
+    mismatch_stats,
+    rejection_mask,
+    truncated_is_weights,
+)
 from .value import explained_variance, value_loss
 
 __all__ = [
@@ -79,6 +88,9 @@ __all__ = [
     "register_policy_loss",
     "AGG_MODES",
     "IS_LEVELS",
+    "REJECTION_LEVELS",
+    "REJECTION_THRESHOLDS",
+    "RolloutCorrection",
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "EmptyMaskWarning",
@@ -117,6 +129,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "mean_at_k",
+    "mismatch_stats",
     "overlong_penalty",
     "pass_at_k",
     "pass_at_k_table",
@@ -124,6 +137,7 @@ __all__ = [
     "sample_preferences",
     "policy_loss",
     "reinforce_plus_plus",
+    "rejection_mask",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",

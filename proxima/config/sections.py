@@ -412,10 +412,30 @@ class AlgorithmConfig:
         "",
         "Truncated importance sampling against the rollout engine's own log-probs mu (TIS, "
         "verl's rollout_is): each token's policy loss is weighted by min(pi_old / mu, "
-        "rollout_correction_cap), per token (token) or per sequence (sequence); empty = off.",
+        "rollout_correction_cap), per token (token) or per sequence (sequence); empty = off. "
+        "Combines with rollout_rejection.",
     )
     rollout_correction_cap: float = _f(
         2.0, "Cap of the rollout correction weights (verl's rollout_is_threshold); >= 1."
+    )
+    rollout_rejection: str = _f(
+        "",
+        "Rejection against the rollout engine's log-probs mu (verl's rollout_rs): tokens "
+        "(token), whole sequences by the product of their ratios (sequence) or by their "
+        "geometric mean (geometric) whose ratio pi_old / mu is outside [rollout_rejection_"
+        "threshold_lower, rollout_rejection_threshold] get policy-loss weight 0; combines "
+        "with rollout_correction (weights multiply: TRL's masked IS, IcePop; "
+        "docs/algorithms.md); empty = off.",
+    )
+    rollout_rejection_threshold: float = _f(
+        0.0,
+        "Upper bound of the ratio kept by rollout_rejection (verl's rollout_rs_threshold), "
+        "> 1; 0 = verl's default for the level: 2.0 (token, sequence), 1.001 (geometric).",
+    )
+    rollout_rejection_threshold_lower: float = _f(
+        0.0,
+        "Lower bound of the ratio kept by rollout_rejection (verl's "
+        "rollout_rs_threshold_lower), in (0, 1); 0 = 1 / rollout_rejection_threshold.",
     )
     filter_groups: bool = _f(
         False,
@@ -427,6 +447,12 @@ class AlgorithmConfig:
     max_gen_batches: int = _f(
         10, "Most generation rounds per iteration with filter_groups (>= 1; verl's name)."
     )
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether the policy loss weighs each token by the engine's log-probs: importance
+        weights (rollout_correction), rejection (rollout_rejection) or both."""
+        return bool(self.rollout_correction or self.rollout_rejection)
 
 
 @dataclass(frozen=True)

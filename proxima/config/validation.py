@@ -33,7 +33,7 @@ from proxima.config.choices import (
 )
 from proxima.config.roles import trained_sections
 from proxima.config.schema import Config, ConfigError
-from proxima.config.sections import ModelConfig
+from proxima.config.sections import AlgorithmConfig, ModelConfig
 from proxima.launch import world_size
 from proxima.plugins import split_spec
 
@@ -429,8 +429,43 @@ def _check_rollout_correction(cfg: Config) -> None:
             "`algorithm.rollout_correction_cap` must be >= 1 (weights above it are truncated), "
             f"got {cfg.algorithm.rollout_correction_cap}; verl uses 2.0."
         )
+    _check_rollout_rejection(cfg.algorithm)
     if cfg.rollout.logprob_diff_warn < 0:
         raise ConfigError("`rollout.logprob_diff_warn` must be >= 0 (0 disables the warning).")
+
+
+def _check_rollout_rejection(algorithm: AlgorithmConfig) -> None:
+    """The rejection level and its band [lower, upper], which must keep the on-policy
+    ratio 1 (0 = verl's defaults)."""
+    from proxima.algos import REJECTION_LEVELS, REJECTION_THRESHOLDS
+
+    level = algorithm.rollout_rejection
+    if level not in ("", *REJECTION_LEVELS):
+        raise ConfigError(
+            "`algorithm.rollout_rejection` must be token, sequence, geometric or empty (off); "
+            f"got {level!r}."
+        )
+    upper, lower = (
+        algorithm.rollout_rejection_threshold,
+        algorithm.rollout_rejection_threshold_lower,
+    )
+    if upper and not upper > 1:
+        raise ConfigError(
+            "`algorithm.rollout_rejection_threshold` must be > 1 (the on-policy ratio 1 is "
+            f"kept) or 0 (verl's default for the level), got {upper}."
+        )
+    if lower and not 0 < lower < 1:
+        raise ConfigError(
+            "`algorithm.rollout_rejection_threshold_lower` must be in (0, 1) (the on-policy "
+            f"ratio 1 is kept) or 0 (1 / rollout_rejection_threshold), got {lower}."
+        )
+    if level == "geometric" and (upper or REJECTION_THRESHOLDS[level]) > 2:
+        raise ConfigError(
+            f"`algorithm.rollout_rejection=geometric` with threshold {upper} keeps a sequence "
+            "whose tokens are on average more than twice as likely for the trainer as for "
+            "the engine: the geometric mean of the ratios stays near 1 (verl uses 1.001). "
+            "Use a threshold close to 1, or rollout_rejection=sequence for the product."
+        )
 
 
 def _check_policy_loss_options(cfg: Config) -> None:

@@ -34,7 +34,7 @@ class Rollout:
     # multi-turn episodes (rollout.env): each one's turns, end and return; else None
     episodes: list[dict] | None = None
     # [B] int64: the policy version (actor updates so far in the run) each row was sampled
-    # with, set by the trainer (rollout.asynchronous trains it one version later)
+    # with, set by the trainer (rollout.max_staleness trains it up to that many versions later)
     versions: torch.Tensor | None = None
 
     def total_rewards(self) -> torch.Tensor:
@@ -193,7 +193,7 @@ def collect(
 
 def rollout_state(ro: Rollout) -> dict:
     """`ro` as plain tensors, lists and dicts (on the CPU): what `torch.load(weights_only=
-    True)` reads back, for a checkpoint (rollout.asynchronous keeps a generated batch
+    True)` reads back, for a checkpoint (rollout.max_staleness keeps generated batches
     between iterations)."""
     ro = ro.to("cpu")
     state = {f.name: getattr(ro, f.name) for f in fields(ro) if f.name != "gen"}

@@ -94,8 +94,8 @@ class HF(Engine):
             return "not float32 (the KV-cached decode rounds differently from the forward pass)"
         if r.top_k or r.top_p < 1.0:
             return "top_k / top_p renormalise the sampled distribution"
-        if cfg.algorithm.rollout_correction:
-            return "algorithm.rollout_correction compares the two"
+        if cfg.algorithm.corrects_rollout:
+            return "algorithm.rollout_correction / rollout_rejection compare the two"
         diff = generation_config.to_diff_dict() if generation_config is not None else {}
         extra = sorted(set(diff) - NEUTRAL_GENERATION_FIELDS)
         if extra:

@@ -3,7 +3,7 @@
 Old log-probs (an actor pass, logits / temperature; or the engine's own), reference
 log-probs, values and the per-token KL estimate of each generated sequence, computed in
 micro-batches as the run's `ScoringPlan` (`rollout.plan`) says, and the rollout
-correction's importance weights.
+correction's weights (importance weights, rejection).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from proxima.algos import (
+    RolloutCorrection,
     kl_full,
     kl_penalty,
     logprobs_from_logits,
     sum_pi_squared,
-    truncated_is_weights,
 )
 from proxima.config import AlgorithmConfig, RolloutConfig
 from proxima.models.critic import Critic
@@ -198,6 +198,18 @@ def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfi
     return (*_old_logprobs(gen, plan, actor, rollout), None)
 
 
+def rollout_correction(algorithm: AlgorithmConfig) -> RolloutCorrection:
+    """The corrections `algorithm.rollout_correction` (truncated importance weights) and
+    `algorithm.rollout_rejection` (rejection by the ratio pi_old / mu) ask for."""
+    return RolloutCorrection(
+        level=algorithm.rollout_correction,
+        cap=algorithm.rollout_correction_cap,
+        rejection=algorithm.rollout_rejection,
+        upper=algorithm.rollout_rejection_threshold,
+        lower=algorithm.rollout_rejection_threshold_lower,
+    )
+
+
 def build_experience(
     gen: Generation,
     scores: torch.Tensor,
@@ -215,8 +227,8 @@ def build_experience(
     `reference` is None when no KL is used (the KL is then 0). The per-token KL(actor ||
     reference) is the plan's estimator: one of `algos.KL_ESTIMATORS` from the two log-probs,
     or `full`, exact over the vocabulary. The engine's own log-probs (`gen.logprobs`), when
-    they are not the old log-probs, travel as `rollout_logprobs`, with the truncated
-    importance weights old / engine of `algorithm.rollout_correction`.
+    they are not the old log-probs, travel as `rollout_logprobs`, with the weights of
+    `rollout_correction(algorithm)` (importance weights old / engine, rejection).
     """
     t, chunks = rollout.temperature, Chunks.of(rollout)
     old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
@@ -233,14 +245,8 @@ def build_experience(
     if not plan.old_from_engine and gen.logprobs is not None:
         engine_lp = gen.logprobs.to(old.device)
     is_weights = None
-    if algorithm.rollout_correction and engine_lp is not None:
-        is_weights, _ = truncated_is_weights(
-            old,
-            engine_lp,
-            gen.response_mask,
-            cap=algorithm.rollout_correction_cap,
-            level=algorithm.rollout_correction,
-        )
+    if engine_lp is not None:
+        is_weights, _ = rollout_correction(algorithm).weights(old, engine_lp, gen.response_mask)
     return Experience(
         input_ids=gen.input_ids,
         attention_mask=gen.attention_mask,

@@ -109,11 +109,12 @@ def _old_logprobs(cfg: Config, engine: Engine, generation_config) -> tuple[str, 
             "log-probs of older weights as PPO's old policy. Use "
             "rollout.old_logprobs=auto or recompute (the trainer's pass at its current weights)."
         )
-    if mode == "engine" and cfg.algorithm.rollout_correction:
+    if mode == "engine" and cfg.algorithm.corrects_rollout:
         raise ConfigError(
             "`rollout.old_logprobs=engine` makes the engine's log-probs the old policy, so "
-            "`algorithm.rollout_correction` (which weights by old / engine) would always be 1. "
-            "Use rollout.old_logprobs=recompute, or turn rollout_correction off."
+            "`algorithm.rollout_correction` / `rollout_rejection` (which weigh by the ratio "
+            "old / engine) would always see 1. Use rollout.old_logprobs=recompute, or turn "
+            "rollout_correction and rollout_rejection off."
         )
     if mode != "auto":
         return ("engine" if mode == "engine" else "actor"), f"rollout.old_logprobs={mode}"

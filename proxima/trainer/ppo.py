@@ -29,6 +29,7 @@ from proxima.algos import (
     logprob_diff,
     masked_mean,
     masked_var,
+    mismatch_stats,
 )
 from proxima.config import Config
 from proxima.data import PromptLoader
@@ -39,7 +40,7 @@ from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, engine_class, engine_of, sync_weights
-from proxima.rollout.experience import build_experience
+from proxima.rollout.experience import build_experience, rollout_correction
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.trainer.advantages import (
     BatchView,
@@ -398,20 +399,21 @@ class PPOTrainer:
         return out
 
     def _rollout_trust(self, exp: Experience) -> dict[str, float]:
-        """How far the engine's log-probs are from the trainer's old ones (and the rollout
-        correction's weights), over the whole batch (this rank's rows `exp`, gathered);
-        warns above rollout.logprob_diff_warn. Nothing when the old log-probs are the
-        engine's (then `actor/first_logratio_abs` measures the same gap)."""
+        """How far the engine's log-probs are from the trainer's old ones (logprob_diff_*,
+        kl_k3, seq_logratio_*) and what the rollout correction makes of it (is_weight_mean,
+        is_truncated_frac, rejected_token_frac, rejected_seq_frac: the weights' stats
+        recomputed on the gathered rows), over the whole batch (this rank's rows `exp`,
+        gathered); warns above rollout.logprob_diff_warn. Nothing when the old log-probs are
+        the engine's (then `actor/first_logratio_abs` measures the same gap)."""
         if exp.rollout_logprobs is None:
             return {}
         g = self.dist.gather_rows
-        mask = g(exp.response_mask)
-        diff = logprob_diff(g(exp.rollout_logprobs), g(exp.old_logprobs), mask)
+        mask, old, engine_lp = g(exp.response_mask), g(exp.old_logprobs), g(exp.rollout_logprobs)
+        diff = logprob_diff(engine_lp, old, mask)
         m = {f"rollout/logprob_diff_{k}": float(v) for k, v in diff.items()}
-        if exp.is_weights is not None:  # the stats of algos.truncated_is_weights
-            w, cap = g(exp.is_weights), self.cfg.algorithm.rollout_correction_cap
-            m["rollout/is_weight_mean"] = float(masked_mean(w, mask))
-            m["rollout/is_truncated_frac"] = float(masked_mean((w >= cap).float(), mask))
+        _, stats = rollout_correction(self.cfg.algorithm).weights(old, engine_lp, mask)
+        stats.update(mismatch_stats(old, engine_lp, mask))
+        m.update({f"rollout/{k}": float(v) for k, v in stats.items()})
         limit = self.cfg.rollout.logprob_diff_warn
         if limit and m["rollout/logprob_diff_mean"] > limit:
             warnings.warn(LogprobMismatchWarning(self._mismatch(m, limit)), stacklevel=2)

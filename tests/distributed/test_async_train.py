@@ -1,7 +1,8 @@
 """Asynchronous rollouts (`rollout.max_staleness=1`) under `torchrun --nproc_per_node 2`
 (gloo, CPU): each rank's worker process samples its share of the next batch ahead, two
-processes give the metrics of one (staleness included), and a resumed job replays the run
-(each rank's batch sampled ahead is in the checkpoint; FSDP2 samples in its own processes)."""
+processes give the metrics of one (staleness and the rollout correction's included), and a
+resumed job replays the run (each rank's batches sampled ahead are in the checkpoint; FSDP2
+samples in the trainer's processes)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ def test_two_processes_give_the_metrics_of_one(make_model, fast_overrides, tmp_p
     # greedy (top_k=1): no randomness in the rollout, so 1 and 2 processes see the same rows
     model = make_model("llama")
     extra = (*ASYNC, "rollout.top_k=1", "actor.ppo_micro_batch_size=2")
-    extra += ("critic.ppo_micro_batch_size=2",)
+    extra += ("critic.ppo_micro_batch_size=2", "algorithm.rollout_rejection=token")
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", *fast_overrides(model, one, 3, *extra)]) == 0
     torchrun(["-m", "proxima", "train", *fast_overrides(model, two, 3, *extra)])
     a, b = _metrics(one), _metrics(two)
     _close(a, b)
     assert [b[s]["rollout/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert "rollout/rejected_seq_frac" in b[3] and "rollout/kl_k3" in b[3]  # over both ranks
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

@@ -108,6 +108,39 @@ def test_rollout_correction_weights(make_model, fast_overrides, tmp_path, cap, m
     assert metrics["rollout/is_truncated_frac"] == frac
 
 
+REJECT = "algorithm.rollout_rejection"
+ICEPOP = ("algorithm.rollout_correction=token", "algorithm.rollout_correction_cap=5",
+          f"{REJECT}=token", f"{REJECT}_threshold=5", f"{REJECT}_threshold_lower=0.5")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "rejected"),
+    [
+        ((f"{REJECT}=token",), 0.0),  # ratio 1.35 in verl's default band [1/2, 2]
+        ((f"{REJECT}=token", f"{REJECT}_threshold=1.2"), 1.0),
+        ((f"{REJECT}=sequence", f"{REJECT}_threshold=1.2"), 1.0),  # 1.35^n > 1.2
+        ((f"{REJECT}=geometric",), 1.0),  # 1.35 outside verl's [1/1.001, 1.001]
+        ((f"{REJECT}=geometric", f"{REJECT}_threshold=1.5"), 0.0),
+        (ICEPOP, 0.0),  # IcePop: the ratio 1.35 in [0.5, 5] is the weight
+    ],
+)
+def test_rollout_rejection_trains(make_model, fast_overrides, tmp_path, extra, rejected):
+    """pi_old / mu = exp(0.3) = 1.35 on every token (as above): each rejection level keeps
+    or rejects all of them, and an iteration with every token rejected still trains (the
+    policy loss is 0, the metrics finite)."""
+    trainer, _ = _trainer(make_model, fast_overrides, tmp_path, *extra, logprob_shift=-0.3)
+    metrics, _ = trainer.step()
+    assert metrics["rollout/rejected_token_frac"] == rejected
+    assert metrics["rollout/rejected_seq_frac"] == rejected
+    assert metrics["rollout/kl_k3"] == pytest.approx(math.expm1(0.3) - 0.3, abs=1e-4)
+    assert metrics["rollout/seq_logratio_abs_max"] >= metrics["rollout/seq_logratio_mean"] > 0
+    if extra == ICEPOP:
+        assert metrics["rollout/is_weight_mean"] == pytest.approx(math.exp(0.3), abs=1e-3)
+    if rejected:
+        assert metrics["actor/pg_loss"] == 0.0
+    assert all(math.isfinite(v) for v in metrics.values() if isinstance(v, float))
+
+
 def test_hf_engine_serving_the_actor_never_reads_pushed_weights(make_model):
     from proxima.models import load_causal_lm
 

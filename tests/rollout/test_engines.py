@@ -70,7 +70,8 @@ def test_what_each_engine_answers():
         (["model.dtype=bfloat16"], "not float32"),
         ([*FP32, "rollout.top_k=5"], "top_k / top_p renormalise"),
         ([*FP32, "rollout.top_p=0.9"], "top_k / top_p renormalise"),
-        ([*FP32, "algorithm.rollout_correction=token"], "rollout_correction compares"),
+        ([*FP32, "algorithm.rollout_correction=token"], "rollout_rejection compare the two"),
+        ([*FP32, "algorithm.rollout_rejection=geometric"], "rollout_rejection compare the two"),
     ],
 )
 def test_the_hf_engine_log_probs_are_exact_only_where_nothing_differs(overrides, why):

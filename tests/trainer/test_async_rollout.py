@@ -205,6 +205,9 @@ def test_config_defaults_and_refusals(files):
     assert off.algorithm.rollout_correction == ""
     seq = load_config(None, [*base, ASYNC, "algorithm.rollout_correction=sequence"])
     assert seq.algorithm.rollout_correction == "sequence"
+    # a rejection alone leaves the importance weights on: verl combines the two
+    rs = load_config(None, [*base, ASYNC, "algorithm.rollout_rejection=token"]).algorithm
+    assert (rs.rollout_correction, rs.rollout_rejection) == ("token", "token")
     # auto recomputes even where the engine's log-probs would otherwise be exact
     plan = plan_scoring(off, HF)
     assert plan.old_logprobs == "actor" and "max_staleness" in plan.why

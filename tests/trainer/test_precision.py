@@ -106,6 +106,7 @@ def test_engine_logprobs_under_other_weights_show_in_the_first_logratio(files):
         ("rollout.top_p=0.9", "top_p"),
         ("model.mixed_precision=bf16", "float32"),
         ("algorithm.rollout_correction=token", "rollout_correction"),
+        ("algorithm.rollout_rejection=token", "rollout_rejection"),
     ],
 )
 def test_auto_recomputes_where_the_engine_samples_another_distribution(files, override, reason):
@@ -157,6 +158,8 @@ def test_precision_options_are_checked(files):
         load_config(None, ["model.mixed_precision=bf16", "model.dtype=bfloat16"])
     with pytest.raises(ConfigError, match="rollout_correction"):
         make_trainer(files, "rollout.old_logprobs=engine", "algorithm.rollout_correction=token")
+    with pytest.raises(ConfigError, match="rollout_rejection` .which weigh by the ratio"):
+        make_trainer(files, "rollout.old_logprobs=engine", "algorithm.rollout_rejection=sequence")
     with pytest.raises(ConfigError, match="rollout.old_logprobs"):
         load_config(None, ["rollout.old_logprobs=cached"])
 
