@@ -378,9 +378,42 @@ def _check_env(cfg: Config) -> None:
         raise ConfigError("`rollout.env.observation_role` must name a chat role, e.g. tool.")
 
 
+def _check_agent(cfg: Config) -> None:
+    """Agent programs (`rollout.agent`): the spec's form, its limits, and no environment
+    beside it; the function itself is imported at start-up (`rollout.agent.check_agent`)."""
+    a = cfg.rollout.agent
+    if not a.fn:
+        from proxima.config.sections import AgentConfig
+
+        default = AgentConfig()
+        for f in dataclasses.fields(a):
+            if getattr(a, f.name) != getattr(default, f.name):
+                raise ConfigError(
+                    f"`rollout.agent.{f.name}` is set but `rollout.agent.fn` is empty: it "
+                    "applies to agent programs only. Set rollout.agent=path/to/file.py:fn, or "
+                    f"remove rollout.agent.{f.name}."
+                )
+        return
+    if cfg.rollout.env.cls:
+        raise ConfigError(
+            "`rollout.agent` and `rollout.env` are both set: an episode is played either by "
+            "proxima against an environment class or by your agent program. Keep one."
+        )
+    split_spec(a.fn, f"`rollout.agent.fn`={a.fn!r}", "function", ConfigError)
+    for key in ("concurrency", "max_calls", "max_context_tokens"):
+        if getattr(a, key) < 1:
+            raise ConfigError(f"`rollout.agent.{key}` must be >= 1, got {getattr(a, key)}.")
+    for key, meaning in (("timeout_s", "0 = no limit"), ("batch_wait_ms", "0 = no wait")):
+        if getattr(a, key) < 0:
+            raise ConfigError(
+                f"`rollout.agent.{key}` must be >= 0 ({meaning}), got {getattr(a, key)}."
+            )
+
+
 def _check_rollout(cfg: Config) -> None:
     _check_dapo(cfg)
     _check_env(cfg)
+    _check_agent(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
@@ -552,15 +585,17 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
-    if cfg.rollout.env.cls and not (cfg.reward.function and cfg.reward.model_path):
-        return  # the environment's turn rewards, plus at most one final score
+    episodes = cfg.rollout.env.cls or cfg.rollout.agent.fn
+    if episodes and not (cfg.reward.function and cfg.reward.model_path):
+        return  # the environment's or the agent's rewards, plus at most one final score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
-        extra = " (with rollout.env: at most one, the episode's final score)"
+        key = "rollout.env" if cfg.rollout.env.cls else "rollout.agent"
+        extra = f" (with {key}: at most one, the episode's final score)"
         raise ConfigError(
             f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
             f"and `reward.model_path`{rm} (a reward model folder)"
-            + (extra if cfg.rollout.env.cls else "")
+            + (extra if episodes else "")
             + "."
         )
 
