@@ -7,6 +7,7 @@ masked), and the failures: a late episode, a function that raises, too many call
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,3 +303,18 @@ def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(tmp_path):
     )
     trainer = sequence_logprobs(model, g, cfg.temperature, 8)
     torch.testing.assert_close(g.logprobs, trainer, rtol=0, atol=1e-4)
+
+
+def test_the_calculator_example(tok):
+    """examples/agent/calculator_agent.py: "[2*3]" (stopped at "]"), the agent's "6;", then
+    "6": one row, the calculator's answer masked, reward 1."""
+    example = Path(__file__).parents[2] / "examples" / "agent" / "calculator_agent.py"
+    rule = lambda p, j: (
+        ids_of(tok, "[2*3]6") if tok.decode(p).endswith("=") else [*ids_of(tok, "6"), EOS]
+    )  # noqa: E731
+    cfg = RolloutConfig(max_response_length=8, agent=AgentConfig(f"{example}:solve"))
+    its = [PromptItem("2*3=", ids_of(tok, "2*3="), {"answer": "6"})]
+    ro = generate_rollout(RuleEngine(rule), tok, its, cfg, CPU, n=1, logprobs=True)
+    assert ro.gen.response_ids[0].tolist() == [*ids_of(tok, "[2*3]6;6"), EOS]
+    assert ro.gen.response_mask[0].tolist() == [1] * 5 + [0, 0] + [1, 1]
+    assert ro.gen.turn_rewards[0, -1] == 1.0 and ro.episodes[0]["end"] == "done"
