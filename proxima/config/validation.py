@@ -400,6 +400,13 @@ def _check_agent(cfg: Config) -> None:
             "proxima against an environment class or by your agent program. Keep one."
         )
     split_spec(a.fn, f"`rollout.agent.fn`={a.fn!r}", "function", ConfigError)
+    if cfg.trainer.strategy == "fsdp2" and cfg.rollout.name == "hf":
+        raise ConfigError(
+            "`rollout.agent` with `trainer.strategy=fsdp2` and the hf engine: every FSDP2 "
+            "generation is a collective of all ranks, and each rank's agents make their own "
+            "number of calls. Use trainer.strategy=ddp, or rollout.name=vllm (an engine per "
+            "rank)."
+        )
     for key in ("concurrency", "max_calls", "max_context_tokens"):
         if getattr(a, key) < 1:
             raise ConfigError(f"`rollout.agent.{key}` must be >= 1, got {getattr(a, key)}.")

@@ -260,6 +260,9 @@ def test_config_checks(tmp_path):
         validate(
             Config().replace({"rollout.agent.fn": spec("one_chat"), "rollout.agent.max_calls": 0})
         )
+    fsdp = {"rollout.agent.fn": spec("one_chat"), "trainer.strategy": "fsdp2"}
+    with pytest.raises(ConfigError, match="every FSDP2 generation is a collective"):
+        validate(Config().replace(fsdp))
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         load_agent_fn(spec("nope"))
 
