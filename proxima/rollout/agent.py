@@ -36,16 +36,15 @@ import functools
 import inspect
 import math
 import threading
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from proxima import plugins
 from proxima.config import Config, ConfigError, RolloutConfig
-from proxima.data import collate_prompts
+from proxima.data import PromptItem
 from proxima.guarded import Outcome, run_all
 from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.episodes import Episode, episode_rows, prompt_record
 from proxima.rollout.openai_server import Call, Choice, EpisodeLog, PolicyServer
 from proxima.rollout.types import Generation, Sampling
 
@@ -84,7 +83,7 @@ def play_agent_episodes(
     with PolicyServer(tokenizer, sampling, a) as server:
         logs = [server.open_episode() for _ in items]
         calls = [
-            functools.partial(_play, fn, server, log, _row(item))
+            functools.partial(_play, fn, server, log, prompt_record(item))
             for log, item in zip(logs, items, strict=True)
         ]
         outcomes: list[Outcome] = []
@@ -96,16 +95,13 @@ def play_agent_episodes(
         runner.start()
         server.dispatch(engine, device, runner.is_alive)
         runner.join()
-    episodes = [
-        _episode(item, log, res, cfg) for item, log, res in zip(items, logs, outcomes, strict=True)
-    ]
-    gen = _rows(episodes, tokenizer.pad_token_id, device, sampling)
-    return gen, [e.record(tokenizer) for e in episodes]
-
-
-def _row(item) -> dict:
-    """What the function gets: the record's columns and its prompt (text or messages)."""
-    return {**item.columns, "prompt": item.messages if item.messages is not None else item.text}
+    episodes, stopped = [], []
+    for item, log, res in zip(items, logs, outcomes, strict=True):
+        e, ended = _episode(item, log, res, cfg, tokenizer)
+        episodes.append(e)
+        stopped.append(ended)
+    gen = episode_rows(episodes, stopped, tokenizer.pad_token_id, device, sampling)
+    return gen, [e.record() for e in episodes]
 
 
 def _play(fn, server: PolicyServer, log: EpisodeLog, row: dict) -> float | None:
@@ -130,52 +126,54 @@ async def _awaited(awaitable):
     return await awaitable
 
 
-@dataclass
-class _Episode:
-    """One finished episode: its chain of trained calls (call index, choice) and reward."""
-
-    item: Any
-    log: EpisodeLog
-    chain: list[tuple[int, int]]
-    reward: float
-    end: str  # done | error | timeout
-    error: str = ""
-    prompt_ids: list[int] = field(default_factory=list)  # the row's prompt
-
-    def record(self, tokenizer) -> dict:
-        """samples.jsonl: each call (its sampled text, prompt length, whether it is in the
-        row), the reward on the last, why it ended, the return."""
-        trained = dict(self.chain)
-        turns = []
-        for k, call in enumerate(self.log.calls):
-            choice = call.choices[trained.get(k, 0)]
-            turns.append(
-                {
-                    "action": tokenizer.decode(choice.ids, skip_special_tokens=False),
-                    "prompt_tokens": len(call.prompt_ids),
-                    "trained": k in trained,
-                    "reward": 0.0,
-                }
-            )
-        if not turns:  # no call made: the reward still shows
-            turns.append({"action": "", "prompt_tokens": 0, "trained": False, "reward": 0.0})
-        turns[-1]["reward"] = self.reward
-        if self.error:
-            turns[-1]["error"] = self.error
-        return {"turns": turns, "end": self.end, "return": self.reward}
-
-
-def _episode(item, log: EpisodeLog, res: Outcome, cfg: RolloutConfig) -> _Episode:
+def _episode(item, log: EpisodeLog, res: Outcome, cfg: RolloutConfig, tokenizer):
+    """(the played `Episode`, whether its last call stopped): its row the chain of calls
+    (`chain_of_calls`), the reward at its last token, its record's turns the calls."""
     a = cfg.agent
     if res.ok:
-        reward = 0.0 if res.value is None else res.value
-        end, error = "done", ""
+        reward, end, error = (0.0 if res.value is None else res.value), "done", ""
     else:
         reward, end = a.fallback_reward, "timeout" if res.timed_out else "error"
         error = res.why(f"rollout.agent.timeout_s={a.timeout_s:g} s")
-    chain = chain_of_calls(log.calls)
-    prompt = log.calls[chain[0][0]].prompt_ids if chain else list(item.ids)
-    return _Episode(item, log, chain, reward, end, error, prompt)
+    calls, chain = log.calls, chain_of_calls(log.calls)
+    prompt = calls[chain[0][0]].prompt_ids if chain else item.ids
+    e = Episode(PromptItem(item.text, list(prompt), item.columns, item.messages), end=end)
+    context = list(prompt)
+    for k, j in chain:
+        added = calls[k].prompt_ids[len(context) :]  # the observation since the last action
+        choice = calls[k].choices[j]
+        e.ids += added + choice.ids
+        e.action += [0] * len(added) + [1] * len(choice.ids)
+        e.logprobs += [0.0] * len(added) + choice.logprobs
+        e.values += [0.0] * len(added) + (choice.values or [0.0] * len(choice.ids))
+        context = calls[k].prompt_ids + choice.ids
+    if e.ids:  # a row ends on an action token; an episode without a call has no token
+        e.rewards[len(e.ids) - 1] = reward
+    e.turns = _turns(calls, dict(chain), tokenizer, reward, error)
+    stopped = bool(chain) and calls[chain[-1][0]].choices[chain[-1][1]].finish == "stop"
+    return e, stopped
+
+
+def _turns(calls: list[Call], trained: dict[int, int], tokenizer, reward: float, error: str):
+    """samples.jsonl: each call (the sampled text of the choice in the row, else the first;
+    its prompt's length; whether it is in the row), the reward (and error) on the last."""
+    turns = [
+        {
+            "action": tokenizer.decode(
+                call.choices[trained.get(k, 0)].ids, skip_special_tokens=False
+            ),
+            "prompt_tokens": len(call.prompt_ids),
+            "trained": k in trained,
+            "reward": 0.0,
+        }
+        for k, call in enumerate(calls)
+    ]
+    if not turns:  # no call made: the reward and error still show
+        turns.append({"action": "", "prompt_tokens": 0, "trained": False, "reward": 0.0})
+    turns[-1]["reward"] = reward
+    if error:
+        turns[-1]["error"] = error
+    return turns
 
 
 def chain_of_calls(calls: list[Call]) -> list[tuple[int, int]]:
@@ -204,57 +202,3 @@ def chain_of_calls(calls: list[Call]) -> list[tuple[int, int]]:
 def _extends(prompt: list[int], before: list[int], choice: Choice) -> bool:
     n, m = len(before), len(choice.ids)
     return len(prompt) >= n + m and prompt[:n] == before and prompt[n : n + m] == choice.ids
-
-
-def _response(e: _Episode) -> tuple[list[int], list[int], list[float], list[float], bool]:
-    """The row after its prompt: ids, action mask, log-probs, values, and whether the last
-    call stopped."""
-    ids, action, lp, v = [], [], [], []
-    calls, context = e.log.calls, list(e.prompt_ids)
-    for k, j in e.chain:
-        added = calls[k].prompt_ids[len(context) :]  # the observation since the last action
-        choice = calls[k].choices[j]
-        values = choice.values or [0.0] * len(choice.ids)
-        ids += added + choice.ids
-        action += [0] * len(added) + [1] * len(choice.ids)
-        lp += [0.0] * len(added) + choice.logprobs
-        v += [0.0] * len(added) + values
-        context = calls[k].prompt_ids + choice.ids
-    stopped = bool(e.chain) and calls[e.chain[-1][0]].choices[e.chain[-1][1]].finish == "stop"
-    return ids, action, lp, v, stopped
-
-
-def _rows(episodes: list[_Episode], pad: int, device, sampling: Sampling) -> Generation:
-    """The episodes as one `Generation`: prompts left-padded, the rest right-padded; the
-    reward at each row's last action token."""
-    prompts = collate_prompts([_Ids(e.prompt_ids) for e in episodes], pad)
-    parts = [_response(e) for e in episodes]
-    width = max(1, *(len(p[0]) for p in parts))
-    shape = (len(episodes), width)
-    ids = torch.full(shape, pad, dtype=torch.long)
-    real, action = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
-    lp, v, rewards = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
-    for b, (e, (r_ids, r_action, r_lp, r_v, _)) in enumerate(zip(episodes, parts, strict=True)):
-        n = len(r_ids)
-        if not n:
-            continue  # no call made: an empty response, its reward in no loss
-        ids[b, :n] = torch.tensor(r_ids, dtype=torch.long)
-        real[b, :n] = 1
-        action[b, :n] = torch.tensor(r_action, dtype=torch.long)
-        lp[b, :n], v[b, :n] = torch.tensor(r_lp), torch.tensor(r_v)
-        rewards[b, n - 1] = e.reward  # a row ends on an action token
-    gen = Generation(
-        input_ids=torch.cat([prompts["input_ids"], ids], dim=1),
-        attention_mask=torch.cat([prompts["attention_mask"], real], dim=1),
-        response_mask=action,
-        stopped=torch.tensor([p[4] for p in parts]),
-        logprobs=lp if sampling.logprobs else None,
-        values=v if sampling.values else None,
-        turn_rewards=rewards,
-    )
-    return gen.to(device)
-
-
-@dataclass
-class _Ids:
-    ids: list[int]  # what collate_prompts reads

@@ -10,11 +10,10 @@ import threading
 import time
 
 import openai
-import torch
 
 from proxima.rollout.types import Generation, Sampling
+from tests.rollout.scripted import ScriptedEngine, scripted_generation
 
-EOS = 2
 # every printable character a token: tool-call JSON and chat templates tokenize exactly
 ALPHABET = "abcxyz" + "".join(c for c in string.printable if c not in "abcxyz\x0b\x0c\r")
 SEEN: dict = {}  # row["i"] -> what the agent got back (replies, errors)
@@ -34,16 +33,16 @@ def seen(row: dict, key: str, value) -> None:
         SEEN.setdefault(row["i"], {})[key] = value
 
 
-class RuleEngine:
-    """Answers every prompt with `rule(prompt_ids, choice)` (token ids; the engine cuts them
-    at `max_new_tokens` and at a stop id), each token's log-prob -0.1 x (its index + 1) and
-    value +0.1 x (its index + 1); records each call (`calls`: prompts and sampling)."""
+class RuleEngine(ScriptedEngine):
+    """Answers every prompt with `rule(prompt_ids, choice)` (token ids; cut at
+    `max_new_tokens` and after a stop id), log-probs and values as `ScriptedEngine`'s;
+    records each call (`calls`: prompts and sampling)."""
 
     name = "rule"
-    weight_version = 0
 
     def __init__(self, rule) -> None:
-        self.rule, self.calls = rule, []
+        super().__init__([])
+        self.rule = rule
 
     def generate(self, prompt_ids, prompt_mask, sampling: Sampling) -> Generation:
         rows = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
@@ -54,34 +53,9 @@ class RuleEngine:
                 out = list(self.rule(p, j))[: sampling.max_new_tokens]
                 stop = next((k for k, t in enumerate(out) if t in sampling.stop_ids), None)
                 acts.append(out if stop is None else out[: stop + 1])
-        width = max(1, *(len(a) for a in acts))
-        response = torch.zeros((len(acts), width), dtype=torch.long)
-        mask = torch.zeros((len(acts), width), dtype=torch.long)
-        for j, a in enumerate(acts):
-            response[j, : len(a)] = torch.tensor(a, dtype=torch.long)
-            mask[j, : len(a)] = 1
-        steps = torch.arange(1, width + 1).float().expand(len(acts), width)
-        ids = prompt_ids.repeat_interleave(sampling.n, 0)
-        return Generation(
-            input_ids=torch.cat([ids, response], dim=1),
-            attention_mask=torch.cat([prompt_mask.repeat_interleave(sampling.n, 0), mask], 1),
-            response_mask=mask,
-            stopped=torch.tensor([bool(a) and a[-1] == EOS for a in acts]),
-            logprobs=-0.1 * steps * mask,
-            values=0.1 * steps * mask,
-        )
-
-    def update_weights(self, named_tensors, version: int) -> None:
-        self.weight_version = version
-
-    def sleep(self) -> None:
-        pass
-
-    def wake_up(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+        n = sampling.n
+        ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+        return scripted_generation(ids, mask, acts)
 
 
 # ---------------------------------------------------------------- agent functions

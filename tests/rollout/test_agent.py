@@ -14,13 +14,15 @@ import torch
 
 from proxima.config import AgentConfig, Config, ConfigError, RolloutConfig, validate
 from proxima.data import PromptItem
-from proxima.models import build_char_tokenizer, build_tiny_model
+from proxima.models import build_char_tokenizer
 from proxima.rollout.agent import chain_of_calls, load_agent_fn
 from proxima.rollout.collect import generate_rollout
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.openai_server import Call, Choice, parse_tool_calls
-from tests.rollout.agents import ALPHABET, EOS, SEEN, RuleEngine, spec
+from tests.rollout.agents import ALPHABET, SEEN, RuleEngine, spec
+from tests.rollout.scripted import EOS
+from tests.rollout.test_episodes_engines import setup  # noqa: F401 - the nano model
 
 pytest.importorskip("openai")
 
@@ -267,20 +269,11 @@ def test_config_checks(tmp_path):
         load_agent_fn(spec("nope"))
 
 
-def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(tmp_path):
-    """The hf engine on a nano model: three completions each continuing the ids so far and an
-    observation; the merged row's engine log-probs equal the trainer's forward pass."""
-    tok = build_char_tokenizer("0123456789+=xyz")
-    model = build_tiny_model(
-        "llama",
-        tok,
-        "nano",
-        max_positions=64,
-        seed=0,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        initializer_range=0.3,
-    ).eval()
+def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(setup):  # noqa: F811
+    """The hf engine on a nano model (test_episodes_engines' `setup`): three completions each
+    continuing the ids so far and an observation; the merged row's engine log-probs equal
+    the trainer's forward pass."""
+    tok, model = setup[:2]
     cfg = RolloutConfig(
         temperature=0.9,
         max_response_length=4,
@@ -298,12 +291,8 @@ def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(tmp_path):
     )
     g = ro.gen
     assert all(all(t["trained"] for t in e["turns"]) and len(e["turns"]) == 3 for e in ro.episodes)
-    assert (
-        int(
-            ((g.response_mask == 0) & (g.attention_mask[:, -g.response_mask.shape[1] :] == 1)).sum()
-        )
-        == 8 * 2
-    )
+    observed = (g.response_mask == 0) & (g.attention_mask[:, -g.response_mask.shape[1] :] == 1)
+    assert int(observed.sum()) == 4 * 2 * 2  # 4 rows, 2 observations "xy" each
     trainer = sequence_logprobs(model, g, cfg.temperature, 8)
     torch.testing.assert_close(g.logprobs, trainer, rtol=0, atol=1e-4)
 
