@@ -138,6 +138,9 @@ class PolicyServer:
         self.pending: list[Pending] = []
         self.running = 0  # episodes whose function is running
         self.lock = threading.Condition()
+        # a fast tokenizer sets its truncation state on each call: concurrent calls can
+        # fail ("Already borrowed", huggingface/tokenizers#537), so one thread at a time
+        self.text_lock = threading.Lock()
         self.http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.http.daemon_threads = True
         self.port = self.http.server_address[1]
@@ -227,9 +230,8 @@ class PolicyServer:
     def _generate(self, engine, device, key: SamplingKey, group: list[Pending]) -> None:
         """One engine call for `group`; each request's choices cut at its stop strings and
         its max_tokens, recorded in its episode."""
-        s = self.sampling
         sampling = replace(
-            s,
+            self.sampling,
             max_new_tokens=max(p.max_tokens for p in group),
             greedy=key.greedy,
             temperature=key.temperature,
@@ -241,24 +243,30 @@ class PolicyServer:
         batch = collate_prompts([PromptItem("", p.prompt_ids) for p in group], self._pad())
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         gen = engine.generate(ids, mask, sampling).to("cpu")
-        decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=False)  # noqa: E731
-        for i, p in enumerate(group):
-            choices = []
-            for row in range(i * key.n, (i + 1) * key.n):
-                keep = gen.response_mask[row].bool()
-                out = gen.response_ids[row][keep].tolist()
-                stop = first_stop(out, decode, key.stop)
-                cut = min(stop or len(out), p.max_tokens)
-                ended = (stop is not None and stop <= cut) or (
-                    cut > 0 and out[cut - 1] in s.stop_ids
+        with self.text_lock:
+            for i, p in enumerate(group):
+                p.call = Call(
+                    p.prompt_ids,
+                    [self._choice(gen, row, p, key) for row in range(i * key.n, (i + 1) * key.n)],
                 )
-                lp = gen.logprobs[row][keep].tolist()[:cut]
-                v = gen.values[row][keep].tolist()[:cut] if gen.values is not None else []
-                choices.append(Choice(out[:cut], lp, v, "stop" if ended else "length"))
-            p.call = Call(p.prompt_ids, choices)
-            with self.lock:
-                p.episode.calls.append(p.call)
-            p.done.set()
+                with self.lock:
+                    p.episode.calls.append(p.call)
+                p.done.set()
+
+    def _choice(self, gen, row: int, p: Pending, key: SamplingKey) -> Choice:
+        """Row `row` of `gen` as a choice of request `p`: cut after its first stop string
+        and at its max_tokens; "stop" when a stop string or a stop id ended it."""
+        keep = gen.response_mask[row].bool()
+        out = gen.response_ids[row][keep].tolist()
+        decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=False)  # noqa: E731
+        stop = first_stop(out, decode, key.stop)
+        cut = min(stop or len(out), p.max_tokens)
+        ended = (stop is not None and stop <= cut) or (
+            cut > 0 and out[cut - 1] in self.sampling.stop_ids
+        )
+        lp = gen.logprobs[row][keep].tolist()[:cut]
+        v = gen.values[row][keep].tolist()[:cut] if gen.values is not None else []
+        return Choice(out[:cut], lp, v, "stop" if ended else "length")
 
     def _pad(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -275,14 +283,16 @@ class PolicyServer:
         if body.get("stream"):
             raise RequestError(400, "stream=true is not served; ask without streaming")
         chat = route == "chat/completions"
-        prompt_ids = self._chat_prompt(body) if chat else self._completion_prompt(body)
+        with self.text_lock:
+            prompt_ids = self._chat_prompt(body) if chat else self._completion_prompt(body)
         pending = self._submit(episode, prompt_ids, body)
         left = episode.deadline - time.monotonic()
         if not pending.done.wait(None if left == float("inf") else max(0.0, left) + 1.0):
             raise _ended(episode)
         if pending.error is not None:
             raise pending.error
-        return (_chat_reply if chat else _completion_reply)(self, episode, pending.call, body)
+        with self.text_lock:
+            return (_chat_reply if chat else _completion_reply)(self, episode, pending.call, body)
 
     def _submit(self, episode: EpisodeLog, prompt_ids: list[int], body: dict) -> Pending:
         a, s = self.agent, self.sampling
@@ -298,14 +308,11 @@ class PolicyServer:
             )
         budget = min(s.max_new_tokens, room)
         max_tokens = budget if asked is None else min(_int("max_tokens", asked, 1), budget)
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        if not all(isinstance(x, str) and x for x in stop):
-            raise RequestError(400, f"stop must be a string or a list of strings, got {stop!r}")
+        stop = _stop(body)
         greedy, temperature, top_p = s.greedy, s.temperature, s.top_p
         if a.request_sampling and not s.greedy:
-            temperature = float(body.get("temperature", temperature))
-            top_p = float(body.get("top_p", top_p))
+            temperature = _number(body, "temperature", temperature, 0.0, 2.0)
+            top_p = _number(body, "top_p", top_p, 1e-9, 1.0)
             greedy = temperature == 0
         key = SamplingKey(n, greedy, temperature if not greedy else 1.0, top_p, stop)
         pending = Pending(episode, prompt_ids, max_tokens, key)
@@ -514,8 +521,23 @@ def _completion_reply(server: PolicyServer, episode: EpisodeLog, call: Call, bod
 
 
 def _stop(body: dict) -> tuple[str, ...]:
+    """The request's stop strings; RequestError when they are not strings."""
     stop = body.get("stop") or ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(x, str) and x for x in stop):
+        raise RequestError(400, f"stop must be a string or a list of strings, got {stop!r:.200}")
+    return tuple(stop)
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise RequestError(
+            400, f"{name} must be a number in [{low:g}, {high:g}], got {value!r:.200}"
+        )
+    return float(value)
 
 
 ROUTE = re.compile(r"^/episode/(\d+)/v1/(chat/completions|completions|models)/?$")
@@ -552,6 +574,9 @@ def _handler(server: PolicyServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, server.answer(int(m[1]), m[2], body))
             except RequestError as err:
                 self._send(err.status, _error(err))
+            except Exception as err:  # noqa: BLE001 - e.g. a chat template that raises
+                refused = RequestError(400, f"the request failed: {type(err).__name__}: {err}")
+                self._send(400, _error(refused))
 
         def _send(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode()

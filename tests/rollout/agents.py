@@ -134,6 +134,18 @@ def too_many_calls(base_url: str, row: dict) -> float:
     return 1.0
 
 
+def zero_temperature(base_url: str, row: dict) -> float:
+    """A chat call at temperature 0 and top_p 0.5, then one with a bad stop (refused)."""
+    c = client(base_url)
+    messages = [{"role": "user", "content": row["prompt"]}]
+    c.chat.completions.create(model="policy", messages=messages, temperature=0, top_p=0.5)
+    try:
+        c.chat.completions.create(model="policy", messages=messages, stop=[""])
+    except openai.BadRequestError as err:
+        seen(row, "refused", err.body)
+    return 1.0
+
+
 async def async_chat(base_url: str, row: dict) -> float:
     """An `async def` agent on the async client."""
     c = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)

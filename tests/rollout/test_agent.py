@@ -246,6 +246,16 @@ def test_prompt_without_room_is_refused(tok):
     assert ro.gen.response_mask.sum() == 0  # no call made: nothing to train
 
 
+@pytest.mark.parametrize("honoured", [False, True])
+def test_request_sampling(tok, honoured):
+    """The request's temperature and top_p decide only with rollout.agent.request_sampling
+    (temperature 0: greedy); else the rollout's (temperature 1, top_p 1)."""
+    _, engine = play(tok, "zero_temperature", answer(tok, "x"), request_sampling=honoured)
+    sampling = engine.calls[0][1]
+    assert (sampling.greedy, sampling.top_p) == ((True, 0.5) if honoured else (False, 1.0))
+    assert "stop must be a string" in SEEN[0]["refused"]["message"]
+
+
 def test_async_agent(tok):
     ro, _ = play(tok, "async_chat", answer(tok, "y"))
     assert SEEN[1]["reply"].choices[0].message.content == "y"
