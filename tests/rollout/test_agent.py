@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from proxima.config import AgentConfig, Config, ConfigError, RolloutConfig, validate
+from proxima.config import AgentConfig, Config, ConfigError, RolloutConfig, load_config, validate
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer
 from proxima.rollout.agent import chain_of_calls, load_agent_fn
@@ -20,11 +20,12 @@ from proxima.rollout.collect import generate_rollout
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.openai_server import Call, Choice, parse_tool_calls
-from tests.rollout.agents import ALPHABET, SEEN, RuleEngine, spec
-from tests.rollout.scripted import EOS
-from tests.rollout.test_episodes_engines import setup  # noqa: F401 - the nano model
 
-pytest.importorskip("openai")
+pytest.importorskip("openai")  # the `agent` extra: the agents below are written against it
+
+from tests.rollout.agents import ALPHABET, SEEN, RuleEngine, spec  # noqa: E402
+from tests.rollout.scripted import EOS  # noqa: E402
+from tests.rollout.test_episodes_engines import setup  # noqa: E402, F401 - the nano model
 
 CPU = torch.device("cpu")
 TEMPLATE = (
@@ -260,6 +261,13 @@ def test_async_agent(tok):
     ro, _ = play(tok, "async_chat", answer(tok, "y"))
     assert SEEN[1]["reply"].choices[0].message.content == "y"
     assert [e["return"] for e in ro.episodes] == [2.0, 2.0]
+
+
+def test_the_example_config_is_valid():
+    root = Path(__file__).parents[2]
+    cfg = load_config(str(root / "examples" / "agent" / "calculator.yaml"))
+    assert cfg.rollout.agent.fn == "examples/agent/calculator_agent.py:solve"
+    assert cfg.rollout.after_prompt_tokens == 48
 
 
 def test_config_checks(tmp_path):
