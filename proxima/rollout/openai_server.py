@@ -193,14 +193,15 @@ class PolicyServer:
             groups: dict[SamplingKey, list[Pending]] = {}
             for p in batch:
                 groups.setdefault(p.key, []).append(p)
-            for key, group in groups.items():
-                try:
+            try:
+                for key, group in groups.items():
                     self._generate(engine, device, key, group)
-                except BaseException:
-                    for p in group:  # nobody is left waiting on an engine failure
+            except BaseException:
+                for p in batch:  # nobody is left waiting on an engine failure
+                    if not p.done.is_set():
                         p.error = RequestError(500, "the policy failed to generate", "server_error")
                         p.done.set()
-                    raise
+                raise
 
     def _take(self) -> list[Pending]:
         """The requests to generate now: none after 50 ms without one, else those that
@@ -218,6 +219,7 @@ class PolicyServer:
             return batch
 
     def _refuse_ended(self) -> None:
+        """Answer the pending requests of ended episodes (HTTP 410); keep the others."""
         now, keep = time.monotonic(), []
         for p in self.pending:
             if p.episode.ended or now > p.episode.deadline:

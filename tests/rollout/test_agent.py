@@ -257,6 +257,14 @@ def test_request_sampling(tok, honoured):
     assert "stop must be a string" in SEEN[0]["refused"]["message"]
 
 
+def test_an_engine_failure_ends_the_rollout_and_answers_the_waiting_requests(tok):
+    def broken(prompt, j):
+        raise RuntimeError("probability tensor contains inf")
+
+    with pytest.raises(RuntimeError, match="contains inf"):
+        play(tok, "one_chat", broken)
+
+
 def test_async_agent(tok):
     ro, _ = play(tok, "async_chat", answer(tok, "y"))
     assert SEEN[1]["reply"].choices[0].message.content == "y"
