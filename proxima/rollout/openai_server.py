@@ -297,6 +297,8 @@ class PolicyServer:
             return (_chat_reply if chat else _completion_reply)(self, episode, pending.call, body)
 
     def _submit(self, episode: EpisodeLog, prompt_ids: list[int], body: dict) -> Pending:
+        """The request checked against the episode's limits and queued for the dispatcher:
+        its max_tokens cut to fit, its sampling the rollout's (or the request's)."""
         a, s = self.agent, self.sampling
         n = _int("n", body.get("n", 1), 1, MAX_N)
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
