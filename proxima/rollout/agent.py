@@ -56,9 +56,23 @@ def load_agent_fn(spec: str):
     return plugins.load(
         spec,
         f"`rollout.agent.fn`={spec!r}",
+        fits=_takes_url_and_row,
         wanted="a function fn(base_url: str, row: dict) -> reward or None",
         error=ConfigError,
     )
+
+
+def _takes_url_and_row(obj) -> bool:
+    """A callable that can be called as fn(base_url, row)."""
+    if not callable(obj) or inspect.isclass(obj):
+        return False
+    try:
+        inspect.signature(obj).bind("http://127.0.0.1", {})
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): found out at the first call
+        pass
+    return True
 
 
 def check_agent(cfg: Config) -> None:

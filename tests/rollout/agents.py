@@ -193,3 +193,8 @@ def sampled_chat_turns(base_url: str, row: dict) -> float:
         reply = c.completions.create(model="policy", prompt=ids, max_tokens=4, logprobs=1)
         ids += reply.choices[0].token_ids + row["observation"]
     return 1.0
+
+
+def takes_one(base_url: str) -> float:
+    """Not an agent function: it takes no row."""
+    return 0.0

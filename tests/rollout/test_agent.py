@@ -291,6 +291,8 @@ def test_config_checks(tmp_path):
     fsdp = {"rollout.agent.fn": spec("one_chat"), "trainer.strategy": "fsdp2"}
     with pytest.raises(ConfigError, match="every FSDP2 generation is a collective"):
         validate(Config().replace(fsdp))
+    with pytest.raises(ConfigError, match=r"it must be a function fn\(base_url: str, row: dict\)"):
+        load_agent_fn(spec("takes_one"))
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         load_agent_fn(spec("nope"))
 
