@@ -332,21 +332,24 @@ def _check_dapo(cfg: Config) -> None:
         )
 
 
+def _unused(section, name: str, spec_key: str, what: str, example: str) -> None:
+    """A `rollout.<name>` section whose spec key is empty must keep its defaults (they apply
+    to `what` only): ConfigError naming the key set."""
+    default = type(section)()
+    for f in dataclasses.fields(section):
+        if getattr(section, f.name) != getattr(default, f.name):
+            raise ConfigError(
+                f"`rollout.{name}.{f.name}` is set but `rollout.{name}.{spec_key}` is empty: it "
+                f"applies to {what} only. Set {example}, or remove rollout.{name}.{f.name}."
+            )
+
+
 def _check_env(cfg: Config) -> None:
     """Multi-turn episodes (`rollout.env`): the spec's form and the episode's limits; the
     class itself is imported and checked at start-up (`rollout.environments.check_env`)."""
     e = cfg.rollout.env
     if not e.cls:
-        from proxima.config.sections import EnvConfig
-
-        default = EnvConfig()
-        for f in dataclasses.fields(e):
-            if getattr(e, f.name) != getattr(default, f.name):
-                raise ConfigError(
-                    f"`rollout.env.{f.name}` is set but `rollout.env.cls` is empty: it applies "
-                    "to multi-turn episodes only. Set rollout.env.cls=path/to/file.py:Env, or "
-                    f"remove rollout.env.{f.name}."
-                )
+        _unused(e, "env", "cls", "multi-turn episodes", "rollout.env.cls=path/to/file.py:Env")
         return
     split_spec(e.cls, f"`rollout.env.cls`={e.cls!r}", "class", ConfigError)
     for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("workers", 1)):
@@ -383,16 +386,7 @@ def _check_agent(cfg: Config) -> None:
     beside it; the function itself is imported at start-up (`rollout.agent.check_agent`)."""
     a = cfg.rollout.agent
     if not a.fn:
-        from proxima.config.sections import AgentConfig
-
-        default = AgentConfig()
-        for f in dataclasses.fields(a):
-            if getattr(a, f.name) != getattr(default, f.name):
-                raise ConfigError(
-                    f"`rollout.agent.{f.name}` is set but `rollout.agent.fn` is empty: it "
-                    "applies to agent programs only. Set rollout.agent=path/to/file.py:fn, or "
-                    f"remove rollout.agent.{f.name}."
-                )
+        _unused(a, "agent", "fn", "agent programs", "rollout.agent=path/to/file.py:fn")
         return
     if cfg.rollout.env.cls:
         raise ConfigError(
