@@ -125,7 +125,9 @@ def test_no_reward_source_when_the_environment_gives_every_reward():
     cfg = load_config(None, BASE).replace({"reward.function": ""})
     assert role_plan(cfg).rewards == ()
     assert (
-        role_plan(cfg).describe().endswith("reward   : none (the environment gives every reward)")
+        role_plan(cfg)
+        .describe()
+        .endswith("reward   : none (the environment or agent gives every reward)")
     )
 
 

@@ -31,6 +31,7 @@ from proxima.config.schema import (
 )
 from proxima.config.sections import (
     ActorConfig,
+    AgentConfig,
     AlgorithmConfig,
     CriticConfig,
     DataConfig,
@@ -53,6 +54,7 @@ __all__ = [
     "reward_model_paths",
     "reward_sources",
     "ActorConfig",
+    "AgentConfig",
     "AlgorithmConfig",
     "Config",
     "ConfigError",

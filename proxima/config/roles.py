@@ -114,7 +114,7 @@ class RolePlan:
         rewards = "; ".join(_describe_source(s, len(self.rewards)) for s in self.rewards)
         return (
             f"role plan:\n  reference: {reference}\n  critic   : {critic}\n"
-            f"  reward   : {rewards or 'none (the environment gives every reward)'}"
+            f"  reward   : {rewards or 'none (the environment or agent gives every reward)'}"
         )
 
 

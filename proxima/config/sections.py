@@ -239,6 +239,49 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class AgentConfig:
+    """`rollout.agent`: episodes played by the user's own agent program through an
+    OpenAI-compatible endpoint over the policy (docs/multi-turn.md#agent-programs).
+    `rollout.agent=path/to/file.py:fn` is short for `rollout.agent.fn=...`."""
+
+    SHORTHAND = "fn"
+
+    fn: str = _f(
+        "",
+        "Agent programs: a Python function `path/to/file.py:fn` or `package.module:fn`, "
+        "called once per sample as fn(base_url, row) -> reward or None (None: reward.sources "
+        "score the episode), in a thread, sync or async; it calls the policy with the openai "
+        "client at base_url (`pip install proxima[agent]`); empty = no agent.",
+        fixed=True,
+    )
+    concurrency: int = _f(16, "Episodes (calls of the function) in flight at once.")
+    timeout_s: float = _f(
+        120.0,
+        "Seconds one episode may take; a later one is scored rollout.agent.fallback_reward "
+        "(counted in env/timeouts), its later requests refused; 0 = no limit.",
+    )
+    fallback_reward: float = _f(
+        0.0, "The reward of an episode whose function raised, returned no number or timed out."
+    )
+    max_calls: int = _f(8, "Most model calls per episode; later ones are refused (HTTP 400).")
+    max_context_tokens: int = _f(
+        256,
+        "Most tokens of one call, its prompt plus what it may sample (its max_tokens is cut "
+        "to fit, a prompt that leaves no room is refused): the longest training row.",
+    )
+    request_sampling: bool = _f(
+        False,
+        "Sample at the request's temperature and top_p; false: at rollout.temperature, top_p, "
+        "top_k, the distribution the trainer's log-probs assume.",
+    )
+    batch_wait_ms: float = _f(
+        5.0,
+        "After a first request, how long the server waits for more to generate them together "
+        "(it goes at once when every running episode has a request waiting).",
+    )
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     name: str = _f(
         "hf",
@@ -314,6 +357,7 @@ class RolloutConfig:
     )
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     # the multi-turn keys that moved into `rollout.env` (answered with the new name)
     MOVED = {
@@ -335,12 +379,17 @@ class RolloutConfig:
     @property
     def after_prompt_key(self) -> str:
         """The key that bounds the tokens after the prompt: max_episode_tokens in multi-turn
-        episodes (observations included), else max_response_length."""
+        episodes (observations included), an agent's max_context_tokens (a whole row), else
+        max_response_length."""
+        if self.agent.fn:
+            return "agent.max_context_tokens"
         return "env.max_episode_tokens" if self.env.cls else "max_response_length"
 
     @property
     def after_prompt_tokens(self) -> int:
         """The value of `after_prompt_key`: the most tokens after a prompt."""
+        if self.agent.fn:
+            return self.agent.max_context_tokens
         return self.env.max_episode_tokens if self.env.cls else self.max_response_length
 
 

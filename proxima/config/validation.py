@@ -332,21 +332,24 @@ def _check_dapo(cfg: Config) -> None:
         )
 
 
+def _unused(section, name: str, spec_key: str, what: str, example: str) -> None:
+    """A `rollout.<name>` section whose spec key is empty must keep its defaults (they apply
+    to `what` only): ConfigError naming the key set."""
+    default = type(section)()
+    for f in dataclasses.fields(section):
+        if getattr(section, f.name) != getattr(default, f.name):
+            raise ConfigError(
+                f"`rollout.{name}.{f.name}` is set but `rollout.{name}.{spec_key}` is empty: it "
+                f"applies to {what} only. Set {example}, or remove rollout.{name}.{f.name}."
+            )
+
+
 def _check_env(cfg: Config) -> None:
     """Multi-turn episodes (`rollout.env`): the spec's form and the episode's limits; the
     class itself is imported and checked at start-up (`rollout.environments.check_env`)."""
     e = cfg.rollout.env
     if not e.cls:
-        from proxima.config.sections import EnvConfig
-
-        default = EnvConfig()
-        for f in dataclasses.fields(e):
-            if getattr(e, f.name) != getattr(default, f.name):
-                raise ConfigError(
-                    f"`rollout.env.{f.name}` is set but `rollout.env.cls` is empty: it applies "
-                    "to multi-turn episodes only. Set rollout.env.cls=path/to/file.py:Env, or "
-                    f"remove rollout.env.{f.name}."
-                )
+        _unused(e, "env", "cls", "multi-turn episodes", "rollout.env.cls=path/to/file.py:Env")
         return
     split_spec(e.cls, f"`rollout.env.cls`={e.cls!r}", "class", ConfigError)
     for key, low in (("max_turns", 1), ("max_episode_tokens", 1), ("workers", 1)):
@@ -378,10 +381,41 @@ def _check_env(cfg: Config) -> None:
         raise ConfigError("`rollout.env.observation_role` must name a chat role, e.g. tool.")
 
 
+def _check_agent(cfg: Config) -> None:
+    """Agent programs (`rollout.agent`): the spec's form, its limits, and no environment
+    beside it; the function itself is imported at start-up (`rollout.agent.check_agent`)."""
+    a = cfg.rollout.agent
+    if not a.fn:
+        _unused(a, "agent", "fn", "agent programs", "rollout.agent=path/to/file.py:fn")
+        return
+    if cfg.rollout.env.cls:
+        raise ConfigError(
+            "`rollout.agent` and `rollout.env` are both set: an episode is played either by "
+            "proxima against an environment class or by your agent program. Keep one."
+        )
+    split_spec(a.fn, f"`rollout.agent.fn`={a.fn!r}", "function", ConfigError)
+    if cfg.trainer.strategy == "fsdp2" and cfg.rollout.name == "hf":
+        raise ConfigError(
+            "`rollout.agent` with `trainer.strategy=fsdp2` and the hf engine: every FSDP2 "
+            "generation is a collective of all ranks, and each rank's agents make their own "
+            "number of calls. Use trainer.strategy=ddp, or rollout.name=vllm (an engine per "
+            "rank)."
+        )
+    for key in ("concurrency", "max_calls", "max_context_tokens"):
+        if getattr(a, key) < 1:
+            raise ConfigError(f"`rollout.agent.{key}` must be >= 1, got {getattr(a, key)}.")
+    for key, meaning in (("timeout_s", "0 = no limit"), ("batch_wait_ms", "0 = no wait")):
+        if getattr(a, key) < 0:
+            raise ConfigError(
+                f"`rollout.agent.{key}` must be >= 0 ({meaning}), got {getattr(a, key)}."
+            )
+
+
 def _check_rollout(cfg: Config) -> None:
     _check_dapo(cfg)
     _check_env(cfg)
     _check_staleness(cfg)
+    _check_agent(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
@@ -403,6 +437,8 @@ def _check_staleness(cfg: Config) -> None:
     why = ""
     if r.name != "hf":
         why = f"rollout.name={r.name} (a worker process serves the actor with the hf engine)"
+    elif r.agent.fn:
+        why = "rollout.agent (its OpenAI endpoint serves the trainer's engine)"
     elif cfg.algorithm.filter_groups:
         why = (
             "algorithm.filter_groups (DAPO's dynamic sampling draws a varying number of "
@@ -612,15 +648,17 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
-    if cfg.rollout.env.cls and not (cfg.reward.function and cfg.reward.model_path):
-        return  # the environment's turn rewards, plus at most one final score
+    episodes = cfg.rollout.env.cls or cfg.rollout.agent.fn
+    if episodes and not (cfg.reward.function and cfg.reward.model_path):
+        return  # the environment's or the agent's rewards, plus at most one final score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
-        extra = " (with rollout.env: at most one, the episode's final score)"
+        key = "rollout.env" if cfg.rollout.env.cls else "rollout.agent"
+        extra = f" (with {key}: at most one, the episode's final score)"
         raise ConfigError(
             f"Set exactly one of `reward.function`{fn} (path.py:fn or module:fn) "
             f"and `reward.model_path`{rm} (a reward model folder)"
-            + (extra if cfg.rollout.env.cls else "")
+            + (extra if episodes else "")
             + "."
         )
 

@@ -9,6 +9,7 @@ import json
 from proxima.config import Config
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import process_setup, writable_file
+from proxima.rollout.agent import check_agent
 from proxima.rollout.engines import build_engine, sync_weights
 from proxima.rollout.environments import check_env
 from proxima.trainer.evaluate import describe, evaluate_modes
@@ -25,6 +26,7 @@ def evaluate_policy(cfg: Config) -> dict[str, dict]:
     """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`)."""
     check_model_folders(cfg, "eval")
     check_env(cfg)  # rollout.env: multi-turn episodes with the environment
+    check_agent(cfg)  # rollout.agent: episodes played by an agent program
     out = writable_file(cfg.eval.out, "`eval.out`") if cfg.eval.out else None
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)

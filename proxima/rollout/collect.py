@@ -13,6 +13,7 @@ import torch
 
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
+from proxima.rollout.agent import play_agent_episodes
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.engines import as_engine
 from proxima.rollout.episodes import play_episodes
@@ -31,7 +32,7 @@ class Rollout:
     baselines: torch.Tensor | None = None
     # [B, K] the raw score of each of reward.sources, or None for a single source
     components: torch.Tensor | None = None
-    # multi-turn episodes (rollout.env): each one's turns, end and return; else None
+    # multi-turn episodes (rollout.env, rollout.agent): each one's turns, end and return
     episodes: list[dict] | None = None
     # [B] int64: the policy version (actor updates so far in the run) each row was sampled
     # with, set by the trainer (rollout.max_staleness trains it up to that many versions later)
@@ -147,10 +148,10 @@ def generate_rollout(
     episodes = None
     engine.wake_up()
     try:
-        if cfg.env.cls:  # multi-turn episodes, the prompts repeated n times
+        if cfg.env.cls or cfg.agent.fn:  # multi-turn episodes, the prompts repeated n times
             rows = [it for it in items for _ in range(n)]
-            turn = replace(sampling, n=1)
-            gen, episodes = play_episodes(engine, tokenizer, rows, cfg, device, turn)
+            play = play_agent_episodes if cfg.agent.fn else play_episodes
+            gen, episodes = play(engine, tokenizer, rows, cfg, device, replace(sampling, n=1))
         else:
             gen = engine.generate(ids, mask, sampling).to(device)
     finally:

@@ -63,17 +63,18 @@ class Episode:
     turns: list[dict] = field(default_factory=list)
     end: str = ""  # one of ENDS once it ended
 
-    def row(self) -> dict:
-        """What `Env(row)` is built from: the record's columns and its prompt (text, or the
-        chat messages)."""
-        prompt = self.item.messages if self.item.messages is not None else self.item.text
-        return {**self.item.columns, "prompt": prompt}
-
     def record(self) -> dict:
         """The episode as samples.jsonl shows it: each turn (action, observation, reward,
         error, and the step's `info` when it gave one), why it ended, the sum of its turn
         rewards (`return`)."""
         return {"turns": self.turns, "end": self.end, "return": sum(self.rewards.values())}
+
+
+def prompt_record(item) -> dict:
+    """What the user's code of an episode gets (`Env(row)`, an agent's `fn(base_url, row)`):
+    the record's columns and its prompt (text, or the chat messages)."""
+    prompt = item.messages if item.messages is not None else item.text
+    return {**item.columns, "prompt": prompt}
 
 
 def first_stop(ids: list[int], decode, stop_strings: tuple[str, ...]) -> int | None:
@@ -106,7 +107,7 @@ def play_episodes(
     return)."""
     env_cls = load_env_class(cfg.env.cls)
     episodes = [Episode(item) for item in items]
-    made = _run([partial(env_cls, e.row()) for e in episodes], cfg)
+    made = _run([partial(env_cls, prompt_record(e.item)) for e in episodes], cfg)
     for e, res in zip(episodes, made, strict=True):
         e.env, e.failed = (res.value, None) if res.ok else (None, res)
     for turn in range(cfg.env.max_turns):
@@ -115,9 +116,9 @@ def play_episodes(
             break
         _act(engine, tokenizer, live, sampling, cfg, device)
         _step(live, tokenizer, cfg, last_turn=turn + 1 == cfg.env.max_turns)
-    return _rows(episodes, tokenizer.pad_token_id, device, sampling.logprobs, sampling.values), [
-        e.record() for e in episodes
-    ]
+    stopped = [e.end in ENDS[:3] for e in episodes]
+    gen = episode_rows(episodes, stopped, tokenizer.pad_token_id, device, sampling)
+    return gen, [e.record() for e in episodes]
 
 
 def _run(calls: list, cfg: RolloutConfig) -> list[Outcome]:
@@ -252,10 +253,14 @@ def _observe(e: Episode, obs: str | None, tokenizer, cfg: RolloutConfig, ended_o
     e.values += [0.0] * len(ids)
 
 
-def _rows(episodes: list[Episode], pad: int, device, logprobs: bool, values: bool) -> Generation:
-    """The episodes as one `Generation`: prompts left-padded, episodes right-padded."""
+def episode_rows(
+    episodes: list[Episode], stopped: list[bool], pad: int, device, sampling: Sampling
+) -> Generation:
+    """The episodes as one `Generation`: prompts (`item.ids`) left-padded, episodes
+    right-padded (at least one position wide: an episode may hold no token); `stopped` is
+    each row's `Generation.stopped`; log-probs and values kept as `sampling` asks."""
     prompts = collate_prompts([e.item for e in episodes], pad)
-    width = max(len(e.ids) for e in episodes)
+    width = max(1, *(len(e.ids) for e in episodes))
     shape = (len(episodes), width)
     ids = torch.full(shape, pad, dtype=torch.long)
     real, action = torch.zeros(shape, dtype=torch.long), torch.zeros(shape, dtype=torch.long)
@@ -269,14 +274,13 @@ def _rows(episodes: list[Episode], pad: int, device, logprobs: bool, values: boo
         v[b, :n] = torch.tensor(e.values)
         for t, r in e.rewards.items():
             rewards[b, t] = r
-    stopped = torch.tensor([e.end in ENDS[:3] for e in episodes])
     gen = Generation(
         input_ids=torch.cat([prompts["input_ids"], ids], dim=1),
         attention_mask=torch.cat([prompts["attention_mask"], real], dim=1),
         response_mask=action,
-        stopped=stopped,
-        logprobs=lp if logprobs else None,
-        values=v if values else None,
+        stopped=torch.tensor(stopped, dtype=torch.bool),
+        logprobs=lp if sampling.logprobs else None,
+        values=v if sampling.values else None,
         turn_rewards=rewards,
     )
     return gen.to(device)

@@ -43,6 +43,7 @@ from proxima.rewards import (
     WeightedReward,
     load_reward_function,
 )
+from proxima.rollout.agent import check_agent
 from proxima.rollout.engines import engine_class
 from proxima.rollout.environments import check_env
 from proxima.rollout.plan import ScoringPlan, plan_scoring
@@ -419,6 +420,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     reward function."""
     tok = check_models(cfg)
     check_env(cfg)
+    check_agent(cfg)
     engine = engine_class(cfg.rollout.name)
     plan = plan_scoring(cfg, engine, generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)

@@ -37,21 +37,7 @@ class ScriptedEngine:
         self.calls.append((rows, sampling))
         acts = self.actions[len(self.calls) - 1]
         assert len(acts) == len(rows), (acts, rows)
-        width = max(len(a) for a in acts)
-        response = torch.full((len(acts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros((len(acts), width), dtype=torch.long)
-        for j, a in enumerate(acts):
-            response[j, : len(a)] = torch.tensor(a)
-            mask[j, : len(a)] = 1
-        steps = torch.arange(1, width + 1).float().expand(len(acts), width)
-        return Generation(
-            input_ids=torch.cat([prompt_ids, response], dim=1),
-            attention_mask=torch.cat([prompt_mask, mask], dim=1),
-            response_mask=mask,
-            stopped=torch.tensor([a[-1] == EOS for a in acts]),
-            logprobs=-0.1 * steps * mask,
-            values=0.1 * steps * mask,
-        )
+        return scripted_generation(prompt_ids, prompt_mask, acts, self.pad)
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.weight_version = version
@@ -64,6 +50,26 @@ class ScriptedEngine:
 
     def close(self) -> None:
         pass
+
+
+def scripted_generation(prompt_ids, prompt_mask, acts: list[list[int]], pad: int = 0) -> Generation:
+    """Row j answers prompt row j with `acts[j]` (token ids, right-padded with `pad`), each
+    token's log-prob -0.1 x (its index + 1) and value +0.1 x (its index + 1)."""
+    width = max(1, *(len(a) for a in acts))
+    response = torch.full((len(acts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(acts), width), dtype=torch.long)
+    for j, a in enumerate(acts):
+        response[j, : len(a)] = torch.tensor(a, dtype=torch.long)
+        mask[j, : len(a)] = 1
+    steps = torch.arange(1, width + 1).float().expand(len(acts), width)
+    return Generation(
+        input_ids=torch.cat([prompt_ids, response], dim=1),
+        attention_mask=torch.cat([prompt_mask, mask], dim=1),
+        response_mask=mask,
+        stopped=torch.tensor([bool(a) and a[-1] == EOS for a in acts]),
+        logprobs=-0.1 * steps * mask,
+        values=0.1 * steps * mask,
+    )
 
 
 class TwoTurns:
