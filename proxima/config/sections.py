@@ -349,6 +349,15 @@ class RolloutConfig:
     worker_threads: int = _f(
         1, "torch CPU threads of each rollout worker process (rollout.workers >= 1)."
     )
+    partial_rollouts: bool = _f(
+        False,
+        "With rollout workers: a generation in progress takes each update's weights as soon "
+        "as they are published, between two decode steps, its KV cache kept (verl's "
+        "partial_rollout, AReaL's interruptible generation); each sample's staleness is its "
+        "first token's, rollout/token_staleness_mean the mean over its tokens. Fresher "
+        "samples, but they depend on timing: a run is no longer reproducible.",
+        fixed=True,
+    )
     logprob_diff_warn: float = _f(
         0.05,
         "Warn when rollout/logprob_diff_mean (mean |engine log-prob - trainer log-prob| over "

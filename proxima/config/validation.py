@@ -432,6 +432,16 @@ def _check_staleness(cfg: Config) -> None:
     for key, least in (("max_staleness", 0), ("workers", 0), ("worker_threads", 1)):
         if getattr(r, key) < least:
             raise ConfigError(f"`rollout.{key}` must be >= {least}, got {getattr(r, key)}.")
+    if r.partial_rollouts and not (r.max_staleness and r.workers):
+        raise ConfigError(
+            "`rollout.partial_rollouts=true` lets rollout worker processes take newer weights "
+            "mid-generation: it needs rollout.max_staleness >= 1 and rollout.workers >= 1."
+        )
+    if r.partial_rollouts and (r.env.cls or r.agent.fn):
+        raise ConfigError(
+            "`rollout.partial_rollouts=true` applies to single-turn generation (the decode "
+            "loop's steps); multi-turn episodes take the weights of their batch. Turn it off."
+        )
     if not (r.max_staleness and r.workers):
         return
     why = ""

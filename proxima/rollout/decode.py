@@ -189,6 +189,7 @@ def decode_loop(
     sampling: Sampling,
     pad_token_id: int,
     decode: Callable[[list[int]], str] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """One response per row of the left-padded prompts [B, P], sampled as `sampling` says
     (`n` aside: the engine repeats the rows): the tokens [B, n] (pad after a row's end; n:
@@ -198,7 +199,8 @@ def decode_loop(
     [B, n] (the generation_config's suppressed tokens removed, then `sampling_warpers`;
     else None), and with `sampling.values` (a PolicyValue) the value of each state a token
     was drawn from [B, n] (else None). `decode` (ids -> text) lets `sampling.stop_strings`
-    end rows.
+    end rows. `on_step(t)` is called before the forward pass that samples the t-th token of
+    every row (a rollout worker takes newer weights there: partial rollouts).
 
     Positions are HF generate's (the attention mask's cumulative sum); the prompts are
     prefilled in groups of similar length (`_prefill`); a row that ends (a
@@ -228,6 +230,8 @@ def decode_loop(
     stopped = torch.zeros(n_rows, dtype=torch.bool, device=device)
     ids, cache, steps = prompt_ids, None, 0
     for t in range(max_new_tokens):
+        if on_step is not None:
+            on_step(t)
         if t == 0:  # the prompts, in groups of similar length (the rows in their order)
             order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
             rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]

@@ -49,6 +49,9 @@ class HFEngine:
         if tokenizer is not None:
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
         self.weight_version = -1
+        # on_step(t, rows) before the decode loop samples the t-th token of a micro-batch of
+        # `rows` rows (a rollout worker's partial rollouts); None: nothing to call
+        self.on_step: Callable[[int, int], None] | None = None
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
@@ -78,7 +81,11 @@ class HFEngine:
         if loop_applies(model):
             out = self._hf_generate(prompt_ids, prompt_mask, sampling)
         else:
-            out = decode_loop(model, prompt_ids, prompt_mask, sampling, pad_token_id, self.decode)
+            step = self.on_step
+            hook = None if step is None else (lambda t, rows=prompt_ids.shape[0]: step(t, rows))
+            out = decode_loop(
+                model, prompt_ids, prompt_mask, sampling, pad_token_id, self.decode, hook
+            )
         response_ids, mask, stopped, sampled, state_values = out
         model.train(was_training)
         # tokens after the first stop become padding so they can never leak into a forward pass

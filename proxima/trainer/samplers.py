@@ -17,6 +17,7 @@ something between iterations, `snapshot()` / `restore()` for `PPOTrainer.undo_it
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -71,6 +72,7 @@ class OnPolicy(Stateless):
         )
         needs = ADVANTAGE_ESTIMATORS[t.cfg.algorithm.adv_estimator].needs
         self.prepare = [PREPARE[name] for name in needs if name in PREPARE]
+        self.overlap = False  # score the parts of a batch as they finish (`Ahead` sets it)
 
     def sample(self) -> Batch:
         ro, penalty = self.produce(self.next_prompts())
@@ -79,17 +81,53 @@ class OnPolicy(Stateless):
     def produce(self, items: list) -> tuple[Rollout, torch.Tensor | None]:
         """Phases 1-2 for `items` (this rank's share of a batch), no statistic over the ranks:
         (the scored rollout with what the estimator needs of sampling, DAPO's overlong
-        penalty or None). A rollout worker runs this alone (`trainer.workers`)."""
+        penalty or None). A rollout worker runs this alone (`trainer.workers`). With
+        `overlap` (sampling ahead), single-turn batches are scored as they finish
+        (`_produce_overlapped`)."""
         t = self.trainer
-        timer, agree = t.timer, t.dist.agree
-        with timer("generate"), t.precision(generation=True):  # 1. the actor writes responses
-            ro = agree(lambda: self.generate(items), "generation")
-        with timer("reward"), t.precision():  # 2. the reward model / function scores them
-            scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
+        if self.overlap and t.cfg.rollout.env.cls == "" and not t.cfg.rollout.agent.fn:
+            ro, (scores, penalty, components) = self._produce_overlapped(items)
+        else:
+            timer, agree = t.timer, t.dist.agree
+            with timer("generate"), t.precision(generation=True):  # 1. the actor writes
+                ro = agree(lambda: self.generate(items), "generation")
+            with timer("reward"), t.precision():  # 2. the reward model / function scores them
+                scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
         ro = replace(ro, scores=scores, components=components)
         for prepare in self.prepare:
             ro = prepare(self, items, ro)
         return ro, penalty
+
+    def _produce_overlapped(self, items: list) -> tuple[Rollout, tuple]:
+        """Generate in parts of one micro-batch (`rollout.micro_batch_size` rows, whole
+        groups) and score each part in a thread as soon as it is generated, while the next
+        is: a reward server's or a reward model's time hides behind generation (verl's
+        reward loop). The scores are the same as the whole batch's for any reward that
+        scores each sample (or each group) on its own. `time/reward` is then the wait for
+        the last part's score."""
+        t = self.trainer
+        timer, agree = t.timer, t.dist.agree
+        per = max(1, t.cfg.rollout.micro_batch_size // t.cfg.rollout.n)
+        chunks = [items[i : i + per] for i in range(0, len(items), per)]
+
+        def score(ro: Rollout):
+            with t.precision():  # autocast is per thread
+                return self.reward(ro)
+
+        parts, pending = [], []
+        with ThreadPoolExecutor(1, thread_name_prefix="score-as-finished") as pool:
+            for chunk in chunks:
+                with timer("generate"), t.precision(generation=True):
+                    parts.append(agree(lambda c=chunk: self.generate(c), "generation"))
+                pending.append(pool.submit(score, parts[-1]))
+            with timer("reward"):  # raises on every rank when a part raised on one
+                got = agree(lambda: [f.result() for f in pending], "the reward")
+        ro = cat_rollouts(parts, t.roles.tokenizer.pad_token_id)
+
+        def cat(k: int) -> torch.Tensor | None:
+            return None if got[0][k] is None else torch.cat([g[k] for g in got])
+
+        return ro, (cat(0), cat(1), cat(2))
 
     def stats(self, ro: Rollout, penalty: torch.Tensor | None) -> dict[str, float]:
         """The sampling statistics of a produced batch over all ranks (every rank calls it):
@@ -362,11 +400,14 @@ class InWorkers:
         ro = ro.to(t.device)
         stats = self.rounds.stats(ro, penalty)
         tokens = float(ro.gen.response_mask.sum())
-        times = torch.tensor([seconds.get("generate", 0.0), seconds.get("reward", 0.0), tokens])
+        keys = ("generate", "reward", "token_version")
+        times = torch.tensor([*(seconds.get(k, 0.0) for k in keys), tokens])
         times = t.dist.all_reduce_sum(times) / t.dist.world_size
         stats["time/worker_generate"] = float(times[0])
         stats["time/worker_reward"] = float(times[1])
-        stats["tokens_per_s"] = float(times[2] / max(float(times[0]), 1e-9)) * t.dist.world_size
+        stats["tokens_per_s"] = float(times[3] / max(float(times[0]), 1e-9)) * t.dist.world_size
+        if "token_version" in seconds:  # partial rollouts: the mean version of the tokens
+            stats["rollout/token_version_mean"] = float(times[2])
         return got, (ro, stats)
 
     def close(self) -> None:
@@ -416,6 +457,10 @@ class Ahead:
             ro, stats = self._take(i)
         self.taken = (i, (ro, stats))
         out = {**stats, **staleness_stats(t.dist.gather_rows(ro.versions), t.policy_version)}
+        if "rollout/token_version_mean" in stats:  # partial rollouts: over the tokens
+            out["rollout/token_staleness_mean"] = (
+                t.policy_version - stats["rollout/token_version_mean"]
+            )
         if isinstance(self.backend, InProcess):  # the speed of the rollouts made just now
             tokens = sum(float(r.gen.response_mask.sum()) for r in made)
             tokens = float(t.dist.all_reduce_sum(torch.tensor(tokens)))
@@ -477,6 +522,7 @@ def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | Ahead
     if cfg.algorithm.filter_groups:
         sampler = DynamicSampling(rounds, cfg.algorithm.max_gen_batches)
     r = cfg.rollout
+    rounds.overlap = bool(r.max_staleness)  # sampling ahead scores as samples finish
     if r.max_staleness and r.workers:
         backend = InWorkers(rounds, r.workers, r.worker_threads, r.max_staleness)
         sampler = Ahead(trainer, r.max_staleness, backend)

@@ -31,7 +31,7 @@ import pickle
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -58,18 +58,27 @@ class WeightBox:
         self.version = ctx.Value("q", 0, lock=False)
 
     def publish(self, module: torch.nn.Module, index: int, version: int) -> None:
+        self.index.value = -1  # being written: a worker copying now copies again
         with torch.no_grad():
             for name, t in module.state_dict().items():
                 self.tensors[name].copy_(t)
         self.version.value = version
         self.index.value = index  # last: a worker waiting for `index` reads complete weights
 
-    def take(self, module: torch.nn.Module) -> int:
-        """Copy the weights into `module`'s own tensors; their policy version."""
-        with torch.no_grad():
-            for name, t in module.state_dict().items():
-                t.copy_(self.tensors[name])
-        return int(self.version.value)
+    def take(self, module: torch.nn.Module) -> tuple[int, int]:
+        """Copy the weights into `module`'s own tensors, again if they were rewritten
+        meanwhile; (their iteration, their policy version)."""
+        while True:
+            index = int(self.index.value)
+            if index < 0:
+                time.sleep(0.001)
+                continue
+            with torch.no_grad():
+                for name, t in module.state_dict().items():
+                    t.copy_(self.tensors[name])
+            version = int(self.version.value)
+            if self.index.value == index:
+                return index, version
 
 
 @dataclass
@@ -88,6 +97,39 @@ def _die_with_parent() -> None:
         pass
 
 
+class PartialRollouts:
+    """`rollout.partial_rollouts` in a worker: before each decode step, the newest weights
+    of the box when they are newer than the ones generating (the KV cache stays), and the
+    policy version of every step of every micro-batch, to stamp each sample with its first
+    token's version and measure the mean over its tokens."""
+
+    def __init__(self, box: WeightBox, trainer, index: int) -> None:
+        self.box, self.trainer, self.index = box, trainer, index
+        self.steps: list[tuple[int, list[int]]] = []  # (rows, the version of each step)
+
+    def __call__(self, step: int, rows: int) -> None:
+        if step == 0:
+            self.steps.append((rows, []))
+        if self.box.index.value > self.index:
+            self.index, self.trainer.policy_version = self.box.take(self.trainer.roles.actor)
+        self.steps[-1][1].append(self.trainer.policy_version)
+
+    def stamp(self, ro):
+        """`ro` with each row's first-token version, and the mean version of its tokens."""
+        first, total, tokens = [], 0.0, 0.0
+        lengths = ro.gen.response_mask.sum(1).tolist()
+        row = 0
+        for rows, versions in self.steps:
+            for length in lengths[row : row + rows]:
+                first.append(versions[0])
+                total += sum(versions[: int(length)])
+                tokens += length
+            row += rows
+        self.steps = []
+        versions = torch.tensor(first, dtype=torch.long)
+        return replace(ro, versions=versions), total / max(tokens, 1.0)
+
+
 def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, parent: int) -> None:
     """A worker's loop (in the forked process): requests in, produced batches out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -101,6 +143,7 @@ def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, pare
     t.timer.listener = None  # the console is the trainer's
     t.trained, t.objectives, t.roles.reference = {}, {}, None  # never used here: freed
     policy = t.roles.actor
+    partial = t.cfg.rollout.partial_rollouts
     while True:
         try:
             request = pickle.loads(conn.recv_bytes())
@@ -108,17 +151,22 @@ def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, pare
             return
         if request is None:
             return
-        while box.index.value != request.weights:
+        while box.index.value < request.weights if partial else box.index.value != request.weights:
             time.sleep(0.001)
             if os.getppid() != parent:
                 return
-        t.policy_version = box.take(policy)
+        index, t.policy_version = box.take(policy)
         started[slot] = request.batch
         t.timer.new_iteration()
         seed_everything(request.seed)
+        if partial:
+            t.engine.on_step = PartialRollouts(box, t, index)
         try:
             ro, penalty = t.on_policy.produce(request.items)
-            out = (request.batch, (ro.to("cpu"), penalty, dict(t.timer.last)), None)
+            seconds = dict(t.timer.last)
+            if partial:  # the mean version of the tokens travels with the phase seconds
+                ro, seconds["token_version"] = t.engine.on_step.stamp(ro)
+            out = (request.batch, (ro.to("cpu"), penalty, seconds), None)
         except Exception as err:  # noqa: BLE001 - sent to the trainer, raised there
             out = (request.batch, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         conn.send_bytes(pickle.dumps(out))
@@ -165,12 +213,13 @@ class Workers:
 
     def publish(self, index: int) -> None:
         """Put the trainer's weights of iteration `index` into the box, once every batch that
-        needs those of `index - 1` has taken them."""
+        needs those of `index - 1` has taken them (with partial rollouts, at once: every
+        batch takes the newest)."""
         if self.box.index.value >= index:
             return
         last = index - 1 + self.k  # the last batch sampled from the weights of index - 1
         for batch, slot in self.sent.items():
-            if batch <= last:
+            if batch <= last and not self.trainer.cfg.rollout.partial_rollouts:
                 self._wait(slot, lambda s=slot, b=batch: self.started[s] >= b)
         t = self.trainer
         self.box.publish(t.roles.actor, index, t.policy_version)

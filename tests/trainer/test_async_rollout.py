@@ -8,8 +8,11 @@ named, and the config refuses what cannot work."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
+import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,12 +20,12 @@ import torch
 from proxima.algos import truncated_is_weights
 from proxima.config import ConfigError, load_config
 from proxima.rng import seed_everything
-from proxima.rollout.collect import rollout_from_state, rollout_state
+from proxima.rollout.collect import Rollout, rollout_from_state, rollout_state
 from proxima.rollout.engines import engine_class
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
-from proxima.trainer.workers import RolloutWorkerError
+from proxima.trainer.workers import PartialRollouts, RolloutWorkerError, WeightBox
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 HF = engine_class("hf")
@@ -279,3 +282,79 @@ def test_a_worker_that_dies_is_named(files):
         for _ in range(3):
             trainer.step()
     trainer.close()
+
+
+def test_sampling_ahead_scores_each_micro_batch_while_the_next_is_generated(files):
+    # 8 prompts in micro-batches of 2: four parts a batch, and the first iteration samples
+    # two batches (its own and the next). Part k + 1 of a batch is generated only once the
+    # score of part k has started: this waits forever unless scoring overlaps generation
+    trainer = nano_trainer(files, ASYNC, IN_PROCESS, "rollout.micro_batch_size=2")
+    rounds, reward = trainer.on_policy, trainer.on_policy.reward
+    scored, generate = [], rounds.generate
+    started = [threading.Event() for _ in range(8)]
+
+    def score(ro):
+        started[len(scored)].set()
+        scored.append(list(ro.responses))
+        return reward(ro)
+
+    def gen(items=None, greedy=False):
+        part = len(gen.calls)
+        gen.calls.append(part)
+        if part % 4:
+            assert started[part - 1].wait(timeout=30), (
+                f"part {part - 1} not scored during part {part}"
+            )
+        return generate(items, greedy)
+
+    gen.calls = []
+    rounds.reward, rounds.generate = score, gen
+    _, ro = trainer.step()
+    assert gen.calls == list(range(8)) and [len(s) for s in scored] == [2] * 8
+    assert [r for part in scored[:4] for r in part] == ro.responses
+    # the scores are the reward function's of the whole batch
+    assert torch.equal(ro.scores, reward(ro)[0])
+    trainer.close()
+
+
+def test_partial_rollouts_take_newer_weights_between_decode_steps():
+    ctx = mp.get_context("fork")
+    model = torch.nn.Linear(2, 2)
+    box = WeightBox(model, ctx)
+    box.publish(model, index=3, version=5)
+
+    class Trainer:  # what the hook reads of the worker's trainer
+        roles = SimpleNamespace(actor=torch.nn.Linear(2, 2))
+        policy_version = 5
+
+    t = Trainer()
+    hook = PartialRollouts(box, t, index=3)
+    hook(0, 2)  # a micro-batch of two rows starts: nothing newer
+    newer = torch.nn.Linear(2, 2)
+    box.publish(newer, index=4, version=6)  # an update lands during the generation
+    hook(1, 2)
+    assert torch.equal(t.roles.actor.weight, newer.weight)  # taken before step 1
+    hook(2, 2)
+    hook(0, 1)  # the next micro-batch, one row, from the new weights
+    assert [v for _, v in hook.steps] == [[5, 6, 6], [6]]
+    # rows of 3, 1 and 1 tokens: first-token versions, and the mean over all 5 tokens
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]])
+    gen = Generation(mask, mask, mask, torch.ones(3, dtype=torch.bool))
+    ro = Rollout(gen, ["a"] * 3, ["b"] * 3, {}, torch.arange(3))
+    stamped, mean = hook.stamp(ro)
+    assert stamped.versions.tolist() == [5, 5, 6]
+    assert mean == pytest.approx((5 + 6 + 6 + 5 + 6) / 5)
+
+
+def test_a_run_with_partial_rollouts_keeps_the_staleness_bound(files):
+    trainer = nano_trainer(
+        files, "rollout.max_staleness=2", "rollout.partial_rollouts=true", "trainer.iterations=6"
+    )
+    for i in range(5):
+        metrics, ro = trainer.step()
+        # the first token of every sample: from weights at most 2 versions older
+        assert metrics["rollout/staleness_max"] <= min(i, 2)
+        assert 0 <= metrics["rollout/token_staleness_mean"] <= metrics["rollout/staleness_max"]
+    trainer.close()
+    with pytest.raises(ConfigError, match="partial_rollouts=true` lets rollout worker"):
+        nano_trainer(files, "rollout.partial_rollouts=true")
