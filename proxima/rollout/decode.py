@@ -193,8 +193,8 @@ def _prefill(policy, ids, mask, positions, values: bool):
 
 def caches_kept_apply(model: torch.nn.Module) -> str:
     """Why `EpisodeCaches` cannot serve `model` ("" when it can): the decode loop must
-    apply (`loop_applies`) and the model's cache hold every layer in full (no sliding
-    window: a kept row's keys and values are moved between batches column for column)."""
+    apply (`loop_applies`) and the model's cache hold every layer in full (a sliding
+    window's layer keeps only its window, not every column a kept row is read from)."""
     reason = loop_applies(model)
     if not reason and not _cache_groupable(_hf(model)):
         reason = f"{type(_hf(model)).__name__} has sliding-window cache layers"
