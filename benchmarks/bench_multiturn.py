@@ -2,16 +2,18 @@
 
     .venv/bin/python benchmarks/bench_multiturn.py [--repeats 3] [--iterations 8] [--threads 2]
 
-Both runs train the same tiny Llama (`init-model --size tiny`) with PPO and a critic on the
+Every run trains the same tiny Llama (`init-model --size tiny`) with PPO and a critic on the
 same 64 prompts (16 x 4 samples per iteration). Single-turn: one response of at most 48
 tokens. Multi-turn (`rollout.env`): 4 actions of at most 12 tokens (48 in all), each answered
 by a 4-token observation (`Echo` below: never done, reward 0), so an episode is at most 48
-action tokens + 12 observation tokens; the engine re-reads the whole context at each turn
-(no cache reuse across turns). The model is untrained, so some responses end early at EOS
-(an episode's EOS ends only its turn): the cost is compared per action token, the tokens the
-policy is trained on. Each configuration runs `--repeats` times, alternating; per run the
-median over its iterations (the first two left out as warm-up) of the seconds per iteration
-and per 1,000 action tokens, for each phase; the table shows the median over runs.
+action tokens + 12 observation tokens; each episode's KV cache is kept between its turns
+(`rollout.env.keep_kv_cache`), and a third run prefills each turn's whole context instead
+(`multi-turn, whole prefills`: keep_kv_cache=false). The model is untrained, so some
+responses end early at EOS (an episode's EOS ends only its turn): the cost is compared per
+action token, the tokens the policy is trained on. Each configuration runs `--repeats`
+times, alternating; per run the median over its iterations (the first two left out as
+warm-up) of the seconds per iteration and per 1,000 action tokens, for each phase; the
+table shows the median over runs.
 """
 
 from __future__ import annotations
@@ -47,8 +49,12 @@ MULTI_TURN = [
 ]
 
 
+WHOLE_PREFILLS = "multi-turn, whole prefills"
+
+
 def _run(args, folder: Path, model: Path, prompts: Path, name: str) -> dict[str, float]:
-    extra = MULTI_TURN if name == "multi-turn" else ["rollout.max_response_length=48"]
+    extra = MULTI_TURN if name.startswith("multi-turn") else ["rollout.max_response_length=48"]
+    extra += ["rollout.env.keep_kv_cache=false"] if name == WHOLE_PREFILLS else []
     rows = train_rows(folder, model, prompts, args, extra)
     for r in rows:
         r["action_tokens"] = r["response_length"] * SEQUENCES
@@ -68,13 +74,15 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    names = ["single-turn", "multi-turn"]
+    names = ["single-turn", "multi-turn", WHOLE_PREFILLS]
     runs, med = alternate(names, args.repeats, "0123456789+=;okabcdef", 128, partial(_run, args))
     keys = ["action_tokens", "time/iteration", "time/iteration per 1k"]
     keys += [f"{k} per 1k" for k in PHASES]
     print_table(med, keys, 3)
-    ratio = med["multi-turn"]["time/iteration per 1k"] / med["single-turn"]["time/iteration per 1k"]
-    print(f"multi-turn / single-turn, seconds per 1,000 action tokens: {ratio:.2f}x")
+    for name in names[1:]:
+        for key in ("time/iteration", "time/generate"):
+            ratio = med[name][f"{key} per 1k"] / med["single-turn"][f"{key} per 1k"]
+            print(f"{name} / single-turn, {key} per 1,000 action tokens: {ratio:.2f}x")
     print(json.dumps({"runs": runs, "median": med}, indent=2))
 
 

@@ -224,6 +224,13 @@ class EnvConfig:
         "Most tokens after the prompt, actions and observations together; an episode that "
         "reaches it ends (truncated, like a response without a stop).",
     )
+    keep_kv_cache: bool = _f(
+        True,
+        "The hf engine keeps each episode's KV cache between turns, so a turn prefills only "
+        "the observation's tokens; the caches of the whole batch stay in memory between "
+        "turns (false: each turn prefills its whole context, one micro-batch's cache at a "
+        "time).",
+    )
     workers: int = _f(8, "Environment calls of a batch run at once.")
     timeout_s: float = _f(
         30.0,

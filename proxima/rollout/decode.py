@@ -10,13 +10,17 @@ whose forward takes no KV cache (`cache`, or `past_key_values` in transformers b
 rename), `position_ids` or `logits_to_keep`; a generation_config
 with logits processors beyond `suppress_tokens`) the engine runs HF `generate`
 (`proxima.rollout.hf_engine`), whose samples come from the same distribution.
+
+Multi-turn episodes keep their KV caches between turns (`EpisodeCaches`): a turn's loop
+starts from them and computes only the columns its contexts gained since.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 from torch.nn.functional import pad
@@ -124,6 +128,14 @@ def _cache_groupable(policy: torch.nn.Module) -> bool:
     return all(type(layer) is DynamicLayer for layer in probe.layers)
 
 
+def _prefill_groups(policy: torch.nn.Module, mask: torch.Tensor) -> list[list[int]]:
+    """The rows of a prefill in groups of similar length (`types.token_budget_groups`,
+    PREFILL_TOKENS padded tokens each) where their caches can be joined, else one group."""
+    if mask.shape[0] > 1 and _cache_groupable(policy):
+        return token_budget_groups(mask, PREFILL_TOKENS)
+    return [list(range(mask.shape[0]))]
+
+
 def _last_position(policy, ids, mask, positions, cache, values: bool):
     """One KV-cached forward pass that projects only the last position: (its last
     position's logits [B, V], its KV cache, and with `values` the LM head's input there
@@ -148,9 +160,7 @@ def _prefill(policy, ids, mask, positions, values: bool):
     left-padded back to the batch's width (the padding masked, as in one pass) and joined.
     Returns (the rows' order, the last position's logits [B, V], the cache, and with
     `values` the LM head's input there [B, H])."""
-    groups = [list(range(ids.shape[0]))]
-    if ids.shape[0] > 1 and _cache_groupable(policy):
-        groups = token_budget_groups(mask, PREFILL_TOKENS)
+    groups = _prefill_groups(policy, mask)
     starts, logits, caches, hidden = [], [], [], []
     for group in groups:
         rows = torch.tensor(group, device=ids.device)
@@ -181,6 +191,109 @@ def _prefill(policy, ids, mask, positions, values: bool):
     return order, logits, cache, hidden
 
 
+def caches_kept_apply(model: torch.nn.Module) -> str:
+    """Why `EpisodeCaches` cannot serve `model` ("" when it can): the decode loop must
+    apply (`loop_applies`) and the model's cache hold every layer in full (a sliding
+    window's layer keeps only its window, not every column a kept row is read from)."""
+    reason = loop_applies(model)
+    if not reason and not _cache_groupable(_hf(model)):
+        reason = f"{type(_hf(model)).__name__} has sliding-window cache layers"
+    return reason
+
+
+@dataclass
+class _Kept:
+    """One episode's kept cache: the ids it holds, and per layer their keys and values
+    [kv heads, len(ids), head dim]."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class EpisodeCaches:
+    """The KV caches of multi-turn episodes kept between their turns (`HFEngine.session`),
+    by episode key: the ids each holds and their keys and values, in order, unpadded.
+
+    A turn's context is the episode's previous context, its action and the observation
+    after it. The decode loop prefills only what the kept caches lack (`prefill`): a row
+    reuses the longest prefix of its context that its cache holds (so tokens sampled after
+    a stop string the episode cut, or past its budget, are never attended to), at most all
+    but its last token (whose logits start the turn). The rows keep a whole prefill's
+    layout, the contexts left-padded, and only the last columns are computed: as many as
+    the row with the most new tokens needs. At the end of the turn, and when an ended row
+    leaves the batch, the loop hands each row's cache back (`keep`)."""
+
+    def __init__(self) -> None:
+        self.held: dict[Hashable, _Kept] = {}
+
+    def retain(self, keys: Sequence[Hashable]) -> None:
+        """Forget every episode but `keys` (the others have ended)."""
+        live = set(keys)
+        self.held = {k: v for k, v in self.held.items() if k in live}
+
+    def _reusable(self, key: Hashable, context: list[int]) -> int:
+        """How many of `context`'s first tokens the kept cache of `key` holds, at most all
+        but the last."""
+        held = self.held[key].ids if key in self.held else []
+        n = 0
+        for a, b in zip(held, context[:-1], strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def prefill(self, policy, keys: Sequence[Hashable], ids, mask, positions, values: bool):
+        """`_prefill`'s result, the rows in its order, for the left-padded contexts `ids`
+        [B, P] of the episodes `keys`: the kept caches give each row's first tokens, one
+        forward pass the last columns; `_prefill` itself where no row has a kept prefix
+        that reaches into the columns left of the new tokens."""
+        width = ids.shape[1]
+        lengths = mask.sum(dim=1).tolist()
+        reused = [
+            self._reusable(key, row[width - n :])
+            for key, row, n in zip(keys, ids.tolist(), lengths, strict=True)
+        ]
+        new = max(n - r for n, r in zip(lengths, reused, strict=True))  # columns computed
+        take = [n - new for n in lengths]  # each row's tokens read from its kept cache
+        if max(take) <= 0:
+            return _prefill(policy, ids, mask, positions, values)
+        cached = width - new
+        order = [i for group in _prefill_groups(policy, mask) for i in group]
+        like = self.held[keys[take.index(max(take))]].layers
+        layers = []
+        for i, pair in enumerate(like):
+            joined = []
+            for t, one in enumerate(pair):  # keys, then values: [B, heads, cached, dim]
+                out = one.new_zeros((len(order), one.shape[0], cached, one.shape[2]))
+                for row, b in enumerate(order):
+                    if take[b] > 0:
+                        out[row, :, cached - take[b] :] = self.held[keys[b]].layers[i][t][
+                            :, : take[b]
+                        ]
+                joined.append(out)
+            layers.append(tuple(joined))
+        order = torch.tensor(order, device=ids.device)
+        logits, cache, hidden = _last_position(
+            policy,
+            ids[order, cached:],
+            mask[order],
+            positions[order, cached:],
+            DynamicCache(layers),
+            values,
+        )
+        return order, logits, cache, hidden
+
+    def keep(self, cache, index: list[int], keys: list, held: list[list[int]], starts: list[int]):
+        """Keep the caches of the batch's rows `index`: row `index[j]` of `cache` is
+        episode `keys[j]`, holding the ids `held[j]` from column `starts[j]` on."""
+        for i, key, ids, start in zip(index, keys, held, starts, strict=True):
+            cols = slice(start, start + len(ids))
+            layers = [
+                (x.keys[i, :, cols].clone(), x.values[i, :, cols].clone()) for x in cache.layers
+            ]
+            self.held[key] = _Kept(ids, layers)
+
+
 @torch.no_grad()
 def decode_loop(
     model: torch.nn.Module,
@@ -189,6 +302,7 @@ def decode_loop(
     sampling: Sampling,
     pad_token_id: int,
     decode: Callable[[list[int]], str] | None = None,
+    kept: tuple[EpisodeCaches, Sequence[Hashable]] | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """One response per row of the left-padded prompts [B, P], sampled as `sampling` says
@@ -205,7 +319,11 @@ def decode_loop(
     Positions are HF generate's (the attention mask's cumulative sum); the prompts are
     prefilled in groups of similar length (`_prefill`); a row that ends (a
     stop id, or its text meets a stop string) stops being recorded, and once
-    COMPACT_SHARE of the batch has ended those rows leave it, KV cache included."""
+    COMPACT_SHARE of the batch has ended those rows leave it, KV cache included.
+
+    `kept` (episode caches, and the key of each row: a turn of multi-turn episodes) starts
+    from the rows' kept caches (`EpisodeCaches.prefill`) and hands every row's cache back
+    to them, the rows that leave the batch as they leave, the others at the end."""
     greedy, logprobs, values = sampling.greedy, sampling.logprobs, sampling.values
     max_new_tokens, stop_strings = sampling.max_new_tokens, sampling.stop_strings
     if values:
@@ -233,7 +351,12 @@ def decode_loop(
         if on_step is not None:
             on_step(t)
         if t == 0:  # the prompts, in groups of similar length (the rows in their order)
-            order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
+            if kept is None:
+                order, logits, cache, hidden = _prefill(policy, ids, mask, positions, values)
+            else:
+                order, logits, cache, hidden = kept[0].prefill(
+                    policy, kept[1], ids, mask, positions, values
+                )
             rows, ids, mask, positions = rows[order], ids[order], mask[order], positions[order]
         else:
             logits, cache, hidden = _last_position(policy, ids, mask, positions, cache, values)
@@ -258,13 +381,38 @@ def decode_loop(
             break
         if ended.sum() >= max(1, COMPACT_SHARE * len(rows)):
             keep = (~ended).nonzero()[:, 0]
+            if kept is not None:
+                left = ended.nonzero()[:, 0]
+                _keep_rows(kept, cache, left, rows, prompt_ids, prompt_mask, tokens, lengths, t)
             cache.batch_select_indices(keep)
             rows, mask, positions, picked = rows[keep], mask[keep], positions[keep], picked[keep]
             ended = ended[keep]
         ids = picked[:, None]
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         positions = positions[:, -1:] + 1
+    if kept is not None:
+        every = torch.arange(len(rows), device=device)
+        _keep_rows(kept, cache, every, rows, prompt_ids, prompt_mask, tokens, lengths, steps - 1)
     mask = (torch.arange(steps, device=device) < lengths[:, None]).long()
     vals = state_values[:, :steps] if values else None
     lps = sampled[:, :steps] if logprobs else None
     return tokens[:, :steps], mask, stopped, lps, vals
+
+
+def _keep_rows(
+    kept, cache, index, rows, prompt_ids, prompt_mask, tokens, lengths, fed: int
+) -> None:
+    """Hand the batch's rows `index` to the episode caches `kept` once `fed` of their
+    sampled tokens went through the model: each row's cache holds its context (the prompt
+    row's last columns, from `prompt_mask`'s first 1) and its first `fed` tokens, of which
+    those up to its end are its own (the ones after are never reused)."""
+    caches, keys = kept
+    out = rows[index]
+    starts = (prompt_ids.shape[1] - prompt_mask[out].sum(dim=1)).tolist()
+    owns = lengths[out].clamp(max=fed).tolist()
+    contexts, sampled = prompt_ids[out].tolist(), tokens[out].tolist()
+    held = [
+        c[start:] + s[:own]
+        for c, s, start, own in zip(contexts, sampled, starts, owns, strict=True)
+    ]
+    caches.keep(cache, index.tolist(), [keys[r] for r in out.tolist()], held, starts)

@@ -23,6 +23,12 @@ and `update_adapter(base, adapter, version)` (vLLM built with LoRA support: the 
 once, each push after that carries the adapter alone); `engines.sync_weights` uses them when
 the engine has them and takes that actor's adapter, `update_weights` otherwise.
 
+An engine may also keep multi-turn episodes' KV caches between turns: `session()` returns
+an object (or None where it cannot) whose `generate(keys, prompt_ids, prompt_mask,
+sampling)` answers one row per episode key and prefills only what that episode's kept cache
+lacks (`hf`: `hf_engine.EpisodeSession`); `rollout.episodes` uses it when offered, with
+`rollout.env.keep_kv_cache`, and `generate` otherwise.
+
 An engine counts the weights it holds by the trainer's `weight_version`: the trainer pushes
 whenever its actor is newer, so a rollout never samples from stale weights (tested with a
 fake engine that serves from its own copy).

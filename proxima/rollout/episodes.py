@@ -4,11 +4,13 @@ turn after turn, and the episode becomes one row of the usual `Generation`.
 Each turn, the engine continues every live episode's context (the prompt and everything
 after it so far) until a stop token, one of `rollout.env.turn_stop` or the turn's token budget
 (`Sampling.stop_strings`; the action is cut at the first stop string here as well, so an
-engine that ran past one gives the same action). The environments' `step` calls of the batch
-then run concurrently (`proxima.guarded`). Tokens are never re-tokenized: a row is the
-concatenation of the model's own sampled ids and the observations' ids, each observation
-tokenized once (rendered with the chat template when the prompt was chat messages:
-`data.observation_text`).
+engine that ran past one gives the same action). An engine that offers a session
+(`HFEngine.session`) keeps each episode's KV cache between its turns
+(`rollout.env.keep_kv_cache`): a turn then prefills only the tokens its context gained.
+The environments' `step` calls of the batch then run concurrently (`proxima.guarded`).
+Tokens are never re-tokenized: a row is the concatenation of the model's own sampled ids
+and the observations' ids, each observation tokenized once (rendered with the chat template
+when the prompt was chat messages: `data.observation_text`).
 
 In the row, `response_mask` is 1 on the action tokens and 0 on the observation tokens, so
 every loss, the KL and the entropy skip them; `attention_mask` is 1 on both (observations
@@ -110,15 +112,26 @@ def play_episodes(
     made = _run([partial(env_cls, prompt_record(e.item)) for e in episodes], cfg)
     for e, res in zip(episodes, made, strict=True):
         e.env, e.failed = (res.value, None) if res.ok else (None, res)
+    session = _session(engine, cfg)
     for turn in range(cfg.env.max_turns):
-        live = [e for e in episodes if not e.end]
-        if not live:
+        keys = [k for k, e in enumerate(episodes) if not e.end]
+        if not keys:
             break
-        _act(engine, tokenizer, live, sampling, cfg, device)
+        live = [episodes[k] for k in keys]
+        generate = engine.generate if session is None else partial(session.generate, keys)
+        _act(generate, tokenizer, live, sampling, cfg, device)
         _step(live, tokenizer, cfg, last_turn=turn + 1 == cfg.env.max_turns)
     stopped = [e.end in ENDS[:3] for e in episodes]
     gen = episode_rows(episodes, stopped, tokenizer.pad_token_id, device, sampling)
     return gen, [e.record() for e in episodes]
+
+
+def _session(engine: RolloutEngine, cfg: RolloutConfig):
+    """The engine's session that keeps each episode's KV cache between turns
+    (`HFEngine.session`), with `rollout.env.keep_kv_cache` where the engine offers one
+    that applies; else None: each turn prefills its whole context."""
+    offer = getattr(engine, "session", None)
+    return offer() if cfg.env.keep_kv_cache and offer is not None else None
 
 
 def _run(calls: list, cfg: RolloutConfig) -> list[Outcome]:
@@ -131,16 +144,16 @@ def _decode(tokenizer):
     return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def _act(engine, tokenizer, live: list[Episode], sampling: Sampling, cfg, device) -> None:
+def _act(generate, tokenizer, live: list[Episode], sampling: Sampling, cfg, device) -> None:
     """One action of every live episode, appended to it (cut at the first stop string and
-    at the episode's token budget)."""
+    at the episode's token budget); `generate`: the engine's, or its session's for these
+    episodes."""
     budgets = [min(sampling.max_new_tokens, cfg.env.max_episode_tokens - len(e.ids)) for e in live]
     contexts = [_Context(e.item.ids + e.ids) for e in live]
     batch = collate_prompts(contexts, tokenizer.pad_token_id)
     turn = replace(sampling, max_new_tokens=max(budgets))
-    gen = engine.generate(
-        batch["input_ids"].to(device), batch["attention_mask"].to(device), turn
-    ).to("cpu")
+    gen = generate(batch["input_ids"].to(device), batch["attention_mask"].to(device), turn)
+    gen = gen.to("cpu")
     decode = _decode(tokenizer)
     for j, e in enumerate(live):
         keep = gen.response_mask[j].bool()

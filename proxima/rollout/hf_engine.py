@@ -8,7 +8,7 @@ of the sampled tokens (`SampledLogprobs`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import torch
 from transformers import (
@@ -19,7 +19,14 @@ from transformers import (
 )
 
 from proxima.models.critic import generate_with_values
-from proxima.rollout.decode import decode_loop, loop_applies, sampling_warpers, synced_generation
+from proxima.rollout.decode import (
+    EpisodeCaches,
+    caches_kept_apply,
+    decode_loop,
+    loop_applies,
+    sampling_warpers,
+    synced_generation,
+)
 from proxima.rollout.types import Generation, Sampling, cat_generations
 
 
@@ -58,23 +65,51 @@ class HFEngine:
     ) -> Generation:
         ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
+        return self._micro_batches(ids, mask, sampling)
+
+    def _micro_batches(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        sampling: Sampling,
+        caches: EpisodeCaches | None = None,
+        keys: Sequence[Hashable] = (),
+    ) -> Generation:
+        """One response per row, `micro_batch_size` rows at a time (`_respond`); with
+        `caches`, row i is the episode `keys[i]` and its KV cache is kept."""
         size = self.micro_batch_size
         parts = [
-            self._respond(ids[i : i + size], mask[i : i + size], sampling)
-            for i in range(0, ids.shape[0], size)
+            self._respond(
+                prompt_ids[i : i + size],
+                prompt_mask[i : i + size],
+                sampling,
+                None if caches is None else (caches, keys[i : i + size]),
+            )
+            for i in range(0, prompt_ids.shape[0], size)
         ]
         return cat_generations(parts, self.pad_token_id)
 
+    def session(self) -> EpisodeSession | None:
+        """Multi-turn episodes whose KV caches are kept between turns (`EpisodeSession`),
+        or None where the decode loop cannot keep them (`decode.caches_kept_apply`): the
+        episodes then continue their contexts with `generate`, prefilled whole."""
+        return None if caches_kept_apply(self.model) else EpisodeSession(self)
+
     @torch.no_grad()
     def _respond(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: Sampling
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        sampling: Sampling,
+        kept: tuple[EpisodeCaches, Sequence[Hashable]] | None = None,
     ) -> Generation:
         """One response per row of a micro-batch of left-padded prompts [B, P]: the decode
         loop's, or HF `generate`'s where the loop does not apply. With `sampling.logprobs`,
         also the log-prob of each sampled token (`Generation.logprobs`); with
         `sampling.values` (a model that carries the critic), also the value of the state
         each token was sampled from (`Generation.values`: the decode step's final hidden
-        state, the one its logits came from)."""
+        state, the one its logits came from). `kept`: the decode loop's episode caches and
+        the rows' keys (`EpisodeSession`)."""
         model, pad_token_id = self.model, self.pad_token_id
         was_training = model.training
         model.eval()
@@ -84,7 +119,7 @@ class HFEngine:
             step = self.on_step
             hook = None if step is None else (lambda t, rows=prompt_ids.shape[0]: step(t, rows))
             out = decode_loop(
-                model, prompt_ids, prompt_mask, sampling, pad_token_id, self.decode, hook
+                model, prompt_ids, prompt_mask, sampling, pad_token_id, self.decode, kept, hook
             )
         response_ids, mask, stopped, sampled, state_values = out
         model.train(was_training)
@@ -162,6 +197,31 @@ class HFEngine:
 
     def close(self) -> None:  # the actor belongs to the trainer
         pass
+
+
+class EpisodeSession:
+    """The turns of one batch of multi-turn episodes on the hf engine, each episode's KV
+    cache kept from one turn to the next (`decode.EpisodeCaches`), so a turn prefills only
+    the tokens its context gained since (the observation, the action's last token) and
+    then decodes; what `rollout.episodes` uses when the engine offers it."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine, self.caches = engine, EpisodeCaches()
+
+    def generate(
+        self,
+        keys: Sequence[Hashable],
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        sampling: Sampling,
+    ) -> Generation:
+        """`HFEngine.generate` of one sample per row (`sampling.n` = 1) for the episodes
+        `keys` (one per row of the left-padded contexts), in the same micro-batches; the
+        caches of the episodes not named (ended) are dropped first."""
+        if sampling.n != 1:
+            raise ValueError(f"an episode turn samples one action per row, not n={sampling.n}")
+        self.caches.retain(keys)
+        return self.engine._micro_batches(prompt_ids, prompt_mask, sampling, self.caches, keys)
 
 
 def response_mask_after_stop(

@@ -199,3 +199,17 @@ class WithInfo:
         if self.turn == 1:
             return "x", 0.5, False, {"outcome": "ok", "seconds": 0.25}
         return None, 1.0, True, {"bad": object()}
+
+
+class Varied:
+    """Observations "z", "zy" or "zyz" (by the row's column `i` and the turn), reward 0.5 a turn;
+    done after the row's column `turns` actions, so episodes end at different turns."""
+
+    def __init__(self, row: dict) -> None:
+        self.i, self.turns, self.turn = row["i"], row["turns"], 0
+
+    def step(self, action: str):
+        self.turn += 1
+        if self.turn >= self.turns:
+            return None, 0.5, True
+        return "zyz"[: 1 + (self.i + self.turn) % 3], 0.5, False
