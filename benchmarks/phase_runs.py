@@ -1,4 +1,4 @@
-"""What the A/B phase benchmarks share (bench_async_rollout.py, bench_multiturn.py): a tiny
+"""What the A/B phase benchmark bench_multiturn.py is made of: a tiny
 Llama and 64 prompts built once, `proxima train` runs of 64 sequences per iteration whose
 per-iteration phase seconds are read back (the first two iterations left out as warm-up),
 the configurations run alternately, and a table of the medians over runs."""

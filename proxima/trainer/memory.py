@@ -454,6 +454,14 @@ def plan_memory(
     if role_plan(cfg).reference == "adapters off":
         plan.notes.append("reference: the actor with its adapters off (no weights of its own)")
     held.update(_engine_bytes(cfg, roles[0].shape, device))
+    r = cfg.rollout
+    if r.max_staleness and r.workers and cpu:  # trainer.workers: forked, the weights shared
+        held["rollout workers"] = (1 + r.workers) * roles[0].shape.weight_bytes
+        plan.notes.append(
+            f"rollout workers: the actor's weights in shared memory and in each of the "
+            f"{r.workers} worker(s); each also generates (as the generate phase) and, as a "
+            "fork, keeps the pages the trainer rewrites after it started"
+        )
     plan.held = held
     lengths = _lengths(cfg, prompt_length)
     plan.phases["generate"] = _generate(cfg, roles[0], lengths, world)

@@ -383,20 +383,20 @@ class InWorkers:
             self.workers.submit(Request(batch, items, weights, seed))
 
     def sent(self, batch: int) -> bool:
-        return batch in self.workers.sent
+        return self.workers.pending(batch)
 
     def receive(self, batch: int) -> tuple[int, Batch]:
-        """A batch of `batch`'s worker (the earliest it has), with its statistics; a batch
-        that raised in its worker raises here, on every rank."""
+        """`batch`, with its statistics (every rank receives the same batches in the same
+        order); a batch that raised in its worker raises here, on every rank."""
 
         def local():
-            got, out, error = self.workers.receive(batch)
+            out, error = self.workers.receive(batch)
             if error is not None:
-                raise RolloutWorkerError(f"batch {got + 1} raised in its rollout worker: {error}")
-            return got, out
+                raise RolloutWorkerError(f"batch {batch + 1} raised in its rollout worker: {error}")
+            return out
 
         t = self.trainer
-        got, (ro, penalty, seconds) = t.dist.agree(local, "generation")
+        ro, penalty, seconds = t.dist.agree(local, "generation")
         ro = ro.to(t.device)
         stats = self.rounds.stats(ro, penalty)
         tokens = float(ro.gen.response_mask.sum())
@@ -408,7 +408,7 @@ class InWorkers:
         stats["tokens_per_s"] = float(times[3] / max(float(times[0]), 1e-9)) * t.dist.world_size
         if "token_version" in seconds:  # partial rollouts: the mean version of the tokens
             stats["rollout/token_version_mean"] = float(times[2])
-        return got, (ro, stats)
+        return batch, (ro, stats)
 
     def close(self) -> None:
         self.workers.close()
@@ -480,7 +480,10 @@ class Ahead:
         for j in range(t.iteration, self.drawn):
             if j not in self.ready and not self.backend.sent(j):
                 break  # lost with a batch that raised: sampled again after a resume
-            self.ready[j] = self._take(j)
+            try:
+                self.ready[j] = self._take(j)
+            except RolloutWorkerError:  # on every rank (`agree`): keep what came before
+                break
         mine, j = {}, t.iteration
         while j in self.ready:
             ro, stats = self.ready[j]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from proxima.config import ConfigError
 from proxima.rng import seed_everything
 from proxima.trainer.dist import Dist
 
@@ -83,6 +84,9 @@ class WeightBox:
 
 @dataclass
 class Request:
+    """What a worker samples: a batch's prompts, from exactly (or, with partial rollouts, at
+    least) the weights of one trainer iteration, under the batch's seed."""
+
     batch: int  # the iteration that trains it
     items: list  # its prompts (this rank's share)
     weights: int  # the trainer iteration whose weights sample it
@@ -116,6 +120,8 @@ class PartialRollouts:
 
     def stamp(self, ro):
         """`ro` with each row's first-token version, and the mean version of its tokens."""
+        if not self.steps:  # HF generate, where the decode loop does not apply: no step seen
+            return ro, float(ro.versions.float().mean())
         first, total, tokens = [], 0.0, 0.0
         lengths = ro.gen.response_mask.sum(1).tolist()
         row = 0
@@ -177,25 +183,27 @@ class Workers:
     worker j mod N."""
 
     def __init__(self, trainer, count: int, threads: int, staleness: int) -> None:
+        where = ""
+        if trainer.device.type != "cpu":
+            where = f"the actor is on {trainer.device.type}, and a CUDA process cannot be forked"
+        elif trainer.dist.strategy == "fsdp2":
+            where = "FSDP2 shards the actor, and a worker serves a copy of the whole of it"
+        if where:
+            raise ConfigError(
+                f"`rollout.workers={count}` forks the trainer into rollout worker processes, "
+                f"but {where}. Use rollout.workers=0: the batches are sampled ahead in the "
+                "trainer's process, with the same staleness."
+            )
         self.trainer, self.count, self.threads, self.k = trainer, count, threads, staleness
         self.procs: list = []
         self.conns: list = []
-        self.sent: dict[int, int] = {}  # batch -> worker
+        self.sent: dict[int, int] = {}  # batch -> worker, until its result is received
+        self.inbox: dict[int, tuple] = {}  # batch -> its result, received, not yet taken
         self.box: WeightBox | None = None
 
     def start(self, index: int) -> None:
         """Fork the workers, the box holding the trainer's weights of iteration `index`."""
         t = self.trainer
-        if t.device.type != "cpu":
-            raise RolloutWorkerError(
-                f"rollout.workers={self.count} forks the trainer, which {t.device.type} does not "
-                "allow; use rollout.workers=0 (sampling ahead in the trainer's process)"
-            )
-        if t.dist.strategy == "fsdp2":
-            raise RolloutWorkerError(
-                f"rollout.workers={self.count} serves a copy of the whole actor, which FSDP2 "
-                "shards; use rollout.workers=0 or dist.strategy=ddp"
-            )
         ctx = mp.get_context("fork")
         self.box = WeightBox(t.roles.actor, ctx)
         self.box.publish(t.roles.actor, index, t.policy_version)
@@ -218,7 +226,7 @@ class Workers:
         if self.box.index.value >= index:
             return
         last = index - 1 + self.k  # the last batch sampled from the weights of index - 1
-        for batch, slot in self.sent.items():
+        for batch, slot in list(self.sent.items()):
             if batch <= last and not self.trainer.cfg.rollout.partial_rollouts:
                 self._wait(slot, lambda s=slot, b=batch: self.started[s] >= b)
         t = self.trainer
@@ -235,19 +243,33 @@ class Workers:
             raise
         self.sent[request.batch] = slot
 
+    def pending(self, batch: int) -> bool:
+        """`batch` was sent and not yet received (in flight, or waiting in the inbox)."""
+        return batch in self.sent or batch in self.inbox
+
     def receive(self, batch: int):
-        """(batch index, (rollout, penalty, phase seconds) or None, error text or None): the
-        next result of the worker that has `batch`."""
-        slot = self.sent[batch]
-        while not self.conns[slot].poll(POLL_S):
-            self._alive(slot)
-        got, out, error = pickle.loads(self.conns[slot].recv_bytes())
-        del self.sent[got]
-        return got, out, error
+        """((rollout, penalty, phase seconds) or None, error text or None) of `batch`."""
+        while batch not in self.inbox:
+            slot = self.sent[batch]
+            if self.conns[slot].poll(POLL_S):
+                self._collect()
+            else:
+                self._alive(slot)
+        return self.inbox.pop(batch)
+
+    def _collect(self) -> None:
+        """Every result that has arrived, into the inbox: a worker whose results wait in a
+        full pipe could not start the batch the trainer waits for."""
+        for conn in self.conns:
+            while conn.poll():
+                got, out, error = pickle.loads(conn.recv_bytes())
+                self.inbox[got] = (out, error)
+                del self.sent[got]
 
     def _wait(self, slot: int, ready) -> None:
         while not ready():
             self._alive(slot)
+            self._collect()
             time.sleep(0.001)
 
     def _alive(self, slot: int) -> None:

@@ -358,3 +358,34 @@ def test_a_run_with_partial_rollouts_keeps_the_staleness_bound(files):
     trainer.close()
     with pytest.raises(ConfigError, match="partial_rollouts=true` lets rollout worker"):
         nano_trainer(files, "rollout.partial_rollouts=true")
+
+
+def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
+    # k = 3 and one worker: it finishes batches that the trainer takes later, each larger
+    # than a pipe's 64 KiB (128 rows of 28 tokens); the trainer must read them while it
+    # waits to publish, or both wait on each other forever (the alarm fails the test)
+    def expire(*_):
+        raise TimeoutError("the trainer and its worker wait on each other")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(300)
+    trainer = nano_trainer(
+        files,
+        "rollout.max_staleness=3",
+        "rollout.workers=1",
+        "data.train_batch_size=16",
+        "rollout.n=8",
+        "rollout.max_response_length=24",
+        "actor.ppo_mini_batch_size=128",
+        "actor.ppo_micro_batch_size=64",
+        "critic.ppo_mini_batch_size=128",
+        "critic.ppo_micro_batch_size=64",
+    )
+    try:
+        for i in range(5):
+            metrics, ro = trainer.step()
+            assert ro.versions.tolist() == [max(i - 3, 0)] * 128
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        trainer.close()
