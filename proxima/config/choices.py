@@ -21,4 +21,5 @@ KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 SCHEDULES = ("constant", "cosine")  # actor.optim.schedule, critic.optim.schedule
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")  # trainer.strategy
 MEMORY_CHECKS = ("error", "warn", "off")  # trainer.memory_check
+WORKER_STARTS = ("auto", "fork", "spawn")  # rollout.worker_start (trainer.workers)
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # trainer.loggers (proxima.trackers)

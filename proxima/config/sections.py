@@ -348,13 +348,27 @@ class RolloutConfig:
     workers: int = _f(
         1,
         "With max_staleness >= 1: rollout worker processes beside the trainer, generating "
-        "and scoring while it trains (CPU, hf engine; forked from the trainer), or 0: "
+        "and scoring while it trains (hf engine; rollout.worker_start, rollout.devices), or 0: "
         "sample ahead in the trainer's own process, one phase after the other (any engine, "
         "DAPO's dynamic sampling).",
         fixed=True,
     )
     worker_threads: int = _f(
         1, "torch CPU threads of each rollout worker process (rollout.workers >= 1)."
+    )
+    worker_start: str = _f(
+        "auto",
+        "How rollout worker processes start: fork (the trainer forked at the first rollout, "
+        "inheriting its built roles; CPU only), spawn (a fresh process that builds the "
+        "tokenizer, its own copy of the actor and the reward sources from the run's config, "
+        "on its rollout.devices entry), or auto: spawn when the actor or a rollout.devices "
+        "entry is on CUDA (a CUDA process cannot be forked), else fork.",
+    )
+    devices: list = _f(
+        [],
+        "The devices of spawned rollout worker processes, like [cuda:1, cuda:2]: worker i "
+        "on devices[i mod len]. Empty = the trainer's actor device (the workers share its "
+        "GPU). The weights reach them through host shared memory (docs/engines.md).",
     )
     partial_rollouts: bool = _f(
         False,

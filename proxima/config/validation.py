@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from proxima.config.choices import (
@@ -30,6 +31,7 @@ from proxima.config.choices import (
     SCHEDULES,
     STRATEGIES,
     VLLM_DTYPES,
+    WORKER_STARTS,
 )
 from proxima.config.roles import trained_sections
 from proxima.config.schema import Config, ConfigError
@@ -42,6 +44,7 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "model.dtype": DTYPE_NAMES,
     "rollout.name": ENGINES,
     "rollout.old_logprobs": OLD_LOGPROBS,
+    "rollout.worker_start": WORKER_STARTS,
     "model.mixed_precision": MIXED_PRECISION,
     "rollout.vllm.dtype": VLLM_DTYPES,
     "data.overlong_prompts": OVERLONG_MODES,
@@ -54,6 +57,8 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "fsdp.param_dtype": DTYPE_NAMES,
     "fsdp.reduce_dtype": DTYPE_NAMES,
 }
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")  # a rollout.devices entry
 
 _POSITIVE = (  # sizes and counts that must be > 0, checked in this order
     "data.train_batch_size",
@@ -442,6 +447,7 @@ def _check_staleness(cfg: Config) -> None:
             "`rollout.partial_rollouts=true` applies to single-turn generation (the decode "
             "loop's steps); multi-turn episodes take the weights of their batch. Turn it off."
         )
+    _check_worker_devices(cfg)
     if not (r.max_staleness and r.workers):
         return
     why = ""
@@ -458,6 +464,25 @@ def _check_staleness(cfg: Config) -> None:
         raise ConfigError(
             f"`rollout.workers={r.workers}` does not go with {why}. Use rollout.workers=0: "
             "the batches are sampled ahead in the trainer's process, with the same staleness."
+        )
+
+
+def _check_worker_devices(cfg: Config) -> None:
+    """`rollout.devices`: device names (cpu, cuda, cuda:N); a forked worker runs where the
+    trainer's actor is, so a CUDA device (theirs or the actor's) needs spawned workers.
+    Whether the devices exist is checked at start-up (`trainer.setup.check_rollout_devices`)."""
+    r = cfg.rollout
+    bad = [d for d in r.devices if not (isinstance(d, str) and _DEVICE.fullmatch(d))]
+    if bad:
+        raise ConfigError(
+            f"`rollout.devices` must be a list of devices (cpu, cuda or cuda:N), like "
+            f"[cuda:1, cuda:2]; got {bad[0]!r}."
+        )
+    on_cuda = [d for d in [cfg.model.device, *r.devices] if d.startswith("cuda")]
+    if r.worker_start == "fork" and on_cuda and r.max_staleness and r.workers:
+        raise ConfigError(
+            f"`rollout.worker_start=fork` with {on_cuda[0]} (model.device or rollout.devices): "
+            "a CUDA process cannot be forked. Use rollout.worker_start=spawn (or auto)."
         )
 
 

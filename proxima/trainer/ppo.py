@@ -51,8 +51,8 @@ from proxima.trainer.advantages import (
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.samplers import build_sampler
-from proxima.trainer.setup import Roles, autocast
+from proxima.trainer.samplers import OnPolicy, build_sampler
+from proxima.trainer.setup import Roles, autocast, load_rollout_roles
 from proxima.trainer.state import Part, StateRegistry, stateful
 from proxima.trainer.update import PolicyObjective, PtxLoss, run_epochs
 from proxima.types import Experience
@@ -243,6 +243,11 @@ class PPOTrainer:
         """The rollout engine, holding the actor's current weights (training, evaluation)."""
         self.sync_engine()
         return self.engine
+
+    def rollout_side(self, device: torch.device) -> partial:
+        """How a spawned rollout worker builds its own side on `device` (`RolloutSide`,
+        from this run's resolved config and scoring plan): picklable, called there."""
+        return partial(RolloutSide, self.cfg, device, self.plan)
 
     def score(self, ro: Rollout, scores: torch.Tensor) -> Experience:
         """Phase 3 as the scoring plan says; refuses non-finite log-probs or values (the
@@ -510,3 +515,25 @@ class PPOTrainer:
         for role in self.trained.values():
             role.load(folder)
         self.weight_version += 1  # the engine gets these at the next rollout
+
+
+class RolloutSide:
+    """What a spawned rollout worker process builds of the trainer (`trainer.workers`,
+    rollout.worker_start=spawn): the tokenizer, the actor module, the reward source and the
+    hf engine on the worker's device, by the trainer's own builders
+    (`setup.load_rollout_roles`, `build_engine`), and the on-policy sampler that reads them
+    as it reads the trainer's. Never the optimizers, the reference or a critic model. The
+    actor's weights (and so the policy version) come from the shared `WeightBox`."""
+
+    precision = PPOTrainer.precision
+    sync_engine = PPOTrainer.sync_engine
+    synced_engine = PPOTrainer.synced_engine
+
+    def __init__(self, cfg: Config, device: torch.device, plan: ScoringPlan) -> None:
+        self.cfg, self.device, self.plan, self.dist = cfg, device, plan, Dist()
+        self.roles = load_rollout_roles(cfg, device)
+        self.engine = build_engine(cfg, self.roles.actor, self.roles.tokenizer, device)
+        self.timer = PhaseTimer()
+        self.weight_version = self.policy_version = 0
+        self.on_policy = OnPolicy(self)
+        self.on_policy.overlap = True  # a worker samples ahead: it scores as samples finish

@@ -419,6 +419,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     vocabularies, the scoring plan, the environment of multi-turn episodes, the data, the
     reward function."""
     tok = check_models(cfg)
+    check_rollout_devices(cfg)
     check_env(cfg)
     check_agent(cfg)
     engine = engine_class(cfg.rollout.name)
@@ -442,11 +443,7 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     model.reference_path names another model."""
     if tokenizer is None:
         tokenizer = check_models(cfg)
-    actor = load_causal_lm(
-        cfg.model.actor_path, dtype=DTYPES[cfg.model.dtype], device=device, trainable=True
-    )
-    if cfg.model.lora_rank > 0:
-        actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
+    actor = load_actor(cfg, device)
     reference, plan = None, role_plan(cfg)
     if plan.reference == "adapters off":
         reference = AdapterDisabled(actor)
@@ -461,6 +458,48 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
                 checkpoint_activations(trained)
     reward = build_reward(cfg, tokenizer, device, reward_fn)
     return Roles(tokenizer, actor, reference, critic, reward)
+
+
+def load_actor(cfg: Config, device: torch.device) -> torch.nn.Module:
+    """The policy of model.actor_path (trainable, model.dtype), with its LoRA adapters when
+    model.lora_rank > 0."""
+    actor = load_causal_lm(
+        cfg.model.actor_path, dtype=DTYPES[cfg.model.dtype], device=device, trainable=True
+    )
+    if cfg.model.lora_rank > 0:
+        actor = add_lora(actor, cfg.model, "CAUSAL_LM", seed=cfg.trainer.seed)
+    return actor
+
+
+def load_rollout_roles(cfg: Config, device: torch.device) -> Roles:
+    """What a spawned rollout worker process samples and scores with (`trainer.workers`),
+    built as `load_roles` builds the trainer's: the policy's tokenizer, the actor module
+    (with the critic's value head when it rides on the actor: the engine may read the values
+    while generating) and the reward source, on `device`. No reference, no critic model:
+    the worker never scores against them; the actor's weights are the trainer's, copied in
+    from the shared `WeightBox` before each batch."""
+    tokenizer = load_tokenizer(cfg.model.actor_path)
+    actor = load_actor(cfg, device)
+    if role_plan(cfg).critic_on_actor:
+        actor, _ = build_critic(cfg, actor, device)
+    return Roles(tokenizer, actor, None, None, build_reward(cfg, tokenizer, device))
+
+
+def check_rollout_devices(cfg: Config) -> None:
+    """`rollout.devices` (rollout workers spawned onto them) exist on this machine: checked
+    at start-up, before any model loads."""
+    if not (cfg.rollout.max_staleness and cfg.rollout.workers):
+        return
+    count = torch.cuda.device_count()
+    for name in cfg.rollout.devices:
+        device = torch.device(name)
+        if device.type == "cuda" and (device.index or 0) >= count:
+            seen = f"{count} CUDA device(s): cuda:0 to cuda:{count - 1}" if count else "none"
+            raise ConfigError(
+                f"`rollout.devices` names {name}, but this machine has {seen}. Fix: list the "
+                "devices that exist (CUDA_VISIBLE_DEVICES renumbers them from 0), or leave "
+                "rollout.devices empty: the workers share the trainer's device."
+            )
 
 
 def load_prompts(cfg: Config, path: str, tokenizer, dataset: str | None = None) -> PromptDataset:

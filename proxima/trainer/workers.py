@@ -2,11 +2,23 @@
 `rollout.workers` >= 1): each generates and scores whole batches while the trainer trains,
 from the weights the trainer publishes into shared memory.
 
-A worker is the trainer process forked once, at the first rollout: it inherits the built
-roles (the tokenizer, the actor, the reward source, a task's environment) and serves its own
-copy of the actor with the `hf` engine. It drops what it never uses (the optimizers, the
-reference) and runs one request after the other: (batch index, prompts, the weights it
-must be sampled from, its seed).
+Workers start at the first rollout, as `rollout.worker_start` says (`start_method`):
+- fork (an actor on the CPU): the trainer process forked; the worker inherits the built roles
+  (the tokenizer, the actor, the reward source, a task's environment) and serves its own
+  copy of the actor with the `hf` engine, dropping what it never uses (the optimizers, the
+  reference);
+- spawn (an actor on a GPU: a CUDA process cannot be forked): a fresh process that builds
+  what it uses from the run's resolved config with the trainer's builders
+  (`ppo.RolloutSide`: tokenizer, actor module, reward source, engine; never the optimizers,
+  the reference or a critic model) on its device (`rollout.devices`, default the actor's:
+  the workers share its GPU).
+Either runs one request after the other: (batch index, prompts, the weights it must be
+sampled from, its seed).
+
+The box lives in host shared memory whatever the devices: a publish from a GPU actor is
+one device-to-host copy, a take into a GPU worker one host-to-device copy. A spawned worker
+receives the box's tensors through torch's multiprocessing reductions, which pass their
+shared memory itself (not a copy), so later publishes reach it.
 
 Which weights, exactly: batch j (trained at iteration j) is sampled from the weights the
 trainer had at the start of iteration j - k (k = max_staleness; never before the first
@@ -18,7 +30,8 @@ weights, its prompts and its seed: the same as sampling it in the trainer's proc
 
 A worker ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process group: the trainer
 decides when to stop, and closes its workers) and dies with the trainer (PR_SET_PDEATHSIG).
-Requests and results travel as pickled bytes over pipes: no tensor is shared but the box.
+Requests and results travel as pickled bytes over pipes (a result's tensors on the host):
+no tensor is shared but the box.
 """
 
 from __future__ import annotations
@@ -32,12 +45,14 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
 from proxima.config import ConfigError
 from proxima.rng import seed_everything
 from proxima.trainer.dist import Dist
+from proxima.trainer.setup import resolve_device
 
 POLL_S = 0.5  # how often a wait checks that the other side is alive
 PR_SET_PDEATHSIG = 1
@@ -52,13 +67,16 @@ class WeightBox:
     and the policy version the samples are stamped with."""
 
     def __init__(self, module: torch.nn.Module, ctx) -> None:
-        self.tensors = {
-            name: t.detach().clone().share_memory_() for name, t in module.state_dict().items()
+        self.tensors = {  # on the host whatever the actor's device (spawned workers map it)
+            name: t.detach().to("cpu", copy=True).share_memory_()
+            for name, t in module.state_dict().items()
         }
         self.index = ctx.Value("q", -1, lock=False)
         self.version = ctx.Value("q", 0, lock=False)
 
     def publish(self, module: torch.nn.Module, index: int, version: int) -> None:
+        """Copy `module`'s state in (from a GPU: one device-to-host copy, finished before
+        `index` is set)."""
         self.index.value = -1  # being written: a worker copying now copies again
         with torch.no_grad():
             for name, t in module.state_dict().items():
@@ -67,8 +85,9 @@ class WeightBox:
         self.index.value = index  # last: a worker waiting for `index` reads complete weights
 
     def take(self, module: torch.nn.Module) -> tuple[int, int]:
-        """Copy the weights into `module`'s own tensors, again if they were rewritten
-        meanwhile; (their iteration, their policy version)."""
+        """Copy the weights into `module`'s own tensors (on a GPU: one host-to-device copy,
+        finished before `index` is read again), again if they were rewritten meanwhile;
+        (their iteration, their policy version)."""
         while True:
             index = int(self.index.value)
             if index < 0:
@@ -136,18 +155,25 @@ class PartialRollouts:
         return replace(ro, versions=versions), total / max(tokens, 1.0)
 
 
-def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, parent: int) -> None:
-    """A worker's loop (in the forked process): requests in, produced batches out."""
+def _forked(trainer):
+    """The trainer, in a forked worker: without what the worker never uses."""
+    t = trainer
+    t.dist = Dist()  # no collective from here: the process group is the trainer's
+    t.timer.listener = None  # the console is the trainer's
+    t.trained, t.objectives, t.roles.reference = {}, {}, None  # never used here: freed
+    return t
+
+
+def _serve(build, box: WeightBox, conn, started, slot: int, threads: int, parent: int) -> None:
+    """A worker's loop: requests in, produced batches out. `build()`: what phases 1-2 read
+    of the trainer (`_forked`, or a spawned worker's own `ppo.RolloutSide`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     if os.getppid() != parent:  # the trainer was gone before the line above ran
         os._exit(0)
     torch.set_num_threads(threads)
-    t = trainer
-    t.dist = Dist()  # no collective from here: the process group is the trainer's
-    t.timer.listener = None  # the console is the trainer's
-    t.trained, t.objectives, t.roles.reference = {}, {}, None  # never used here: freed
+    t = build()
     policy = t.roles.actor
     partial = t.cfg.rollout.partial_rollouts
     while True:
@@ -172,28 +198,53 @@ def _serve(trainer, box: WeightBox, conn, started, slot: int, threads: int, pare
             seconds = dict(t.timer.last)
             if partial:  # the mean version of the tokens travels with the phase seconds
                 ro, seconds["token_version"] = t.engine.on_step.stamp(ro)
+            penalty = None if penalty is None else penalty.cpu()
             out = (request.batch, (ro.to("cpu"), penalty, seconds), None)
         except Exception as err:  # noqa: BLE001 - sent to the trainer, raised there
             out = (request.batch, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         conn.send_bytes(pickle.dumps(out))
 
 
+def start_method(cfg, device: torch.device) -> str:
+    """How the rollout workers start (`rollout.worker_start`): auto is spawn when the
+    trainer's actor (on `device`) or a `rollout.devices` entry is on CUDA, else fork."""
+    r = cfg.rollout
+    if r.worker_start != "auto":
+        return r.worker_start
+    cuda = device.type == "cuda" or any(d.startswith("cuda") for d in r.devices)
+    return "spawn" if cuda else "fork"
+
+
 class Workers:
-    """`rollout.workers` processes, each forked from the trainer at `start`; batch j goes to
+    """`rollout.workers` processes started at `start`: forked from the trainer, or spawned
+    (each building its own actor copy on its `rollout.devices` entry); batch j goes to
     worker j mod N."""
 
     def __init__(self, trainer, count: int, threads: int, staleness: int) -> None:
+        self.method = start_method(trainer.cfg, trainer.device)
         where = ""
-        if trainer.device.type != "cpu":
-            where = f"the actor is on {trainer.device.type}, and a CUDA process cannot be forked"
-        elif trainer.dist.strategy == "fsdp2":
-            where = "FSDP2 shards the actor, and a worker serves a copy of the whole of it"
+        if trainer.dist.strategy == "fsdp2":
+            where = (
+                "FSDP2 shards the actor, and a worker serves a copy of the whole of it "
+                "(gathered from the shards at every publish: not built)"
+            )
+        elif self.method == "fork" and trainer.device.type != "cpu":
+            where = (
+                f"the actor is on {trainer.device} and rollout.worker_start=fork: a CUDA "
+                "process cannot be forked (rollout.worker_start=spawn or auto spawns them)"
+            )
         if where:
             raise ConfigError(
-                f"`rollout.workers={count}` forks the trainer into rollout worker processes, "
-                f"but {where}. Use rollout.workers=0: the batches are sampled ahead in the "
-                "trainer's process, with the same staleness."
+                f"`rollout.workers={count}` starts rollout worker processes, but {where}. "
+                "Or use rollout.workers=0: the batches are sampled ahead in the trainer's "
+                "process, with the same staleness."
             )
+        names = trainer.cfg.rollout.devices
+        self.devices = (
+            [resolve_device(d, trainer.dist.local_rank) for d in names]
+            if names
+            else [trainer.device]
+        )
         self.trainer, self.count, self.threads, self.k = trainer, count, threads, staleness
         self.procs: list = []
         self.conns: list = []
@@ -202,15 +253,21 @@ class Workers:
         self.box: WeightBox | None = None
 
     def start(self, index: int) -> None:
-        """Fork the workers, the box holding the trainer's weights of iteration `index`."""
+        """Start the workers, the box holding the trainer's weights of iteration `index`. A
+        spawned worker gets the box's shared host tensors themselves (torch's reductions
+        pass their memory, not a copy) and builds its side (`trainer.rollout_side`)."""
         t = self.trainer
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context(self.method)
         self.box = WeightBox(t.roles.actor, ctx)
         self.box.publish(t.roles.actor, index, t.policy_version)
         self.started = ctx.Array("q", [-1] * self.count, lock=False)
         for slot in range(self.count):
             mine, theirs = ctx.Pipe()
-            args = (t, self.box, theirs, self.started, slot, self.threads, os.getpid())
+            if self.method == "fork":
+                build = partial(_forked, t)
+            else:
+                build = t.rollout_side(self.devices[slot % len(self.devices)])
+            args = (build, self.box, theirs, self.started, slot, self.threads, os.getpid())
             proc = ctx.Process(target=_serve, args=args, name=f"rollout-worker-{slot}")
             proc.daemon = True
             proc.start()

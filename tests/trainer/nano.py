@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from proxima.config import load_config
 from proxima.models import init_model
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles
+from proxima.trainer.setup import load_prompts, load_roles, resolve_device
 
 REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
 
@@ -47,6 +45,6 @@ def nano_trainer(files: dict[str, Path], *extra: str) -> PPOTrainer:
             *extra,
         ],
     )
-    cpu = torch.device("cpu")
-    roles = load_roles(cfg, cpu)
-    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), cpu)
+    device = resolve_device(cfg.model.device)  # cpu unless `extra` says otherwise
+    roles = load_roles(cfg, device)
+    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), device)

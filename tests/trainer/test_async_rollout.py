@@ -1,10 +1,11 @@
 """Asynchronous rollouts with bounded staleness (`rollout.max_staleness`): the batch
 trained at iteration i is sampled from the weights of iteration i - k (the staleness
-accounting is exact, critic warm-up included), by worker processes bit for bit as in the
-trainer's process, the old log-probs are the trainer's own at its current weights, the
-engine's feed the truncated importance weights (on by default), the batches sampled ahead
-travel in the trainer's state, a failed iteration replays exactly, a worker's failure is
-named, and the config refuses what cannot work."""
+accounting is exact, critic warm-up included), by worker processes (forked, or spawned as
+for a GPU actor) bit for bit as in the trainer's process, the old log-probs are the
+trainer's own at its current weights, the engine's feed the truncated importance weights
+(on by default), the batches sampled ahead travel in the trainer's state, a failed
+iteration replays exactly, a worker's failure is named, and the config refuses what cannot
+work."""
 
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ from proxima.rollout.engines import engine_class
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
-from proxima.trainer.workers import PartialRollouts, RolloutWorkerError, WeightBox
+from proxima.trainer.setup import check_rollout_devices
+from proxima.trainer.workers import PartialRollouts, RolloutWorkerError, WeightBox, start_method
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 HF = engine_class("hf")
 
 ASYNC = "rollout.max_staleness=1"
 IN_PROCESS = "rollout.workers=0"
+CUDA = torch.device("cuda")
+CUDA_COUNT = torch.cuda.device_count()
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +108,33 @@ def test_worker_processes_sample_what_the_trainers_process_samples(files, k):
     # two workers share the batches out (j mod 2): the same batches again
     two, _ = _run(files, 5, staleness, "rollout.workers=2", "rollout.worker_threads=1")
     assert two == here
+
+
+def test_spawned_workers_sample_what_forked_workers_and_the_trainers_process_sample(files):
+    # a spawned worker (the CUDA layout, here on the CPU) builds its own tokenizer, actor
+    # and reward source from the config and takes the weights from the box's shared host
+    # tensors, published after it started: the same batches, bit for bit
+    torch.set_num_threads(1)
+    one = ("rollout.workers=1", "rollout.worker_threads=1")
+    here, ros_here = _run(files, 4, ASYNC, IN_PROCESS)
+    forked, _ = _run(files, 4, ASYNC, *one, "rollout.worker_start=fork")
+    spawned, ros_spawned = _run(files, 4, ASYNC, *one, "rollout.worker_start=spawn")
+    assert spawned == forked == here
+    for a, b in zip(ros_here, ros_spawned, strict=True):
+        assert a.responses == b.responses
+        assert torch.equal(a.gen.logprobs, b.gen.logprobs)
+        assert torch.equal(a.versions, b.versions)
+    assert here[1] != here[3]  # the weights changed between the batches compared
+
+
+def test_how_workers_start_and_where_they_run(files):
+    workers = nano_trainer(files, ASYNC).sampler.backend.workers
+    assert (workers.method, workers.devices) == ("fork", [torch.device("cpu")])  # auto, CPU
+    spawned = nano_trainer(files, ASYNC, "rollout.worker_start=spawn", "rollout.devices=[cpu]")
+    assert spawned.sampler.backend.workers.method == "spawn"
+    assert start_method(spawned.cfg.replace({"rollout.worker_start": "auto"}), CUDA) == "spawn"
+    gpus = spawned.cfg.replace({"rollout.worker_start": "auto", "rollout.devices": ["cuda:1"]})
+    assert start_method(gpus, torch.device("cpu")) == "spawn"
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
@@ -229,6 +260,18 @@ def test_config_defaults_and_refusals(files):
         load_config(None, [*base, ASYNC, bad, "rollout.n=2", IN_PROCESS])  # in-process: fine
     with pytest.raises(ConfigError, match="rollout.max_staleness` must be >= 0"):
         load_config(None, [*base, "rollout.max_staleness=-1"])
+    with pytest.raises(ConfigError, match="rollout.worker_start` must be one of auto, fork, sp"):
+        load_config(None, [*base, ASYNC, "rollout.worker_start=thread"])
+    with pytest.raises(ConfigError, match="rollout.devices` must be a list of devices .*'gpu1'"):
+        load_config(None, [*base, ASYNC, "rollout.devices=[cuda:1, gpu1]"])
+    for where in ("model.device=cuda", "rollout.devices=[cuda:0]"):
+        with pytest.raises(ConfigError, match="worker_start=fork` with cuda.*worker_start=spawn"):
+            load_config(None, [*base, ASYNC, "rollout.worker_start=fork", where])
+    # whether the devices exist: at start-up, before any model loads
+    far = load_config(None, [*base, ASYNC, f"rollout.devices=[cuda:{CUDA_COUNT}]"])
+    with pytest.raises(ConfigError, match=f"names cuda:{CUDA_COUNT}, but this machine has"):
+        check_rollout_devices(far)
+    check_rollout_devices(load_config(None, [*base, ASYNC, "rollout.devices=[cpu]"]))
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])
