@@ -1,13 +1,16 @@
 """The CUDA tier (marker `gpu`, skipped without a GPU; `benchmarks/gpu_check.sh` runs it on a
 GPU machine): one process on the GPU gives the CPU's gradients for every role and loss
 aggregation mode; a run on the GPU (fp32, and bf16 mixed precision) trains, checkpoints and
-resumes bit for bit (the CUDA RNG state travels with the checkpoint); two processes on the GPUs
-under DDP and FSDP2 (NCCL, one GPU each), or DDP sharing one GPU (gloo), give the gradients of
-one process."""
+resumes bit for bit (the CUDA RNG state travels with the checkpoint); a rollout worker
+spawned onto the actor's GPU samples what the trainer's process samples; two processes on
+the GPUs under DDP and FSDP2 (NCCL, one GPU each), or DDP sharing one GPU (gloo), give the
+gradients of one process."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -99,6 +102,44 @@ def test_two_processes_on_the_gpus_equal_one_process(tmp_path, backend, strategi
                     torch.testing.assert_close(
                         got[name], want[name], atol=1e-5, rtol=1e-4, msg=f"{strategy} {name}"
                     )
+
+
+def spawned_worker_on(device: str, root: Path, *extra: str) -> None:
+    """On `device`: rollout.max_staleness=1 with one rollout worker on the actor's device,
+    spawned (auto, for a CUDA actor: a CUDA process cannot be forked): 3 iterations whose
+    metrics and rollouts equal those sampled in the trainer's process (rollout.workers=0),
+    bit for bit (the same kernels on the same device, each batch under its own seed, the
+    weights copied exactly through the host); a worker that dies is named, as on the CPU."""
+    from proxima.trainer.workers import RolloutWorkerError
+    from tests.trainer.nano import nano_files, nano_trainer
+    from tests.trainer.test_async_rollout import _run
+
+    files = nano_files(root)
+    run = (f"model.device={device}", "rollout.max_staleness=1", *extra)
+    here, ros_here = _run(files, 3, *run, "rollout.workers=0")
+    there, ros_there = _run(files, 3, *run, "rollout.workers=1")
+    assert there == here
+    for a, b in zip(ros_here, ros_there, strict=True):
+        assert a.responses == b.responses
+        assert torch.equal(a.gen.logprobs, b.gen.logprobs)
+        assert torch.equal(a.versions, b.versions)
+    assert here[0] != here[2]  # the weights changed between the batches compared
+    trainer = nano_trainer(files, *run, "rollout.workers=1")
+    try:
+        assert trainer.sampler.backend.workers.method == "spawn"
+        trainer.step()
+        proc = trainer.sampler.backend.workers.procs[0]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        with pytest.raises(RolloutWorkerError, match=r"rollout worker 0 \(pid \d+\) died with"):
+            for _ in range(2):
+                trainer.step()
+    finally:
+        trainer.close()
+
+
+def test_a_spawned_rollout_worker_sharing_the_gpu_samples_what_the_trainer_samples(tmp_path):
+    spawned_worker_on("cuda", tmp_path)
 
 
 def decode_and_head_on(device: torch.device) -> None:
