@@ -46,6 +46,8 @@ GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
 # counted tensors (CPU), measured with benchmarks/bench_memory_plan.py
 RUNTIME_OVERHEAD = 64 * MiB
+# a spawned process's CUDA context (its kernels loaded lazily): about this much on a GPU
+CUDA_CONTEXT = 512 * MiB
 # chunked log-softmax: about this many float32 elements per chunk (algos._checks)
 CHUNK_ELEMENTS = 2**24
 
@@ -454,17 +456,13 @@ def plan_memory(
     if role_plan(cfg).reference == "adapters off":
         plan.notes.append("reference: the actor with its adapters off (no weights of its own)")
     held.update(_engine_bytes(cfg, roles[0].shape, device))
-    r = cfg.rollout
-    if r.max_staleness and r.workers and cpu:  # trainer.workers: forked, the weights shared
-        held["rollout workers"] = (1 + r.workers) * roles[0].shape.weight_bytes
-        plan.notes.append(
-            f"rollout workers: the actor's weights in shared memory and in each of the "
-            f"{r.workers} worker(s); each also generates (as the generate phase) and, as a "
-            "fork, keeps the pages the trainer rewrites after it started"
-        )
-    plan.held = held
     lengths = _lengths(cfg, prompt_length)
     plan.phases["generate"] = _generate(cfg, roles[0], lengths, world)
+    r = cfg.rollout
+    if r.max_staleness and r.workers:  # trainer.workers
+        generate = sum(plan.phases["generate"].values())
+        held.update(_worker_bytes(cfg, roles[0].shape.weight_bytes, generate, device, plan))
+    plan.held = held
     plan.phases["score"] = _score(cfg, roles, lengths, world)
     for r in roles:
         if r.trained:
@@ -475,6 +473,39 @@ def plan_memory(
     else:
         plan.available = device_available(device)[0]
     return plan
+
+
+def _worker_bytes(
+    cfg: Config, weights: int, generate: int, device: torch.device, plan: MemoryPlan
+) -> dict[str, int]:
+    """What the rollout workers (`trainer.workers`) hold of this process's memory. On a CPU:
+    the shared box and each forked worker's copy of the actor's weights. On a GPU: each
+    spawned worker placed on this device (`rollout.devices`, default the actor's) with its
+    copy of the weights, its generation (the generate phase's parts, at any moment of the
+    trainer's phases) and its CUDA context; the box is in host memory."""
+    r = cfg.rollout
+    if device.type != "cuda":
+        plan.notes.append(
+            f"rollout workers: the actor's weights in shared memory and in each of the "
+            f"{r.workers} worker(s); each also generates (as the generate phase) and, as a "
+            "fork, keeps the pages the trainer rewrites after it started"
+        )
+        return {"rollout workers": (1 + r.workers) * weights}
+    names = r.devices or ["cuda"]
+    here = sum(_is_device(names[i % len(names)], device) for i in range(r.workers))
+    plan.notes.append(
+        f"rollout workers: {here} of the {r.workers} spawned worker(s) on {device}, each "
+        "with its own copy of the actor's weights, its generation and a CUDA context "
+        f"(~{CUDA_CONTEXT // MiB} MiB); the weights reach them through "
+        f"{weights / MiB:.1f} MiB of host shared memory"
+    )
+    return {"rollout workers": here * (weights + generate + CUDA_CONTEXT)} if here else {}
+
+
+def _is_device(name: str, device: torch.device) -> bool:
+    """A `rollout.devices` entry is `device` (cuda without an index: this process's GPU)."""
+    d = torch.device(name)
+    return d.type == device.type and (d.index is None or d.index == device.index)
 
 
 def _lengths(cfg: Config, prompt_length: int | None) -> tuple[int, int]:

@@ -10,7 +10,10 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 from proxima.algos import logprobs_from_logits
 from proxima.config import ConfigError, load_config
+from proxima.trainer import memory
 from proxima.trainer.memory import (
+    CUDA_CONTEXT,
+    GiB,
     MemoryPlan,
     check_memory,
     count_parameters,
@@ -235,3 +238,22 @@ def test_a_cpu_plan_on_glibc_malloc_says_what_to_do(llama, monkeypatch):
     monkeypatch.setattr(allocator, "active", lambda: "tcmalloc")
     notes = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0).notes
     assert not any("malloc" in n for n in notes)
+
+
+def test_rollout_workers_counted_where_they_hold_memory(llama, monkeypatch):
+    # on a CPU: the shared box and each forked worker's copy of the actor's weights
+    ahead = ("rollout.max_staleness=1", "rollout.workers=2")
+    plan = plan_memory(_cfg(llama, *ahead), torch.device("cpu"), baseline=0)
+    assert plan.held["rollout workers"] == 3 * 4 * CAUSAL_LM
+    # on a GPU: each spawned worker on this device, with its weights, its generation (8 rows
+    # of 24 tokens: the generate phase) and a CUDA context; the box is in host memory
+    monkeypatch.setattr(memory, "device_available", lambda device: (80 * GiB, 80 * GiB))
+    gpu = torch.device("cuda", 0)
+    plan = plan_memory(_cfg(llama, *ahead), gpu, baseline=0)
+    generate = sum(plan.phases["generate"].values())
+    one = 4 * CAUSAL_LM + generate + CUDA_CONTEXT
+    assert plan.held["rollout workers"] == 2 * one  # both share the actor's GPU (default)
+    split = plan_memory(_cfg(llama, *ahead, "rollout.devices=[cuda:1, cuda:0]"), gpu, baseline=0)
+    assert split.held["rollout workers"] == one  # worker 1 only: devices[1 mod 2]
+    away = plan_memory(_cfg(llama, *ahead, "rollout.devices=[cuda:1]"), gpu, baseline=0)
+    assert "rollout workers" not in away.held
