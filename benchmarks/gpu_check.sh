@@ -8,7 +8,9 @@
 # OUT_DIR/<step>.log and summed up in OUT_DIR/report.md:
 #   1. versions and the GPU;
 #   2. the suite's CUDA tier (`pytest -m gpu`): CPU-equal gradients on the GPU, a run that
-#      trains and resumes bit for bit (fp32 and bf16), ranks sharing the GPU under DDP/FSDP2;
+#      trains and resumes bit for bit (fp32 and bf16), ranks sharing the GPU under DDP/FSDP2,
+#      the asynchronous GPU layout (a rollout worker spawned onto the trainer's GPU samples
+#      the trainer's batches bit for bit; rollout.devices puts workers on other GPUs);
 #   3. the default example (`proxima train`) on CUDA, end to end;
 #   4. the GPU workloads of bench_vs_trl.py (--device cuda), when TRL is importable.
 # A failing step is reported and the next one still runs; the exit status is the number of

@@ -431,8 +431,8 @@ def _check_rollout(cfg: Config) -> None:
 
 
 def _check_staleness(cfg: Config) -> None:
-    """Asynchronous rollouts: the bound and the workers, and what a worker process cannot
-    do yet (it forks the trainer and serves a copy of its actor)."""
+    """Asynchronous rollouts: the bound and the workers, where they run, and what a worker
+    process cannot do yet (it serves a copy of the actor with the hf engine)."""
     r = cfg.rollout
     for key, least in (("max_staleness", 0), ("workers", 0), ("worker_threads", 1)):
         if getattr(r, key) < least:
