@@ -42,8 +42,10 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -153,6 +155,22 @@ class PartialRollouts:
         self.steps = []
         versions = torch.tensor(first, dtype=torch.long)
         return replace(ro, versions=versions), total / max(tokens, 1.0)
+
+
+@contextmanager
+def _signals_ignored():
+    """SIGINT and SIGTERM ignored while a worker starts (main thread only): a spawned
+    process inherits the ignoring through exec and Python keeps it, so a Ctrl-C during its
+    seconds of imports does not kill it (`_serve` then ignores them itself)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _forked(trainer):
@@ -270,7 +288,8 @@ class Workers:
             args = (build, self.box, theirs, self.started, slot, self.threads, os.getpid())
             proc = ctx.Process(target=_serve, args=args, name=f"rollout-worker-{slot}")
             proc.daemon = True
-            proc.start()
+            with _signals_ignored():
+                proc.start()
             theirs.close()
             self.procs.append(proc)
             self.conns.append(mine)

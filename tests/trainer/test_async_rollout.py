@@ -127,6 +127,22 @@ def test_spawned_workers_sample_what_forked_workers_and_the_trainers_process_sam
     assert here[1] != here[3]  # the weights changed between the batches compared
 
 
+def test_a_ctrl_c_while_a_spawned_worker_imports_leaves_it_to_the_trainer(files):
+    # the trainer decides when to stop; a spawned worker spends seconds importing before it
+    # can ignore SIGINT itself, so it starts with it ignored (the trainer's handler stays)
+    trainer = nano_trainer(files, ASYNC, "rollout.worker_start=spawn")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.sampler.backend.start(0)
+        assert signal.getsignal(signal.SIGINT) is before
+        proc = trainer.sampler.backend.workers.procs[0]
+        os.kill(proc.pid, signal.SIGINT)
+        proc.join(timeout=0.5)
+        assert proc.is_alive()
+    finally:
+        trainer.close()
+
+
 def test_how_workers_start_and_where_they_run(files):
     workers = nano_trainer(files, ASYNC).sampler.backend.workers
     assert (workers.method, workers.devices) == ("fork", [torch.device("cpu")])  # auto, CPU
