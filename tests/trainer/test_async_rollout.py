@@ -27,7 +27,13 @@ from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
 from proxima.trainer.setup import check_rollout_devices
-from proxima.trainer.workers import PartialRollouts, RolloutWorkerError, WeightBox, start_method
+from proxima.trainer.workers import (
+    PartialRollouts,
+    RolloutWorkerError,
+    WeightBox,
+    Workers,
+    start_method,
+)
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 HF = engine_class("hf")
@@ -151,6 +157,24 @@ def test_how_workers_start_and_where_they_run(files):
     assert start_method(spawned.cfg.replace({"rollout.worker_start": "auto"}), CUDA) == "spawn"
     gpus = spawned.cfg.replace({"rollout.worker_start": "auto", "rollout.devices": ["cuda:1"]})
     assert start_method(gpus, torch.device("cpu")) == "spawn"
+
+
+def test_what_workers_refuse_when_the_trainer_is_built(files):
+    cfg = nano_trainer(files, ASYNC).cfg
+
+    def trainer(device, strategy="none", start="auto"):
+        return SimpleNamespace(
+            cfg=cfg.replace({"rollout.worker_start": start}),
+            device=torch.device(device),
+            dist=SimpleNamespace(strategy=strategy, local_rank=0),
+        )
+
+    # model.device=auto resolved to a GPU: fork is refused there, auto spawns
+    with pytest.raises(ConfigError, match="actor is on cuda:0 and rollout.worker_start=fork"):
+        Workers(trainer("cuda:0", start="fork"), 1, 1, 1)
+    assert Workers(trainer("cuda:0"), 1, 1, 1).method == "spawn"
+    with pytest.raises(ConfigError, match="FSDP2 shards the actor.*rollout.workers=0"):
+        Workers(trainer("cpu", strategy="fsdp2"), 1, 1, 1)
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
