@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -47,7 +48,6 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 
@@ -282,7 +282,7 @@ class Workers:
         for slot in range(self.count):
             mine, theirs = ctx.Pipe()
             if self.method == "fork":
-                build = partial(_forked, t)
+                build = functools.partial(_forked, t)
             else:
                 build = t.rollout_side(self.devices[slot % len(self.devices)])
             args = (build, self.box, theirs, self.started, slot, self.threads, os.getpid())
