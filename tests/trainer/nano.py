@@ -24,9 +24,10 @@ def nano_files(root: Path) -> dict[str, Path]:
     return {"model": model, "prompts": root / "p.jsonl"}
 
 
-def nano_trainer(files: dict[str, Path], *extra: str) -> PPOTrainer:
+def nano_trainer(files: dict[str, Path], *extra: str, offload: bool | None = None) -> PPOTrainer:
     """8 prompts per iteration, 6 tokens at temperature 0.7, mini-batches of 8 in micro-
-    batches of 4, actor lr 1e-3, no critic warm-up; `extra` overrides come last."""
+    batches of 4, actor lr 1e-3, no critic warm-up; `extra` overrides come last; `offload`:
+    PPOTrainer's (True runs the moves on the CPU)."""
     cfg = load_config(
         None,
         [
@@ -49,4 +50,5 @@ def nano_trainer(files: dict[str, Path], *extra: str) -> PPOTrainer:
     )
     cpu = torch.device("cpu")
     roles = load_roles(cfg, cpu)
-    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), cpu)
+    prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
+    return PPOTrainer(cfg, roles, prompts, cpu, offload=offload)
