@@ -101,6 +101,28 @@ def test_two_processes_on_the_gpus_equal_one_process(tmp_path, backend, strategi
                     )
 
 
+def test_offload_between_phases_gives_the_same_run_with_less_memory(tmp_path):
+    """model.offload on the GPU (`trainer.offload`): 3 iterations of the nano trainer equal
+    the run without, metrics, weights and AdamW state bit for bit; while it generates and
+    scores the AdamW state is in CPU memory, and the most memory allocated then is lower by
+    at least that state's bytes."""
+    from tests.trainer.nano import nano_files
+    from tests.trainer.test_offload import offload_run
+
+    files = nano_files(tmp_path)
+    plain = offload_run(files, False, 3, device="cuda")
+    run = offload_run(files, True, 3, device="cuda")
+    assert run.rows == plain.rows and len(run.rows) == 3  # every metric, bit for bit
+    assert run.state.keys() == plain.state.keys()
+    for k in plain.state:
+        assert torch.equal(run.state[k], plain.state[k]), k
+    assert plain.optimizer_devices["generate"] == {"cuda"}
+    assert run.optimizer_devices["generate"] == run.optimizer_devices["score"] == {"cpu"}
+    assert run.optimizer_devices["update"] == {"cuda"}
+    adam = sum(v.nbytes for k, v in run.state.items() if k.endswith(("exp_avg", "exp_avg_sq")))
+    assert plain.experience_peak - run.experience_peak >= adam > 0
+
+
 def decode_and_head_on(device: torch.device) -> None:
     """On `device`: the decode loop's greedy tokens, masks and stop flags equal HF generate's
     (log-probs within rounding); the response-only LM head (`keep`: only the response

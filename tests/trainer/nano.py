@@ -24,15 +24,17 @@ def nano_files(root: Path) -> dict[str, Path]:
     return {"model": model, "prompts": root / "p.jsonl"}
 
 
-def nano_trainer(files: dict[str, Path], *extra: str, offload: bool | None = None) -> PPOTrainer:
+def nano_trainer(
+    files: dict[str, Path], *extra: str, offload: bool | None = None, device: str = "cpu"
+) -> PPOTrainer:
     """8 prompts per iteration, 6 tokens at temperature 0.7, mini-batches of 8 in micro-
-    batches of 4, actor lr 1e-3, no critic warm-up; `extra` overrides come last; `offload`:
-    PPOTrainer's (True runs the moves on the CPU)."""
+    batches of 4, actor lr 1e-3, no critic warm-up, on `device`; `extra` overrides come
+    last; `offload`: PPOTrainer's (True runs the moves on the CPU too)."""
     cfg = load_config(
         None,
         [
             f"model.actor_path={files['model']}",
-            "model.device=cpu",
+            f"model.device={device}",
             f"data.train_path={files['prompts']}",
             "data.train_batch_size=8",
             f"reward.function={REWARD}:fn",
@@ -48,7 +50,7 @@ def nano_trainer(files: dict[str, Path], *extra: str, offload: bool | None = Non
             *extra,
         ],
     )
-    cpu = torch.device("cpu")
-    roles = load_roles(cfg, cpu)
+    where = torch.device(device)
+    roles = load_roles(cfg, where)
     prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
-    return PPOTrainer(cfg, roles, prompts, cpu, offload=offload)
+    return PPOTrainer(cfg, roles, prompts, where, offload=offload)

@@ -6,6 +6,8 @@ copies: the code path runs, the storages change, nothing is gained."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 
@@ -143,55 +145,67 @@ def test_the_step_count_stays_where_adamw_keeps_it():
     assert [opt.state[p]["step"] for p in model.parameters()] == steps
 
 
-def _run(files, offload: bool, iterations: int = 2, *extra: str):
-    """Metrics of `iterations` steps, the final weights and AdamW state of each trained
-    role, and which offload parts were on the device as each phase began."""
-    torch.manual_seed(0)
-    trainer = nano_trainer(files, *extra, offload=offload)
-    seen = []
+@dataclass
+class OffloadRun:
+    rows: list[dict]  # each iteration's metrics, wall-clock readings left out
+    state: dict[str, torch.Tensor]  # the trained roles' weights and AdamW state at the end
+    away: dict[str, set[str]]  # phase -> the offload parts on the CPU as it began (last time)
+    # phase -> where the AdamW state was as it began (device types; iterations 2+)
+    optimizer_devices: dict[str, set[str]] = field(default_factory=dict)
+    experience_peak: int = 0  # CUDA: the most bytes allocated in phases 1-3, iterations 2+
 
-    class Listener:
+
+def offload_run(files, offload: bool, iterations: int, *extra: str, device: str = "cpu"):
+    """`iterations` steps of the nano trainer on `device`, with or without offload."""
+    torch.manual_seed(0)
+    trainer = nano_trainer(files, *extra, offload=offload, device=device)
+    cuda = device.startswith("cuda")
+    run = OffloadRun([], {}, {})
+
+    class Listener:  # told as each phase begins (after the moves before it)
         def start(self, name):
             if trainer.offload is not None and name != "offload":
-                seen.append((name, trainer.offload.where()))
+                run.away[name] = {k for k, v in trainer.offload.where().items() if not v}
+            if trainer.iteration > 0 and name != "offload":
+                devices = run.optimizer_devices.setdefault(name, set())
+                for role in trainer.trained.values():
+                    devices |= {s["exp_avg"].device.type for s in role.optimizer.state.values()}
+            if cuda and name == "generate":
+                torch.cuda.reset_peak_memory_stats()
+            if cuda and name == "advantages" and trainer.iteration > 0:
+                peak = torch.cuda.max_memory_allocated()
+                run.experience_peak = max(run.experience_peak, peak)
 
         def end(self, name, seconds):
             pass
 
     trainer.timer.listener = Listener()
-    rows = []
     for _ in range(iterations):
         metrics, _ = trainer.step()
-        rows.append({k: v for k, v in metrics.items() if not k.startswith(NOT_COMPARED)})
+        run.rows.append({k: v for k, v in metrics.items() if not k.startswith(NOT_COMPARED)})
     if offload:
         trainer.offload.enter("update")  # everything back, to compare
-    state = {}
     for name, role in trainer.trained.items():
         for k, v in role.unwrapped.state_dict().items():
-            state[f"{name}.{k}"] = v.clone()
+            run.state[f"{name}.{k}"] = v.detach().cpu().clone()
         for i, s in role.optimizer.state_dict()["state"].items():
             for k, v in s.items():
-                state[f"{name}.opt.{i}.{k}"] = v.clone()
+                run.state[f"{name}.opt.{i}.{k}"] = v.cpu().clone()
     trainer.close()
-    return rows, state, seen
+    return run
 
 
 def test_a_run_with_offload_equals_a_run_without(tmp_path):
     files = nano_files(tmp_path)
     extra = ("actor.use_kl_loss=true",)  # the reference in the update too
-    plain, plain_state, _ = _run(files, False, 2, *extra)
-    rows, state, seen = _run(files, True, 2, *extra)
-    assert rows == plain  # every metric, bit for bit
-    _assert_same(plain_state, state)
-    away = {phase: {k for k, v in where.items() if not v} for phase, where in seen}
-    assert away["generate"] == {
-        "actor optimizer",
-        "critic optimizer",
-        "critic weights",
-        "reference",
-    }
-    assert away["score"] == {"actor optimizer", "critic optimizer"}
-    assert away["update"] == set()
+    plain = offload_run(files, False, 2, *extra)
+    run = offload_run(files, True, 2, *extra)
+    assert run.rows == plain.rows  # every metric, bit for bit
+    _assert_same(plain.state, run.state)
+    optimizers = {"actor optimizer", "critic optimizer"}
+    assert run.away["generate"] == optimizers | {"critic weights", "reference"}
+    assert run.away["score"] == optimizers
+    assert run.away["update"] == set()
 
 
 def test_the_iteration_reports_its_moving_seconds(tmp_path):
