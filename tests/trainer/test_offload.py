@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from proxima.models import build_tiny_reward_model, load_tokenizer
 from proxima.trainer.offload import Offload, offload_optimizer, restore_optimizer
 from tests.trainer.nano import nano_files, nano_trainer
 
@@ -195,17 +196,29 @@ def offload_run(files, offload: bool, iterations: int, *extra: str, device: str 
     return run
 
 
+def _reward_model(files, root) -> str:
+    tok = load_tokenizer(files["model"])
+    build_tiny_reward_model("llama", tok, size="nano", seed=1).save_pretrained(root / "rm")
+    tok.save_pretrained(root / "rm")
+    return str(root / "rm")
+
+
 def test_a_run_with_offload_equals_a_run_without(tmp_path):
+    """Every part moves: a value model, the reference (in the update too, under
+    actor.use_kl_loss), a reward model, both optimizers."""
     files = nano_files(tmp_path)
-    extra = ("actor.use_kl_loss=true",)  # the reference in the update too
+    rm = _reward_model(files, tmp_path)
+    extra = ("actor.use_kl_loss=true", "reward.function=", f"reward.model_path={rm}")
     plain = offload_run(files, False, 2, *extra)
     run = offload_run(files, True, 2, *extra)
     assert run.rows == plain.rows  # every metric, bit for bit
     _assert_same(plain.state, run.state)
     optimizers = {"actor optimizer", "critic optimizer"}
-    assert run.away["generate"] == optimizers | {"critic weights", "reference"}
-    assert run.away["score"] == optimizers
-    assert run.away["update"] == set()
+    frozen = {"critic weights", "reference", "reward models"}
+    assert run.away["generate"] == optimizers | frozen
+    assert run.away["reward"] == optimizers | {"critic weights", "reference"}
+    assert run.away["score"] == optimizers | {"reward models"}
+    assert run.away["update"] == {"reward models"}
 
 
 def test_the_iteration_reports_its_moving_seconds(tmp_path):
