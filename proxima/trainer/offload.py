@@ -6,10 +6,10 @@ trained roles' AdamW state with their gradients (used only by the update), a val
 weights (scoring and the update), the reference (scoring; the update too under
 actor.use_kl_loss) and the reward models (the reward phase and evaluations). Before each
 phase, `Offload.enter` puts what the phase needs on the device and the rest on the CPU
-(`RESIDENT`); a phase it does not name changes nothing. Every tensor keeps its identity:
-a parameter's `.data`, an optimizer state entry or a stashed gradient is swapped, so the
-optimizer's keys, DDP's parameters and the trainer's references stay valid, and a round
-trip is exact bit for bit.
+(`RESIDENT`); a phase it does not name changes nothing. Every parameter keeps its
+identity (its `.data` is swapped; an optimizer state entry or a gradient is replaced by its
+copy), so the optimizer's keys, DDP's parameters and the trainer's references stay valid,
+and a round trip is exact bit for bit.
 
 The CPU copies live in buffers allocated once (`CPUStore`), pinned when the device is a
 GPU, so each move is one asynchronous copy and no iteration allocates pinned memory
@@ -183,19 +183,20 @@ class Offload:
     def enter(self, phase: str) -> None:
         """Before `phase`: the parts it needs on the device, the others on the CPU (the
         optimizers' first when leaving, last when coming back: their gradients belong to
-        weights that must be where they are); waits for the copies. On a GPU the memory
-        freed goes back to the driver (`empty_cache`), for a vLLM engine waking up."""
+        weights that must be where they are); waits for the copies, when there were any.
+        On a GPU the memory freed goes back to the driver (`empty_cache`), for a vLLM
+        engine waking up."""
         need = self.resident.get(phase)
         if need is None:
             return
         order = sorted(self.parts, key=lambda name: "optimizer" in name)
         leaving = [n for n in reversed(order) if n not in need and self.parts[n].on_device]
+        arriving = [n for n in order if n in need and not self.parts[n].on_device]
         for name in leaving:
             self.parts[name].offload()
-        for name in order:
-            if name in need:
-                self.parts[name].restore()
-        if self.device.type == "cuda":
+        for name in arriving:
+            self.parts[name].restore()
+        if self.device.type == "cuda" and (leaving or arriving):
             torch.cuda.synchronize(self.device)
             if leaving:
                 torch.cuda.empty_cache()
