@@ -109,7 +109,7 @@ def offload_optimizer(optimizer: torch.optim.Optimizer, store: CPUStore, device)
     scalar and stays)."""
     for p, state in optimizer.state.items():
         for name, value in state.items():
-            if torch.is_tensor(value) and value.device == device:
+            if torch.is_tensor(value) and value.device.type == device.type:
                 state[name] = store.offload(("state", id(p), name), value)
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from proxima.config import load_config
 from proxima.models import init_model
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles
+from proxima.trainer.setup import load_prompts, load_roles, resolve_device
 
 REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
 
@@ -50,7 +48,7 @@ def nano_trainer(
             *extra,
         ],
     )
-    where = torch.device(device)
+    where = resolve_device(device)
     roles = load_roles(cfg, where)
     prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
     return PPOTrainer(cfg, roles, prompts, where, offload=offload)
