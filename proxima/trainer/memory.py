@@ -20,8 +20,8 @@ What is counted, per process:
   optimizer states, value-model, reference and reward-model weights move into the phases
   that need them, and the reward models' forward becomes a phase of its own (`offloaded`).
   `model.offload=auto` offloads when the plan without it does not fit the free device
-  memory; the plan says so in a note (and, when it does not offload, what offloading would
-  make of each phase).
+  memory and offloading lowers the peak; the plan says so in a note (and, when it does not
+  offload, what offloading would make of each phase).
 
 On a CPU the plan adds the process's resident memory at planning time (interpreter, torch,
 transformers, data) as its baseline: its figures are then those of the process's peak
@@ -488,8 +488,9 @@ def plan_memory(
 
 def _choose_offload(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
     """model.offload: trained -> the offloaded plan; auto -> it when the plan does not fit
-    the free device memory, else the plan with a note of what offloading would give; none,
-    a CPU device, or a run offload does not apply to -> the plan."""
+    the free device memory and offloading lowers its peak, else the plan with a note of
+    what offloading would give; none, a CPU device, or a run offload does not apply to ->
+    the plan."""
     mode = cfg.model.offload
     if mode == "none" or offload_problem(cfg):
         return plan
@@ -501,7 +502,7 @@ def _choose_offload(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -
     if mode == "trained":
         off.notes.append(f"model.offload=trained: peak {_gib(plan.peak)} without offloading")
         return off
-    if plan.available is not None and plan.needed > plan.available:
+    if plan.available is not None and plan.needed > plan.available and off.peak < plan.peak:
         off.notes.append(
             f"model.offload=auto: offloading, since the peak without it, {_gib(plan.peak)} "
             f"in {plan.peak_phase}, does not fit"
