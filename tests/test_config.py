@@ -287,6 +287,21 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
             ("data.train_path=[a.jsonl, b.jsonl]", "data.train_weights=[0, 0]"),
             r"`data.train_weights` are all 0: no prompt set would be sampled",
         ),
+        ("model.offload=always", r"`model.offload` must be one of none, auto, trained"),
+        (
+            ("model.offload=trained", "model.device=cpu"),
+            r"`model.offload=trained` moves state between the GPU and CPU memory, and "
+            r"`model.device=cpu` has no GPU: set model.offload=none \(or auto\)",
+        ),
+        (
+            ("model.offload=trained", "trainer.strategy=fsdp2"),
+            r"`model.offload=trained` does not combine with trainer.strategy=fsdp2 .*"
+            r"CPUOffloadPolicy.*: set model.offload=none \(or auto\)",
+        ),
+        (
+            ("model.offload=trained", "rollout.max_staleness=1"),
+            r"does not combine with rollout.max_staleness > 0 .* the phases overlap",
+        ),
     ],
 )
 def test_values_checked_before_anything_loads(override, message):

@@ -12,6 +12,7 @@ CRITIC_INIT = ("actor", "reward_model", "critic")  # model.critic_init
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # model.dtype, fsdp.param_dtype / reduce_dtype
 VLLM_DTYPES = ("auto", *DTYPE_NAMES)  # rollout.vllm.dtype: auto = model.dtype
 MIXED_PRECISION = ("no", "bf16")  # model.mixed_precision
+OFFLOADS = ("none", "auto", "trained")  # model.offload
 ENGINES = ("hf", "vllm")  # rollout.name
 OLD_LOGPROBS = ("auto", "engine", "recompute")  # rollout.old_logprobs
 OVERLONG_MODES = ("error", "drop", "truncate")  # data.overlong_prompts

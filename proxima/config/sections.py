@@ -68,6 +68,17 @@ class ModelConfig:
         "them (the trained actor and critic): less memory per micro-batch, about one more "
         "forward of compute; the gradients are the same.",
     )
+    offload: str = _f(
+        "auto",
+        "On a GPU, what an iteration's phase does not use waits in (pinned) CPU memory: "
+        "the trained roles' AdamW state and gradients outside the update, a value model's "
+        "weights during generation, the reference outside scoring (and the update under "
+        "actor.use_kl_loss), the reward models outside the reward phase; the actor's "
+        "weights stay. none | trained (always) | auto (when the memory plan's peak does not "
+        "fit the free device memory otherwise). Costs two copies of that state over PCIe "
+        "per iteration (time/offload). Not with trainer.strategy=fsdp2 (see "
+        "fsdp.offload_frozen) or rollout.max_staleness > 0.",
+    )
     lora_rank: int = _f(
         0,
         "LoRA rank r (0 = full fine-tuning). With r > 0 only low-rank adapters are trained and "

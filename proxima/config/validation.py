@@ -25,6 +25,7 @@ from proxima.config.choices import (
     LOGGERS,
     MEMORY_CHECKS,
     MIXED_PRECISION,
+    OFFLOADS,
     OLD_LOGPROBS,
     OVERLONG_MODES,
     PREFERENCE_OVERLONG,
@@ -46,6 +47,7 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "rollout.old_logprobs": OLD_LOGPROBS,
     "rollout.worker_start": WORKER_STARTS,
     "model.mixed_precision": MIXED_PRECISION,
+    "model.offload": OFFLOADS,
     "rollout.vllm.dtype": VLLM_DTYPES,
     "data.overlong_prompts": OVERLONG_MODES,
     "algorithm.kl_ctrl.type": KL_CONTROLLERS,
@@ -118,6 +120,7 @@ def validate(cfg: Config) -> None:
     _check_actor(cfg)
     _check_critic(cfg)
     _check_processes(cfg)
+    _check_offload(cfg)
     _check_reward_sources(cfg)
     _check_pipeline(cfg)
 
@@ -634,6 +637,40 @@ def _check_processes(cfg: Config) -> None:
         )
     world = world_size()
     _check_batch_sizes(cfg, world)
+
+
+def offload_problem(cfg: Config) -> str:
+    """Why `model.offload` cannot apply to this run ("" when it can): FSDP2 offloads with
+    its own CPUOffloadPolicy, and sampling ahead overlaps the phases offload moves between.
+    `model.offload=auto` does not offload such a run; `trained` is refused."""
+    if cfg.trainer.strategy == "fsdp2":
+        return (
+            "trainer.strategy=fsdp2 shards the model states instead (its CPUOffloadPolicy "
+            "keeps shards on the CPU: fsdp.offload_frozen for the reference)"
+        )
+    if cfg.rollout.max_staleness:
+        return (
+            "rollout.max_staleness > 0 samples while the trainer trains: the phases overlap, "
+            "so nothing waits between them"
+        )
+    return ""
+
+
+def _check_offload(cfg: Config) -> None:
+    if cfg.model.offload != "trained":
+        return
+    if cfg.model.device == "cpu":
+        raise ConfigError(
+            "`model.offload=trained` moves state between the GPU and CPU memory, and "
+            "`model.device=cpu` has no GPU: set model.offload=none (or auto), or "
+            "model.device=cuda."
+        )
+    problem = offload_problem(cfg)
+    if problem:
+        raise ConfigError(
+            f"`model.offload=trained` does not combine with {problem}: set "
+            "model.offload=none (or auto)."
+        )
 
 
 def _check_batch_sizes(cfg: Config, world: int) -> None:

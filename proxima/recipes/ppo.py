@@ -161,8 +161,16 @@ class PPORecipe:
         self.eval_items = inputs.eval_items
         self.memory = self._plan_memory(inputs, device)  # a run that cannot fit stops here
         roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
+        offload = self.memory.offload if self.memory is not None else None  # auto resolved
         self.trainer = PPOTrainer(
-            cfg, roles, inputs.prompts, device, inputs.sft, self.dist, plan=inputs.plan
+            cfg,
+            roles,
+            inputs.prompts,
+            device,
+            inputs.sft,
+            self.dist,
+            plan=inputs.plan,
+            offload=offload,
         )
         if self.resume is not None:
             load_checkpoint(self.resume, self.trainer)
@@ -356,6 +364,7 @@ class PPORecipe:
         """Greedy evaluation (and sampled, when configured) on the held-out prompts."""
         trainer = self.trainer
         roles = trainer.roles
+        trainer.prepare("evaluate")  # model.offload: the reward models on the device
         with trainer.precision(generation=True):
             runs = evaluate_modes(
                 trainer.synced_engine(),

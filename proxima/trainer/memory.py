@@ -15,7 +15,13 @@ What is counted, per process:
   their log-softmax temporaries; the KV cache of a generation call; the vLLM engine's
   weights and KV-cache reservation;
 - under torchrun: DDP keeps full copies per process, FSDP2 a shard of weights, gradients and
-  optimizer state.
+  optimizer state;
+- under `model.offload` (`trainer.offload`), each phase holds only what it uses: the held
+  optimizer states, value-model, reference and reward-model weights move into the phases
+  that need them, and the reward models' forward becomes a phase of its own (`offloaded`).
+  `model.offload=auto` offloads when the plan without it does not fit the free device
+  memory and offloading lowers the peak; the plan says so in a note (and, when it does not
+  offload, what offloading would make of each phase).
 
 On a CPU the plan adds the process's resident memory at planning time (interpreter, torch,
 transformers, data) as its baseline: its figures are then those of the process's peak
@@ -29,7 +35,7 @@ import json
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,9 +44,11 @@ import torch
 from proxima import allocator
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
+from proxima.config.validation import offload_problem
 from proxima.models import DTYPES
 from proxima.models.loading import checkpoint_activations, quiet_transformers
 from proxima.rollout.engines import engine_class
+from proxima.trainer.offload import RESIDENT
 
 GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
@@ -85,6 +93,7 @@ class MemoryPlan:
     processes: int = 1  # processes on this machine sharing its memory
     available: int | None = None  # bytes free for this run on this machine
     notes: list[str] = field(default_factory=list)
+    offload: bool = False  # model.offload applies (trained, or auto's choice)
 
     def phase_total(self, phase: str) -> int:
         """The process's peak during `phase`: what is held plus the phase's own parts."""
@@ -472,6 +481,33 @@ def plan_memory(
         plan.available = cpu_available()
     else:
         plan.available = device_available(device)[0]
+    return _choose_offload(cfg, plan, roles, lengths, world)
+
+
+def _choose_offload(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
+    """model.offload: trained -> the offloaded plan; auto -> it when the plan does not fit
+    the free device memory and offloading lowers its peak, else the plan with a note of
+    what offloading would give; none, a CPU device, or a run offload does not apply to ->
+    the plan."""
+    mode = cfg.model.offload
+    if mode == "none" or offload_problem(cfg):
+        return plan
+    if not plan.device.startswith("cuda"):
+        if mode == "trained":  # model.device=auto without a GPU
+            plan.notes.append("model.offload=trained: nothing to move on the CPU (no GPU)")
+        return plan
+    off = offloaded(cfg, plan, roles, lengths, world)
+    if mode == "trained":
+        off.notes.append(f"model.offload=trained: peak {_gib(plan.peak)} without offloading")
+        return off
+    if plan.available is not None and plan.needed > plan.available and off.peak < plan.peak:
+        off.notes.append(
+            f"model.offload=auto: offloading, since the peak without it, {_gib(plan.peak)} "
+            f"in {plan.peak_phase}, does not fit"
+        )
+        return off
+    phases = ", ".join(f"{p} {_gib(off.phase_total(p))}" for p in off.phases)
+    plan.notes.append(f"model.offload=trained would hold: {phases}")
     return plan
 
 
@@ -506,6 +542,40 @@ def _is_device(name: str, device: torch.device) -> bool:
     """A `rollout.devices` entry is `device` (cuda without an index: this process's GPU)."""
     d = torch.device(name)
     return d.type == device.type and (d.index is None or d.index == device.index)
+
+
+def _offload_part(key: str) -> str | None:
+    """The `trainer.offload` part a held entry belongs to; None for what stays on the
+    device (the actor's weights, the engine's memory)."""
+    role, _, what = key.rpartition(" ")
+    if what == "optimizer":
+        return key
+    if what != "weights" or role == "actor":
+        return None
+    if role in ("critic", "reference"):
+        return "critic weights" if role == "critic" else "reference"
+    return "reward models"
+
+
+def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
+    """`plan` under model.offload: what moves leaves `held` and joins each phase that needs
+    it (`trainer.offload.RESIDENT`); the reward models' forward is the phase `reward`,
+    the other scoring passes stay in `score`."""
+    resident = dict(RESIDENT)
+    if cfg.actor.use_kl_loss:
+        resident["update"] = resident["update"] | {"reference"}
+    moving = {k: v for k, v in plan.held.items() if _offload_part(k)}
+    phases = {"generate": plan.phases["generate"]}
+    rewards = [r for r in roles if r.kind == "reward"]
+    if rewards:
+        phases["reward"] = _score(cfg, rewards, lengths, world)
+    phases["score"] = _score(cfg, [r for r in roles if r.kind != "reward"], lengths, world)
+    phases.update({k: v for k, v in plan.phases.items() if k.startswith("update")})
+    for name, parts in phases.items():
+        need = resident[name.split()[0]]
+        phases[name] = {**{k: v for k, v in moving.items() if _offload_part(k) in need}, **parts}
+    held = {k: v for k, v in plan.held.items() if k not in moving}
+    return replace(plan, held=held, phases=phases, notes=list(plan.notes), offload=True)
 
 
 def _lengths(cfg: Config, prompt_length: int | None) -> tuple[int, int]:

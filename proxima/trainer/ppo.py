@@ -50,6 +50,7 @@ from proxima.trainer.advantages import (
 )
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.guard import NonFiniteOutputsError
+from proxima.trainer.offload import Offload, reward_models, wants_offload
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.samplers import OnPolicy, build_sampler
 from proxima.trainer.setup import Roles, autocast, load_rollout_roles
@@ -65,19 +66,30 @@ class PhaseTimer:
     """Wall seconds per phase, for this iteration (`last`, summed over the phase's runs
     since `new_iteration`: dynamic sampling generates several times) and summed over the
     run. A `listener` (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show
-    it while it runs."""
+    it while it runs. With a `residency` (model.offload: `trainer.offload.Offload`), what a
+    phase needs is moved onto the device before it starts, timed as the phase `offload`."""
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
         self.current = ""  # the phase running now, or the one that raised
         self.listener = None  # .start(name), .end(name, seconds)
+        self.residency = None  # .enter(name)
 
     def new_iteration(self) -> None:
         self.last = {}
 
     @contextmanager
     def __call__(self, name: str):
+        if self.residency is not None:
+            with self.clock("offload"):
+                self.residency.enter(name)
+        with self.clock(name):
+            yield
+
+    @contextmanager
+    def clock(self, name: str):
+        """Time `name` (and tell the listener), nothing moved."""
         self.current = name
         if self.listener is not None:
             self.listener.start(name)
@@ -105,7 +117,9 @@ class PPOTrainer:
     `engine` writes the responses (default: the one `rollout.name` names, built here); the
     trainer pushes the actor's weights into it whenever they changed (`sync_engine`).
     `plan`: where phase 3 takes each quantity from (default: `rollout.plan.plan_scoring`
-    for this engine and the actor's generation config)."""
+    for this engine and the actor's generation config). `offload`: what a phase does not
+    use waits on the CPU (`trainer.offload`; default: model.offload=trained on a GPU; the
+    recipe passes the memory plan's decision, which resolves auto)."""
 
     def __init__(
         self,
@@ -117,6 +131,7 @@ class PPOTrainer:
         dist: Dist | None = None,
         engine: RolloutEngine | None = None,
         plan: ScoringPlan | None = None,
+        offload: bool | None = None,
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
         self.dist = dist = dist or Dist()
@@ -153,6 +168,30 @@ class PPOTrainer:
             shard(roles.reference, cfg.fsdp, trainable=False)
         self.on_policy, self.sampler = build_sampler(self)  # phases 1-2
         self.state = self._state_registry()
+        if offload is None:
+            offload = wants_offload(cfg, device)
+        self.offload = self._offload() if offload else None
+        self.timer.residency = self.offload
+
+    def _offload(self) -> Offload:
+        """model.offload: the parts that wait on the CPU while a phase does not use them (a
+        value model's weights, the reference, the reward models, the optimizers' state)."""
+        off = Offload(self.device, reference_in_update=self.cfg.actor.use_kl_loss)
+        if "critic" in self.trained:
+            off.add_weights("critic weights", [self.trained["critic"].unwrapped])
+        if self.roles.reference is not None:
+            off.add_weights("reference", [self.roles.reference])
+        off.add_weights("reward models", reward_models(self.roles.reward))
+        for name, role in self.trained.items():
+            off.add_optimizer(f"{name} optimizer", role.optimizer)
+        return off
+
+    def prepare(self, phase: str) -> None:
+        """Before `phase` outside `step()` (`evaluate`: between iterations): what it needs
+        on the device (model.offload; timed as `offload`)."""
+        if self.offload is not None:
+            with self.timer.clock("offload"):
+                self.offload.enter(phase)
 
     def _trained_roles(self) -> tuple[dict[str, TrainedRole], dict]:
         """The roles the update trains (the actor, and a value model of its own), each

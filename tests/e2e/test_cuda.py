@@ -8,6 +8,7 @@ gradients of one process."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -140,6 +141,53 @@ def spawned_worker_on(device: str, root: Path, *extra: str) -> None:
 
 def test_a_spawned_rollout_worker_sharing_the_gpu_samples_what_the_trainer_samples(tmp_path):
     spawned_worker_on("cuda", tmp_path)
+
+
+def test_offload_between_phases_gives_the_same_run_with_less_memory(tmp_path):
+    """model.offload on the GPU (`trainer.offload`): 3 iterations of the nano trainer equal
+    the run without, metrics, weights and AdamW state bit for bit; while it generates and
+    scores the AdamW state is in CPU memory, and the most memory allocated then is lower by
+    at least that state's bytes."""
+    from tests.trainer.nano import nano_files
+    from tests.trainer.test_offload import offload_run
+
+    files = nano_files(tmp_path)
+    plain = offload_run(files, False, 3, device="cuda")
+    run = offload_run(files, True, 3, device="cuda")
+    assert run.rows == plain.rows and len(run.rows) == 3  # every metric, bit for bit
+    assert run.state.keys() == plain.state.keys()
+    for k in plain.state:
+        assert torch.equal(run.state[k], plain.state[k]), k
+    assert plain.optimizer_devices["generate"] == {"cuda"}
+    assert run.optimizer_devices["generate"] == run.optimizer_devices["score"] == {"cpu"}
+    assert run.optimizer_devices["update"] == {"cuda"}
+    adam = sum(v.nbytes for k, v in run.state.items() if k.endswith(("exp_avg", "exp_avg_sq")))
+    assert plain.experience_peak - run.experience_peak >= adam > 0
+
+
+def test_the_cli_offloads_on_the_gpu_evaluates_and_resumes(
+    tmp_path, make_model, fast_overrides, prompt_file
+):
+    """`proxima train` with model.offload=trained: an evaluation after every iteration (the
+    value model and the reference on the CPU then) and a checkpoint written after it, read
+    back by a resumed run, give the metrics of the run without offload, bit for bit."""
+    init = make_model("llama")
+    gpu = ["model.device=cuda", f"data.eval_path={prompt_file}", "eval.every=1"]
+    gpu.append("trainer.save_every=2")
+    runs = {name: tmp_path / name for name in ("plain", "offload", "resumed")}
+    assert main(["train", *fast_overrides(init, runs["plain"], 4, *gpu)]) == 0
+    offload = [*gpu, "model.offload=trained"]
+    assert main(["train", *fast_overrides(init, runs["offload"], 4, *offload)]) == 0
+    resume = f"trainer.resume_from={runs['offload'] / 'checkpoints' / 'iter_2'}"
+    assert main(["train", *fast_overrides(init, runs["resumed"], 4, *offload, resume)]) == 0
+    plain, off, resumed = (_metrics(runs[name]) for name in ("plain", "offload", "resumed"))
+    assert sorted(off) == [1, 2, 3, 4] and off == plain
+    assert any(k.startswith("eval/") for k in off[4])
+    assert [resumed[3], resumed[4]] == [off[3], off[4]]  # (step 2: its evaluation first)
+    rows = read_metrics(runs["offload"] / "metrics.jsonl")
+    assert all(r["time/offload"] > 0 for r in rows)
+    plan = json.loads((runs["offload"] / "memory_plan.json").read_text())
+    assert plan["offload"] and "actor optimizer" not in plan["held"]
 
 
 def decode_and_head_on(device: torch.device) -> None:

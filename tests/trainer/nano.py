@@ -22,14 +22,17 @@ def nano_files(root: Path) -> dict[str, Path]:
     return {"model": model, "prompts": root / "p.jsonl"}
 
 
-def nano_trainer(files: dict[str, Path], *extra: str) -> PPOTrainer:
+def nano_trainer(
+    files: dict[str, Path], *extra: str, offload: bool | None = None, device: str = "cpu"
+) -> PPOTrainer:
     """8 prompts per iteration, 6 tokens at temperature 0.7, mini-batches of 8 in micro-
-    batches of 4, actor lr 1e-3, no critic warm-up; `extra` overrides come last."""
+    batches of 4, actor lr 1e-3, no critic warm-up, on `device`; `extra` overrides come
+    last; `offload`: PPOTrainer's (True runs the moves on the CPU too)."""
     cfg = load_config(
         None,
         [
             f"model.actor_path={files['model']}",
-            "model.device=cpu",
+            f"model.device={device}",
             f"data.train_path={files['prompts']}",
             "data.train_batch_size=8",
             f"reward.function={REWARD}:fn",
@@ -45,6 +48,7 @@ def nano_trainer(files: dict[str, Path], *extra: str) -> PPOTrainer:
             *extra,
         ],
     )
-    device = resolve_device(cfg.model.device)  # cpu unless `extra` says otherwise
-    roles = load_roles(cfg, device)
-    return PPOTrainer(cfg, roles, load_prompts(cfg, cfg.data.train_path, roles.tokenizer), device)
+    where = resolve_device(cfg.model.device)  # `device` unless `extra` says otherwise
+    roles = load_roles(cfg, where)
+    prompts = load_prompts(cfg, cfg.data.train_path, roles.tokenizer)
+    return PPOTrainer(cfg, roles, prompts, where, offload=offload)

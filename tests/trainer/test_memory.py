@@ -257,3 +257,61 @@ def test_rollout_workers_counted_where_they_hold_memory(llama, monkeypatch):
     assert split.held["rollout workers"] == one  # worker 1 only: devices[1 mod 2]
     away = plan_memory(_cfg(llama, *ahead, "rollout.devices=[cuda:1]"), gpu, baseline=0)
     assert "rollout workers" not in away.held
+
+
+def _gpu_plan(monkeypatch, llama, free: int, *extra: str):
+    """The plan on a GPU with `free` bytes free (torch.cuda.mem_get_info, faked)."""
+    from proxima.trainer import memory
+
+    monkeypatch.setattr(memory, "device_available", lambda device: (free, 2 * free))
+    return plan_memory(_cfg(llama, *extra), torch.device("cuda", 0))
+
+
+def test_an_offloaded_plan_holds_in_each_phase_what_it_uses(llama, monkeypatch):
+    extra = ("model.offload=trained", "reward.function=", f"reward.model_path={llama}")
+    plan = _gpu_plan(monkeypatch, llama, 2**40, *extra)
+    assert plan.offload
+    assert plan.held == {"baseline": 0, "runtime": 0, "actor weights": 4 * CAUSAL_LM}
+    assert set(plan.phases) == {"generate", "reward", "score", "update actor", "update critic"}
+    assert not any("weights" in k or "optimizer" in k for k in plan.phases["generate"])
+    # the reward model's forward (8 rows of reward.batch_size 8 x 24 tokens) in its own phase
+    assert plan.phases["reward"] == {
+        "reward weights": 4 * REWARD,
+        "reward forward": 8 * 24 * (3 * 128 + 6 * 64) * 4,
+    }
+    assert plan.phases["score"] == {
+        "reference weights": 4 * CAUSAL_LM,
+        "critic weights": 4 * VALUE,
+        "actor forward": 8 * 24 * (3 * 128 + 6 * 64) * 4,
+    }
+    update = plan.phases["update actor"]
+    assert update["actor optimizer"] == 8 * CAUSAL_LM and update["critic optimizer"] == 8 * VALUE
+    assert update["critic weights"] == 4 * VALUE and "reference weights" not in update
+    assert any("peak" in n and "without offloading" in n for n in plan.notes)
+    kl = _gpu_plan(monkeypatch, llama, 2**40, *extra, "actor.use_kl_loss=true")
+    assert kl.phases["update actor"]["reference weights"] == 4 * CAUSAL_LM
+
+
+def test_auto_offloads_only_a_run_that_would_not_fit(llama, monkeypatch):
+    whole = _gpu_plan(monkeypatch, llama, 2**40)
+    assert not whole.offload and whole.peak_phase == "update actor"
+    assert any(n.startswith("model.offload=trained would hold: generate") for n in whole.notes)
+    offloaded = _gpu_plan(monkeypatch, llama, 2**40, "model.offload=trained")
+    assert offloaded.peak < whole.peak
+    plan = _gpu_plan(monkeypatch, llama, offloaded.peak)  # fits only offloaded
+    assert plan.offload and plan.peak == offloaded.peak
+    assert any(n.startswith("model.offload=auto: offloading") for n in plan.notes)
+    assert check_memory(plan) is None
+    plan = _gpu_plan(monkeypatch, llama, offloaded.peak - 1)  # not even then: the error stays
+    assert plan.offload
+    with pytest.raises(ConfigError, match="the memory plan predicts a peak"):
+        check_memory(plan)
+    none = _gpu_plan(monkeypatch, llama, offloaded.peak, "model.offload=none")
+    assert not none.offload and not any("offload" in n for n in none.notes)
+
+
+def test_offload_plans_nothing_where_it_does_not_apply(llama, monkeypatch):
+    cpu = plan_memory(_cfg(llama), torch.device("cpu"), baseline=0)  # auto on a CPU
+    assert not cpu.offload and not any("offload" in n for n in cpu.notes)
+    stale = _gpu_plan(monkeypatch, llama, 1, "rollout.max_staleness=1")
+    assert not stale.offload  # the phases overlap: auto leaves the run as it is
