@@ -214,6 +214,18 @@ def _path_warnings(cfg) -> list[str]:
     return lines
 
 
+def held_out_line(summary: dict) -> str | None:
+    """The run's held-out result before (or at resume) and after training: accuracy where
+    both evaluations report one (rewards of 0 and 1 alone), else the mean reward."""
+    start = "before" if "eval_before" in summary else "at resume"
+    before = summary.get("eval_before", summary.get("eval_at_resume"))
+    after = summary.get("eval_after")
+    if not (before and after):
+        return None
+    key = "accuracy" if "accuracy" in before and "accuracy" in after else "mean_reward"
+    return f"held-out {key} (greedy): {start} {before[key]:.4f} -> after {after[key]:.4f}"
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
@@ -223,12 +235,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     summary = train(_load(ns, default_example=True))
     if not launch.is_main_process():
         return 0
-    start = "before" if "eval_before" in summary else "at resume"
-    before = summary.get("eval_before", summary.get("eval_at_resume"))
-    after = summary.get("eval_after")
-    if before and after:
-        key = "accuracy" if "accuracy" in before else "mean_reward"
-        print(f"held-out {key} (greedy): {start} {before[key]:.4f} -> after {after[key]:.4f}")
+    line = held_out_line(summary)
+    if line:
+        print(line)
     print(
         f"wall time {summary['wall_seconds']:.1f} s; phases: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_seconds"].items())

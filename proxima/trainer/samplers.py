@@ -168,7 +168,7 @@ class OnPolicy(Stateless):
                 raise NonFiniteOutputsError(f"sampling failed: {err}") from err
             raise
         # the engine holds the actor's current weights (synced above): this policy version
-        stamp = torch.full((len(ro.prompts),), t.policy_version, dtype=torch.long)
+        stamp = torch.full((len(ro.prompts),), t.policy_version, dtype=torch.long, device=t.device)
         return replace(ro, versions=stamp)
 
     def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:

@@ -253,3 +253,20 @@ def test_sft_refuses_to_overwrite_a_model(make_model, sft_file, tmp_path, capsys
     )
     assert rc == 2 and "already holds a model" in capsys.readouterr().err
     assert (model / "model.safetensors").read_bytes() == before
+
+
+def test_the_held_out_line_reports_accuracy_only_where_both_evaluations_have_it():
+    from proxima.cli import held_out_line
+
+    binary = {"mean_reward": 0.25, "accuracy": 0.25}
+    summary = {"eval_before": binary, "eval_after": {"mean_reward": 0.5, "accuracy": 0.5}}
+    assert held_out_line(summary) == "held-out accuracy (greedy): before 0.2500 -> after 0.5000"
+    # rewards of 0 and 1 alone before training, a fractional one after (found on a GPU run)
+    summary = {
+        "eval_before": {"mean_reward": 0.0, "accuracy": 0.0},
+        "eval_after": {"mean_reward": 0.0925},
+    }
+    assert held_out_line(summary) == "held-out mean_reward (greedy): before 0.0000 -> after 0.0925"
+    resumed = {"eval_at_resume": binary, "eval_after": binary}
+    assert held_out_line(resumed) == "held-out accuracy (greedy): at resume 0.2500 -> after 0.2500"
+    assert held_out_line({"eval_after": binary}) is None

@@ -146,8 +146,8 @@ def test_a_spawned_rollout_worker_sharing_the_gpu_samples_what_the_trainer_sampl
 def test_offload_between_phases_gives_the_same_run_with_less_memory(tmp_path):
     """model.offload on the GPU (`trainer.offload`): 3 iterations of the nano trainer equal
     the run without, metrics, weights and AdamW state bit for bit; while it generates and
-    scores the AdamW state is in CPU memory, and the most memory allocated then is lower by
-    at least that state's bytes."""
+    scores the AdamW state is in CPU memory, and the memory allocated as generation begins
+    is lower by at least that state's bytes (the GPU copies were freed, not kept)."""
     from tests.trainer.nano import nano_files
     from tests.trainer.test_offload import offload_run
 
@@ -162,7 +162,7 @@ def test_offload_between_phases_gives_the_same_run_with_less_memory(tmp_path):
     assert run.optimizer_devices["generate"] == run.optimizer_devices["score"] == {"cpu"}
     assert run.optimizer_devices["update"] == {"cuda"}
     adam = sum(v.nbytes for k, v in run.state.items() if k.endswith(("exp_avg", "exp_avg_sq")))
-    assert plain.experience_peak - run.experience_peak >= adam > 0
+    assert plain.generating - run.generating >= adam > 0
 
 
 def test_the_cli_offloads_on_the_gpu_evaluates_and_resumes(

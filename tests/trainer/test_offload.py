@@ -153,7 +153,8 @@ class OffloadRun:
     away: dict[str, set[str]]  # phase -> the offload parts on the CPU as it began (last time)
     # phase -> where the AdamW state was as it began (device types; iterations 2+)
     optimizer_devices: dict[str, set[str]] = field(default_factory=dict)
-    experience_peak: int = 0  # CUDA: the most bytes allocated in phases 1-3, iterations 2+
+    # CUDA, iterations 2+: the bytes allocated as generation begins (after the moves), most
+    generating: int = 0
 
 
 def offload_run(files, offload: bool, iterations: int, *extra: str, device: str = "cpu"):
@@ -171,11 +172,8 @@ def offload_run(files, offload: bool, iterations: int, *extra: str, device: str 
                 devices = run.optimizer_devices.setdefault(name, set())
                 for role in trainer.trained.values():
                     devices |= {s["exp_avg"].device.type for s in role.optimizer.state.values()}
-            if cuda and name == "generate":
-                torch.cuda.reset_peak_memory_stats()
-            if cuda and name == "advantages" and trainer.iteration > 0:
-                peak = torch.cuda.max_memory_allocated()
-                run.experience_peak = max(run.experience_peak, peak)
+            if cuda and name == "generate" and trainer.iteration > 0:
+                run.generating = max(run.generating, torch.cuda.memory_allocated())
 
         def end(self, name, seconds):
             pass
