@@ -57,9 +57,10 @@ class ModelConfig:
     )
     mixed_precision: str = _f(
         "no",
-        "no | bf16: bfloat16 autocast for generation (hf engine), scoring, the reward model "
-        "and the updates, with float32 master weights and optimizer state (model.dtype must "
-        "be float32); the frozen reference and reward model are held in bfloat16.",
+        "no | bf16: bfloat16 autocast for scoring, the reward model and the updates (and "
+        "generation with rollout.autocast=true), with float32 master weights and optimizer "
+        "state (model.dtype must be float32); the frozen reference and reward model are held "
+        "in bfloat16.",
     )
     device: str = _f("auto", "cpu, cuda, cuda:1, ... or auto (cuda when available).")
     gradient_checkpointing: bool = _f(
@@ -339,6 +340,15 @@ class RolloutConfig:
         "(as actor.ppo_max_tokens_per_micro): rows sorted by length, as many per pass as fit "
         "in this many padded tokens, the padding they share trimmed; never changes the "
         "result. 0 = micro_batch_size rows.",
+    )
+    autocast: bool = _f(
+        False,
+        "Generate under bfloat16 autocast too when model.mixed_precision=bf16 (hf engine). "
+        "Off: the engine samples in float32, as TRL does, and the other phases keep their "
+        "autocast. Measured slower with it on every device tried (a decode step is many "
+        "small kernels, and autocast adds a cast to each: docs/performance.md). The engine's "
+        "float32 log-probs differ from a bfloat16 update's by rounding, so "
+        "rollout.old_logprobs=auto recomputes them.",
     )
     old_logprobs: str = _f(
         "auto",

@@ -584,9 +584,10 @@ def _lengths(cfg: Config, prompt_length: int | None) -> tuple[int, int]:
     return prompt, cfg.rollout.after_prompt_tokens
 
 
-def _compute_bytes(cfg: Config) -> int:
-    """Bytes per element of activations (bfloat16 under autocast)."""
-    if cfg.model.mixed_precision == "bf16":
+def _compute_bytes(cfg: Config, generation: bool = False) -> int:
+    """Bytes per element of activations (bfloat16 under autocast; in generation only with
+    rollout.autocast)."""
+    if cfg.model.mixed_precision == "bf16" and (cfg.rollout.autocast or not generation):
         return 2
     return torch.empty(0, dtype=DTYPES[cfg.model.dtype]).element_size()
 
@@ -609,7 +610,7 @@ def _generate(cfg: Config, actor: _Role, lengths: tuple[int, int], world: int) -
     rows = min(cfg.rollout.micro_batch_size, max(1, cfg.rollout_batch_size // world))
     if cfg.data.eval_path:
         rows = max(rows, cfg.eval.batch_size)
-    width = _compute_bytes(cfg)
+    width = _compute_bytes(cfg, generation=True)
     return {
         "kv cache": kv_cache_bytes(rows, prompt + after, actor.shape, width),
         "forward": forward_bytes(rows, prompt, actor.shape, width),

@@ -176,7 +176,11 @@ class PPOTrainer:
     def _offload(self) -> Offload:
         """model.offload: the parts that wait on the CPU while a phase does not use them (a
         value model's weights, the reference, the reward models, the optimizers' state)."""
-        off = Offload(self.device, reference_in_update=self.cfg.actor.use_kl_loss)
+        off = Offload(
+            self.device,
+            reference_in_update=self.cfg.actor.use_kl_loss,
+            release=not engine_of(self.engine).serves_actor,  # vLLM allocates beside torch
+        )
         if "critic" in self.trained:
             off.add_weights("critic weights", [self.trained["critic"].unwrapped])
         if self.roles.reference is not None:
@@ -215,8 +219,8 @@ class PPOTrainer:
 
     def precision(self, generation: bool = False):
         """Mixed-precision context (model.mixed_precision) of forward passes; for generation
-        only around the hf engine (vLLM has its own dtype)."""
-        if generation and not engine_of(self.engine).serves_actor:
+        only around the hf engine (vLLM has its own dtype) and with rollout.autocast."""
+        if generation and not (self.cfg.rollout.autocast and engine_of(self.engine).serves_actor):
             return nullcontext()
         return autocast(self.cfg, self.device)
 

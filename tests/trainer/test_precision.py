@@ -204,3 +204,21 @@ def test_auto_recomputes_for_another_engine(files):
     trainer = make_trainer(files)
     assert "vllm engine" in VLLM.logprobs_differ(trainer.cfg)
     assert plan_scoring(trainer.cfg, VLLM).old_logprobs == "actor"
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_generation_runs_under_autocast_only_when_asked(files, autocast):
+    """model.mixed_precision=bf16: the scoring forward passes always run under bfloat16
+    autocast, generation only with rollout.autocast=true (else in float32, as TRL samples)."""
+    trainer = make_trainer(files, "model.mixed_precision=bf16", f"rollout.autocast={autocast}")
+    seen = []
+    trainer.roles.actor.register_forward_pre_hook(
+        lambda *_: seen.append(torch.is_autocast_enabled("cpu"))
+    )
+    with trainer.precision(generation=True):  # as the sampler wraps phase 1
+        ro = trainer.on_policy.generate()
+    assert seen and set(seen) == {autocast}
+    seen.clear()
+    with trainer.precision():
+        _experience(trainer, ro, old_from_engine=False)
+    assert seen and set(seen) == {True}
