@@ -143,10 +143,14 @@ class Part:
 
 class Offload:
     """The parts of one trainer and the phases that need them (`RESIDENT`, the reference
-    added to the update's when it is used there)."""
+    added to the update's when it is used there). `release`: give the memory freed back to
+    the driver after each move (for an engine that allocates outside torch, vLLM); else it
+    stays in torch's cache, where the next restore finds it without a cudaMalloc."""
 
-    def __init__(self, device: torch.device, reference_in_update: bool = False) -> None:
-        self.device = device
+    def __init__(
+        self, device: torch.device, reference_in_update: bool = False, release: bool = False
+    ) -> None:
+        self.device, self.release = device, release
         self.store = CPUStore(pin=device.type == "cuda")
         self.parts: dict[str, Part] = {}
         self.resident = dict(RESIDENT)
@@ -184,8 +188,7 @@ class Offload:
         """Before `phase`: the parts it needs on the device, the others on the CPU (the
         optimizers' first when leaving, last when coming back: their gradients belong to
         weights that must be where they are); waits for the copies, when there were any.
-        On a GPU the memory freed goes back to the driver (`empty_cache`), for a vLLM
-        engine waking up."""
+        With `release`, the memory freed goes back to the driver (`empty_cache`)."""
         need = self.resident.get(phase)
         if need is None:
             return
@@ -198,7 +201,7 @@ class Offload:
             self.parts[name].restore()
         if self.device.type == "cuda" and (leaving or arriving):
             torch.cuda.synchronize(self.device)
-            if leaving:
+            if leaving and self.release:
                 torch.cuda.empty_cache()
 
     def where(self) -> dict[str, bool]:
