@@ -181,11 +181,11 @@ def test_the_cli_offloads_on_the_gpu_evaluates_and_resumes(
     resume = f"trainer.resume_from={runs['offload'] / 'checkpoints' / 'iter_2'}"
     assert main(["train", *fast_overrides(init, runs["resumed"], 4, *offload, resume)]) == 0
     plain, off, resumed = (_metrics(runs[name]) for name in ("plain", "offload", "resumed"))
-    assert sorted(off) == [1, 2, 3, 4] and off == plain
+    assert sorted(off) == [0, 1, 2, 3, 4] and off == plain  # 0: the evaluation before
     assert any(k.startswith("eval/") for k in off[4])
     assert [resumed[3], resumed[4]] == [off[3], off[4]]  # (step 2: its evaluation first)
     rows = read_metrics(runs["offload"] / "metrics.jsonl")
-    assert all(r["time/offload"] > 0 for r in rows)
+    assert all(r["time/offload"] > 0 for r in rows if "time/update" in r)
     plan = json.loads((runs["offload"] / "memory_plan.json").read_text())
     assert plan["offload"] and "actor optimizer" not in plan["held"]
 
