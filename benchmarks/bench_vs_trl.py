@@ -520,8 +520,9 @@ def model_flops(w: Workload, lengths: dict, epochs: int, shared: bool) -> dict:
     - train, per epoch: the actor's forward + backward (3x a forward) and the critic's (none
       with a shared backbone);
     - prefill: each prompt's forward up to its first sampled token;
-    - decode_bytes: what a decode step must read at least, summed over the steps: every weight
-      (fp32) once and each unfinished sequence's keys and values."""
+    - decode: per decode step, [bytes, FLOPs]: what it must read at least (every weight, fp32,
+      once, and each unfinished sequence's keys and values) and compute (one token of each
+      unfinished sequence, attending to its context, through the LM head)."""
     pairs = list(zip(lengths["prompt"], lengths["response"], strict=True))
     kv = (w.kv_heads or w.heads) * w.head_dim
     layer = 2 * w.hidden * w.hidden + 2 * w.hidden * kv + 3 * w.hidden * w.intermediate
@@ -529,15 +530,18 @@ def model_flops(w: Workload, lengths: dict, epochs: int, shared: bool) -> dict:
     with_head = sum(forward_flops(w, p + r, r) for p, r in pairs)
     backbone = sum(forward_flops(w, p + r, 0) for p, r in pairs)
     critic = 0.0 if shared else backbone
-    decode = 0.0
+    decode = []
     for step in range(1, lengths["width"]):  # the first token comes from the prefill
-        ctx = sum(p + step for p, r in pairs if r > step)
-        decode += (weights if ctx else 0) + 4 * 2 * w.layers * kv * ctx
+        ctx = [p + step for p, r in pairs if r > step]  # each unfinished row's context
+        if ctx:
+            flops = len(ctx) * (2 * w.layers * layer + 2 * w.hidden * w.vocab)
+            flops += 4 * w.hidden * w.layers * sum(ctx)
+            decode.append([weights + 4 * 2 * w.layers * kv * sum(ctx), flops])
     return {
         "score": with_head + backbone + critic,
         "train": epochs * 3 * (with_head + critic),
         "prefill": sum(forward_flops(w, p, 1) for p, _ in pairs),
-        "decode_bytes": decode,
+        "decode": decode,
     }
 
 
@@ -945,7 +949,10 @@ def run_cell(spec: dict) -> dict:
     if all(r.get("lengths") for r in timed):  # the model math of each phase, per iteration
         shared = "critic.shared_backbone=true" in spec.get("overrides", [])
         work = [model_flops(w, r["lengths"], spec["epochs"], shared) for r in timed]
-        out["model_math"] = {k: _median([x[k] for x in work]) for k in work[0]}
+        out["model_math"] = {
+            k: _median([x[k] for x in work]) for k in ("score", "train", "prefill")
+        }
+        out["model_math"]["decode"] = work[len(work) // 2]["decode"]  # one iteration's steps
         out["gflops_per_s"] = {
             ph: round(_median([x[ph] / i[ph] / 1e9 for x, i in zip(work, iters, strict=True)]), 2)
             for ph in ("score", "train")
