@@ -44,8 +44,13 @@ SHAPES = {
     "down (1536 x 576)": (ROWS, 1536, 576),
     "LM head (576 x 49152)": (ROWS, 576, 49152),
     "square 2048^3": (2048, 2048, 2048),
+    # a decode step of 64 rows (16 prompts x 4 samples)
+    "decode gate, up (64 rows)": (64, 576, 1536),
+    "decode down (64 rows)": (64, 1536, 576),
+    "decode LM head (64 rows)": (64, 576, 49152),
 }
-MODEL_SHAPES = [k for k in SHAPES if not k.startswith("square")]
+MODEL_SHAPES = [k for k in SHAPES if not k.startswith(("square", "decode"))]
+DECODE_SHAPES = [k for k in SHAPES if k.startswith("decode")]
 
 
 def _time(fn, repeats: int) -> float:
@@ -77,20 +82,25 @@ def measure(threads: int, repeats: int) -> dict:
         "threads": threads,
         "matmul_gflops": matmul,
         "peak_gflops": max(matmul[k] for k in MODEL_SHAPES),
+        "decode_gflops": max(matmul[k] for k in DECODE_SHAPES),
         "read_gb_s": round(read, 2),
         "copy_gb_s": round(copy, 2),
     }
 
 
-def generation_bounds(math: dict, lim: dict) -> tuple[float, float]:
-    """Seconds a generation call needs at least: (reading what each decode step must read at
-    the measured bandwidth, the roofline: each step's reading or computing, whichever takes
-    longer at the bandwidth and the matmul peak), the prompts' forward at the peak added."""
+def generation_bounds(math: dict, lim: dict) -> tuple[float, float, float]:
+    """Seconds a generation call needs at least: reading what each decode step must read at
+    the measured bandwidth; the roofline (each step's reading or computing, whichever takes
+    longer, at the bandwidth and the matmul peak); the same with the decode steps' matrix
+    products at the rate BLAS gives at their shapes (64 rows). The prompts' forward at the
+    peak added to each."""
     bw, peak = lim["read_gb_s"] * 1e9, lim["peak_gflops"] * 1e9
+    gemm = lim.get("decode_gflops", lim["peak_gflops"]) * 1e9
     prefill = math["prefill"] / peak
     reading = sum(b for b, _ in math["decode"]) / bw
     roofline = sum(max(b / bw, f / peak) for b, f in math["decode"])
-    return prefill + reading, prefill + roofline
+    at_shapes = sum(max(b / bw, f / gemm) for b, f in math["decode"])
+    return prefill + reading, prefill + roofline, prefill + at_shapes
 
 
 def table(limits: dict, cells: list[dict]) -> str:
@@ -98,8 +108,8 @@ def table(limits: dict, cells: list[dict]) -> str:
     lines = [
         "| workload | system | precision | threads | score s | score GFLOP/s | score / peak "
         "| train s | train GFLOP/s | train / peak | generate s | tokens/s | bandwidth bound s "
-        "| roofline s | roofline / generate |",
-        "|" + "---|" * 15,
+        "| roofline s | roofline / generate | at decode GEMM rate s |",
+        "|" + "---|" * 16,
     ]
     for c in cells:
         if "error" in c or "model_math" not in c:
@@ -110,13 +120,13 @@ def table(limits: dict, cells: list[dict]) -> str:
                 f"no limits measured at {c['threads']} threads: --threads {c['threads']}"
             )
         peak, ph, gf = lim["peak_gflops"], c["phases"], c["gflops_per_s"]
-        reading, roofline = generation_bounds(c["model_math"], lim)
+        reading, roofline, at_shapes = generation_bounds(c["model_math"], lim)
         lines.append(
             f"| {c['workload']} | {c['system']} | {c['precision']} | {c['threads']} "
             f"| {ph['score']:.2f} | {gf['score']:.1f} | {100 * gf['score'] / peak:.0f}% "
             f"| {ph['train']:.2f} | {gf['train']:.1f} | {100 * gf['train'] / peak:.0f}% "
             f"| {ph['gen']:.2f} | {c['tokens_per_iter'] / ph['gen']:.0f} | {reading:.2f} "
-            f"| {roofline:.2f} | {100 * roofline / ph['gen']:.0f}% |"
+            f"| {roofline:.2f} | {100 * roofline / ph['gen']:.0f}% | {at_shapes:.2f} |"
         )
     return "\n".join(lines)
 
@@ -144,13 +154,15 @@ def main() -> None:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(limits, indent=1))
     print(
-        "\n| threads | " + " | ".join(SHAPES) + " | peak (model shapes) | read GB/s | copy GB/s |"
+        "\n| threads | " + " | ".join(SHAPES) + " | peak (model shapes) | decode GEMM "
+        "| read GB/s | copy GB/s |"
     )
-    print("|" + "---|" * (len(SHAPES) + 4))
+    print("|" + "---|" * (len(SHAPES) + 5))
     for x in limits["measured"]:
         row = " | ".join(f"{x['matmul_gflops'][k]:.1f}" for k in SHAPES)
         peak, read, copy = x["peak_gflops"], x["read_gb_s"], x["copy_gb_s"]
-        print(f"| {x['threads']} | {row} | {peak:.1f} | {read} | {copy} |")
+        decode = x.get("decode_gflops", float("nan"))
+        print(f"| {x['threads']} | {row} | {peak:.1f} | {decode:.1f} | {read} | {copy} |")
     if args.cells:
         rows = [json.loads(line) for line in Path(args.cells).read_text().splitlines() if line]
         print("\n" + table(limits, rows))
