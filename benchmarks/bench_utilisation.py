@@ -30,10 +30,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
+
+from bench_cpu_levers import median_seconds  # this folder is on sys.path when run as a script
 
 ROWS = 16 * 108  # a training micro-batch of W-real: 16 sequences of about 108 tokens
 # (m, k, n) of W-real's linear layers at ROWS rows: q / o, k / v, gate / up, down, LM head
@@ -53,16 +53,6 @@ MODEL_SHAPES = [k for k in SHAPES if not k.startswith(("square", "decode"))]
 DECODE_SHAPES = [k for k in SHAPES if k.startswith("decode")]
 
 
-def _time(fn, repeats: int) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return statistics.median(out)
-
-
 def measure(threads: int, repeats: int) -> dict:
     import torch
 
@@ -72,12 +62,12 @@ def measure(threads: int, repeats: int) -> dict:
     for name, (m, k, n) in SHAPES.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
         out = torch.empty(m, n)
-        sec = _time(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
+        sec = median_seconds(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
         matmul[name] = round(2 * m * k * n / sec / 1e9, 2)
     big = torch.ones(2**28)  # 1 GiB of fp32
-    read = 4 * big.numel() / _time(lambda: big.sum(), repeats) / 1e9
+    read = 4 * big.numel() / median_seconds(lambda: big.sum(), repeats) / 1e9
     src, dst = torch.ones(2**27), torch.empty(2**27)
-    copy = 2 * 4 * src.numel() / _time(lambda: dst.copy_(src), repeats) / 1e9
+    copy = 2 * 4 * src.numel() / median_seconds(lambda: dst.copy_(src), repeats) / 1e9
     return {
         "threads": threads,
         "matmul_gflops": matmul,
