@@ -48,7 +48,7 @@ from proxima.config.validation import offload_problem
 from proxima.models import DTYPES
 from proxima.models.loading import checkpoint_activations, quiet_transformers
 from proxima.rollout.engines import engine_class
-from proxima.trainer.offload import RESIDENT
+from proxima.trainer.offload import resident
 
 GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
@@ -552,18 +552,14 @@ def _offload_part(key: str) -> str | None:
         return key
     if what != "weights" or role == "actor":
         return None
-    if role in ("critic", "reference"):
-        return "critic weights" if role == "critic" else "reference"
-    return "reward models"
+    return {"critic": "critic weights", "reference": "reference"}.get(role, "reward models")
 
 
 def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
     """`plan` under model.offload: what moves leaves `held` and joins each phase that needs
-    it (`trainer.offload.RESIDENT`); the reward models' forward is the phase `reward`,
+    it (`trainer.offload.resident`); the reward models' forward is the phase `reward`,
     the other scoring passes stay in `score`."""
-    resident = dict(RESIDENT)
-    if cfg.actor.use_kl_loss:
-        resident["update"] = resident["update"] | {"reference"}
+    needs = resident(cfg.actor.use_kl_loss)
     moving = {k: v for k, v in plan.held.items() if _offload_part(k)}
     phases = {"generate": plan.phases["generate"]}
     rewards = [r for r in roles if r.kind == "reward"]
@@ -572,7 +568,7 @@ def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> Memo
     phases["score"] = _score(cfg, [r for r in roles if r.kind != "reward"], lengths, world)
     phases.update({k: v for k, v in plan.phases.items() if k.startswith("update")})
     for name, parts in phases.items():
-        need = resident[name.split()[0]]
+        need = needs[name.split()[0]]
         phases[name] = {**{k: v for k, v in moving.items() if _offload_part(k) in need}, **parts}
     held = {k: v for k, v in plan.held.items() if k not in moving}
     return replace(plan, held=held, phases=phases, notes=list(plan.notes), offload=True)

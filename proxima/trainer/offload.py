@@ -38,6 +38,14 @@ RESIDENT: dict[str, frozenset[str]] = {
 }
 
 
+def resident(reference_in_update: bool) -> dict[str, frozenset[str]]:
+    """`RESIDENT`, with the reference among the update's parts when the update uses it
+    (actor.use_kl_loss)."""
+    if not reference_in_update:
+        return dict(RESIDENT)
+    return {**RESIDENT, "update": RESIDENT["update"] | {"reference"}}
+
+
 def wants_offload(cfg: Config, device: torch.device) -> bool:
     """model.offload=trained on a GPU (auto is the memory plan's decision,
     `trainer.memory.plan_memory`)."""
@@ -153,9 +161,7 @@ class Offload:
         self.device, self.release = device, release
         self.store = CPUStore(pin=device.type == "cuda")
         self.parts: dict[str, Part] = {}
-        self.resident = dict(RESIDENT)
-        if reference_in_update:
-            self.resident["update"] = self.resident["update"] | {"reference"}
+        self.resident = resident(reference_in_update)
 
     def add_weights(self, name: str, modules: Iterable[torch.nn.Module]) -> None:
         """The parameters of `modules` (a value model, the frozen reference and reward
