@@ -424,12 +424,31 @@ def _check_rollout(cfg: Config) -> None:
     _check_env(cfg)
     _check_staleness(cfg)
     _check_agent(cfg)
+    _check_generation_autocast(cfg)
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError("`rollout.top_p` must be in (0, 1].")
     if not 0 < cfg.rollout.vllm.gpu_memory_utilization <= 1:
         raise ConfigError(
             "`rollout.vllm.gpu_memory_utilization` must be in (0, 1] (a share of GPU memory), "
             f"got {cfg.rollout.vllm.gpu_memory_utilization}."
+        )
+
+
+def _check_generation_autocast(cfg: Config) -> None:
+    """`rollout.autocast=true` changes something only where it applies: bfloat16 mixed
+    precision and the hf engine (vLLM generates in rollout.vllm.dtype)."""
+    if not cfg.rollout.autocast:
+        return
+    if cfg.model.mixed_precision != "bf16":
+        raise ConfigError(
+            "`rollout.autocast=true` generates under the bfloat16 autocast of "
+            f"model.mixed_precision=bf16, but model.mixed_precision={cfg.model.mixed_precision}. "
+            "Set model.mixed_precision=bf16, or leave rollout.autocast off."
+        )
+    if cfg.rollout.name != "hf":
+        raise ConfigError(
+            f"`rollout.autocast=true` applies to the hf engine; rollout.name={cfg.rollout.name} "
+            "generates in its own dtype (rollout.vllm.dtype). Leave rollout.autocast off."
         )
 
 

@@ -19,7 +19,7 @@ from proxima.rollout.experience import build_experience
 from proxima.rollout.plan import plan_scoring
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
-from tests.trainer.nano import nano_files, nano_trainer
+from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 HF, VLLM = engine_class("hf"), engine_class("vllm")
 
@@ -222,3 +222,13 @@ def test_generation_runs_under_autocast_only_when_asked(files, autocast):
     with trainer.precision():
         _experience(trainer, ro, old_from_engine=False)
     assert seen and set(seen) == {True}
+
+
+def test_generation_autocast_is_refused_where_it_would_change_nothing(files):
+    base = [f"model.actor_path={files['model']}", f"data.train_path={files['prompts']}"]
+    base += [f"reward.function={REWARD}:fn", "rollout.autocast=true"]
+    with pytest.raises(ConfigError, match="model.mixed_precision=no"):
+        load_config(None, base)
+    with pytest.raises(ConfigError, match="rollout.name=vllm"):
+        load_config(None, [*base, "model.mixed_precision=bf16", "rollout.name=vllm"])
+    assert load_config(None, [*base, "model.mixed_precision=bf16"]).rollout.autocast
