@@ -1,8 +1,8 @@
 """Asynchronous rollouts (`rollout.max_staleness=1`) under `torchrun --nproc_per_node 2`
 (gloo, CPU): each rank's worker process samples its share of the next batch ahead, two
-processes give the metrics of one (staleness and the rollout correction's included), and a
-resumed job replays the run (each rank's batches sampled ahead are in the checkpoint; FSDP2
-samples in the trainer's processes)."""
+processes with spawned workers give the metrics of one with a forked worker (staleness and
+the rollout correction's included), and a resumed job replays the run (each rank's batches
+sampled ahead are in the checkpoint; FSDP2 samples in the trainer's processes)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def test_two_processes_give_the_metrics_of_one(make_model, fast_overrides, tmp_p
     extra += ("critic.ppo_micro_batch_size=2", "algorithm.rollout_rejection=token")
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(["train", *fast_overrides(model, one, 3, *extra)]) == 0
-    torchrun(["-m", "proxima", "train", *fast_overrides(model, two, 3, *extra)])
+    # the ranks' workers spawned (the start of a GPU run's), the one process's forked
+    spawned = (*extra, "rollout.worker_start=spawn")
+    torchrun(["-m", "proxima", "train", *fast_overrides(model, two, 3, *spawned)])
     a, b = _metrics(one), _metrics(two)
     _close(a, b)
     assert [b[s]["rollout/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
