@@ -1,4 +1,4 @@
-"""Preference pairs for reward-model training: (prompt, chosen, rejected) records.
+"""Preference pairs for reward-model training and DPO: (prompt, chosen, rejected) records.
 
 Each side is tokenized exactly like an SFT example (prompt + response + EOS, prompt rendered
 with :func:`render_prompt`), so the reward model sees the same token layout it will score
@@ -211,3 +211,37 @@ def collate_preferences(
         batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = ids, mask
     batch["margin"] = torch.tensor([item.margin for item in items], dtype=torch.float32)
     return batch
+
+
+def collate_policy_pairs(
+    items: Sequence[PreferenceItem], pad_token_id: int | None
+) -> dict[str, torch.Tensor]:
+    """Both sides of a batch in the policy's rollout layout (`proxima dpo`): each prompt
+    left-padded to the longest prompt P, each response (with its EOS) right-padded to the
+    longest response R, chosen rows first, then rejected, so one forward pass reads both
+    and `models.forward.response_logprobs` finds response token t at position P + t.
+
+    Returns ``input_ids`` and ``attention_mask`` [2B, P + R], ``response_ids`` and
+    ``response_mask`` [2B, R] (long; the mask is 1 on real response tokens).
+    """
+    if pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
+        )
+    rows = [(item.chosen_ids, item.prompt_length) for item in items]
+    rows += [(item.rejected_ids, item.prompt_length) for item in items]
+    width_p = max(p for _, p in rows)
+    width_r = max(len(ids) - p for ids, p in rows)
+    input_ids = torch.full((len(rows), width_p + width_r), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, (ids, p) in enumerate(rows):
+        seq = torch.tensor(ids, dtype=torch.long)
+        start, end = width_p - p, width_p + len(ids) - p
+        input_ids[row, start:end] = seq
+        attention_mask[row, start:end] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_ids": input_ids[:, width_p:].clone(),
+        "response_mask": attention_mask[:, width_p:].clone(),
+    }
