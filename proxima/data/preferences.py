@@ -45,6 +45,8 @@ class PreferenceDataset:
     ``overlong`` handles pairs whose longer side exceeds ``max_length`` tokens: ``"error"``
     stops with the index, ``"drop"`` skips the pair (counted in ``num_dropped``).
     ``margin_key`` names an optional numeric column added as a margin to the loss.
+    ``command`` is the command whose options the error messages name (`proxima dpo`
+    reads the same records).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class PreferenceDataset:
         max_length: int = 1024,
         overlong: str = "error",
         add_bos: bool = False,
+        command: str = "proxima rm",
     ) -> None:
         if overlong not in PREFERENCE_OVERLONG:
             raise ValueError(f"overlong={overlong!r} is not one of {PREFERENCE_OVERLONG}.")
@@ -79,7 +82,7 @@ class PreferenceDataset:
         self.num_dropped = 0
         identical: list[int] = []  # record indices of pairs with chosen == rejected
         for i, record in enumerate(records):
-            item = _make_item(i, record, tokenizer, keys, add_bos)
+            item = _make_item(i, record, tokenizer, keys, add_bos, command)
             if item.chosen_ids == item.rejected_ids:
                 identical.append(i)
             if _longest(item) <= max_length:
@@ -129,12 +132,17 @@ def _overlong_error(i: int, item: PreferenceItem, limit: int) -> ValueError:
 
 
 def _make_item(
-    i: int, record: Mapping[str, Any], tokenizer: Any, keys: dict[str, str], add_bos: bool
+    i: int,
+    record: Mapping[str, Any],
+    tokenizer: Any,
+    keys: dict[str, str],
+    add_bos: bool,
+    command: str,
 ) -> PreferenceItem:
     """Tokenize record ``i``; ``keys`` maps each CLI option to the column it names."""
     for option, key in keys.items():
         if key not in record:
-            raise missing_column_error(key, record, i, f"proxima rm {option}")
+            raise missing_column_error(key, record, i, f"{command} {option}")
     try:
         prompt = render_prompt(record[keys["--prompt-key"]], tokenizer)
     except ValueError as exc:
@@ -145,7 +153,7 @@ def _make_item(
         if not isinstance(text, str):
             raise ValueError(
                 f"record {i}: column {keys[option]!r} holds a {type(text).__name__}, expected "
-                f"the response text (a string); point `proxima rm {option}` at the text column."
+                f"the response text (a string); point `{command} {option}` at the text column."
             )
         ids, prompt_length = reward_input_ids(prompt, text, tokenizer, add_bos=add_bos)
         sides.append(ids)

@@ -38,6 +38,7 @@ def _pairs(cfg: Config, tok, key: str, path: str) -> PreferenceDataset:
         "rejected_key": d.rejected_key,
         "max_length": d.max_length,
         "overlong": d.overlong,
+        "command": "proxima dpo",
     }
     return with_key(key, lambda: PreferenceDataset(load_records(path), tok, **opts))
 
