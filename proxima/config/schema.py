@@ -210,6 +210,11 @@ class PipelineConfig:
         "`proxima pipeline`: the best checkpoint is the one with the highest held-out gold "
         "score whose KL to the SFT policy (nats per response) is at most this.",
     )
+    dpo: bool = _f(
+        False,
+        "`proxima pipeline`: also train `proxima dpo` (dpo.*) on the same pairs from the SFT "
+        "policy and evaluate it beside PPO: gold, proxy and KL on the held-out prompts.",
+    )
 
 
 @dataclass(frozen=True)
