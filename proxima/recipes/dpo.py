@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from proxima import launch
 from proxima.config import Config, ConfigError
 from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.launch import Interrupted, signum_of
 from proxima.logging import RunLogger, plot_metrics, write_atomic
 from proxima.models import load_tokenizer
+from proxima.models.loading import checkpoint_activations
 from proxima.models.saving import save_role
 from proxima.recipes.common import process_setup, writable_folder
 from proxima.trainer.dpo import dpo_train, total_steps
@@ -54,10 +56,27 @@ def _new_run_folder(path: str) -> Path:
     return writable_folder(out, "dpo.out")
 
 
+def _check_scope(cfg: Config) -> None:
+    """What `proxima dpo` does not do, said before anything runs rather than ignored."""
+    _, world, _ = launch.world()
+    if world > 1:
+        raise ConfigError(
+            "`proxima dpo` runs in one process (each of several would train its own copy and "
+            "write the same folder): run it without torchrun."
+        )
+    if cfg.model.reference_path:
+        raise ConfigError(
+            f"`model.reference_path`={cfg.model.reference_path}: the reference of `proxima "
+            "dpo` is the policy it starts from, model.actor_path; unset model.reference_path "
+            "(or start DPO from that model)."
+        )
+
+
 def _inputs(cfg: Config):
     """Every input checked and read before the model loads: the run folder, the model
     folder, the tokenizer, the pairs (each error named by its key)."""
     d = cfg.dpo
+    _check_scope(cfg)
     out = _new_run_folder(d.out)
     check_model_folders(cfg, "dpo")
     tok = load_tokenizer(cfg.model.actor_path)
@@ -73,6 +92,8 @@ def dpo(cfg: Config) -> dict:
     out, tok, train, held = _inputs(cfg)
     device = process_setup(cfg)
     model = load_actor(cfg, device)  # with LoRA adapters when model.lora_rank > 0
+    if cfg.model.gradient_checkpointing:
+        checkpoint_activations(model)
     steps = total_steps(len(train), d)
     print(
         f"dpo: {len(train)} pairs ({train.num_dropped} dropped as too long), {d.epochs} "

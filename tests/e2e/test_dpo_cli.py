@@ -129,6 +129,7 @@ def no_model_load(monkeypatch):
         (["--chosen-key", "better"], "Set `proxima dpo --chosen-key` to the column"),
         (["--max-length", "4"], "raise --max-length"),
         (["--eval-data", "missing.jsonl"], "`dpo.eval_path`"),
+        (["model.reference_path=elsewhere"], "unset model.reference_path"),
     ],
 )
 def test_bad_input_is_refused_by_its_key_before_the_model_loads(
