@@ -90,12 +90,9 @@ def all_pair_logprobs(
     return PairLogprobs(*(torch.cat([vars(p)[f] for p in parts]) for f in vars(parts[0])))
 
 
-def dpo_stats(policy: PairLogprobs, reference: PairLogprobs, d: DPOConfig) -> dict[str, float]:
-    """`dpo_loss`'s stats of `policy` against `reference` over all their pairs, plus
-    ``logratio_per_token``: the mean of log pi - log pi_ref over the chosen responses'
-    tokens, a per-token estimate of KL(pi || pi_ref) on the chosen responses (an estimate
-    on fixed data, not on the policy's own samples), and ``n``."""
-    _, stats = dpo_loss(
+def _loss(policy: PairLogprobs, reference: PairLogprobs, d: DPOConfig):
+    """`dpo_loss` of `policy` against `reference` with the run's options."""
+    return dpo_loss(
         policy.chosen,
         policy.rejected,
         reference.chosen,
@@ -103,9 +100,17 @@ def dpo_stats(policy: PairLogprobs, reference: PairLogprobs, d: DPOConfig) -> di
         d.beta,
         d.loss_type,
         d.label_smoothing,
-        policy.chosen_tokens,
-        policy.rejected_tokens,
+        chosen_tokens=policy.chosen_tokens,
+        rejected_tokens=policy.rejected_tokens,
     )
+
+
+def dpo_stats(policy: PairLogprobs, reference: PairLogprobs, d: DPOConfig) -> dict[str, float]:
+    """`dpo_loss`'s stats of `policy` against `reference` over all their pairs, plus ``n`` and
+    ``logratio_per_token``: the mean of log pi - log pi_ref over the chosen responses'
+    tokens, how far the policy moved from the reference per token. A KL-like figure, not a
+    KL: a KL would average over the policy's own samples, this over fixed responses."""
+    _, stats = _loss(policy, reference, d)
     ratio = (policy.chosen - reference.chosen).sum() / policy.chosen_tokens.sum()
     return {**stats, "logratio_per_token": float(ratio), "n": int(policy.chosen.numel())}
 
@@ -127,18 +132,7 @@ def evaluate(model, probe: Probe, d: DPOConfig, pad: int | None, device) -> dict
 
 def _train_step(model, items, reference: PairLogprobs, d: DPOConfig, pad, device, opt, sched):
     policy = pair_logprobs(model, items, pad, device)
-    ref = reference.to(device)
-    loss, stats = dpo_loss(
-        policy.chosen,
-        policy.rejected,
-        ref.chosen,
-        ref.rejected,
-        d.beta,
-        d.loss_type,
-        d.label_smoothing,
-        policy.chosen_tokens,
-        policy.rejected_tokens,
-    )
+    loss, stats = _loss(policy, reference.to(device), d)
     if not torch.isfinite(loss):
         raise ValueError(f"the DPO loss is {stats['loss']}; lower dpo.lr or raise dpo.beta.")
     loss.backward()
