@@ -12,7 +12,13 @@ import torch
 
 from proxima.config import DPOConfig, ModelConfig
 from proxima.data.preferences import PreferenceDataset
-from proxima.models import build_char_tokenizer, build_tiny_model, load_causal_lm, load_tokenizer
+from proxima.models import (
+    ARCHITECTURES,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_causal_lm,
+    load_tokenizer,
+)
 from proxima.models.lora import AdapterDisabled, add_lora
 from proxima.trainer.dpo import all_pair_logprobs, dpo_stats, dpo_train, pair_logprobs
 
@@ -49,9 +55,10 @@ def _alone(model, ids: list[int], prompt_length: int) -> float:
     return sum(logp[t - 1, ids[t]].item() for t in range(prompt_length, len(ids)))
 
 
-def test_sequence_logprobs_are_those_of_each_pair_read_alone(folder, pairs):
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_sequence_logprobs_are_those_of_each_pair_read_alone(arch, pairs):
     tok, data = pairs
-    model = load_causal_lm(folder)
+    model = build_tiny_model(arch, tok, "nano", max_positions=32, seed=2).eval()
     items = [data[0], data[13], data[42]]  # prompts and responses of different lengths
     with torch.no_grad():
         got = pair_logprobs(model, items, tok.pad_token_id, "cpu")
