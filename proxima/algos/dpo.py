@@ -3,7 +3,8 @@ log-ratio to a frozen reference standing in for the reward (Rafailov et al. 2023
 arXiv:2305.18290).
 
 For a prompt x with a chosen response y_c and a rejected one y_r, the implicit reward of a
-response is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)) (eq. 5), and with
+response is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)) (eq. 5 without its prompt-only
+term log Z(x), which cancels between two responses to one prompt), and with
 
     logits = (log pi(y_c|x) - log pi(y_r|x)) - (log pi_ref(y_c|x) - log pi_ref(y_r|x))
 
@@ -14,9 +15,10 @@ the losses are, per pair:
   "A note on DPO with noisy preferences", written as TRL's DPOTrainer writes it: the label is
   taken to be flipped with probability eps):
   -(1 - eps) log sigmoid(beta * logits) - eps log sigmoid(-beta * logits).
-- ``ipo`` (Azar et al. 2023, arXiv:2310.12036, eq. 17): (logits - 1 / (2 beta))^2, a
-  regression of the log-ratio gap onto a fixed target, which stays bounded where DPO's loss
-  keeps pushing the gap of a deterministic preference to infinity.
+- ``ipo`` (Azar et al. 2023, arXiv:2310.12036, the empirical IPO loss):
+  (logits - 1 / (2 beta))^2, a regression of the log-ratio gap onto a fixed target, which
+  stays bounded where DPO's loss keeps pushing the gap of a deterministic preference to
+  infinity.
 
 Which log-probs: DPO's are summed over the response tokens (the sequence's log-likelihood,
 as the paper writes it). For IPO they are averaged per token, as TRL does (its `ipo` divides
