@@ -97,7 +97,8 @@ def test_dpo_with_lora_saves_the_merged_policy(tmp_path, make_model, pair_files,
     lora = ["model.lora_rank=4", "model.lora_alpha=8", "dpo.loss_type=ipo"]
     assert main(_dpo_args(init, pair_files[0], out, *lora)) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["train_after"]["rewards/accuracies"] > 0.5
+    # Measured: 0.73 of the first 256 training pairs ordered after one epoch (12 steps).
+    assert summary["train_after"]["rewards/accuracies"] >= 0.6
     assert not (out / "actor" / "adapter_config.json").exists()
     assert (out / "actor_adapter" / "adapter_config.json").is_file()
     merged, base = load_causal_lm(out / "actor"), load_causal_lm(init)
