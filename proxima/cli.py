@@ -1,4 +1,4 @@
-"""`proxima train | config | sft | rm | eval | pipeline | init-model | serve-reward | import |
+"""`proxima train | config | sft | rm | dpo | eval | pipeline | init-model | serve-reward | import |
 export | chat`."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def builtin_config(name: str) -> str:
     return str(shipped) if "/" not in name and shipped.is_file() else name
 
 
-# Flags of `sft`, `rm` and `eval`: short names of config keys, nothing more (no defaults of
+# Flags of `sft`, `rm`, `dpo` and `eval`: short names of config keys, nothing more (no defaults of
 # their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
 FLAGS: dict[str, dict[str, str]] = {
     "sft": {
@@ -67,6 +67,25 @@ FLAGS: dict[str, dict[str, str]] = {
         "--chosen-key": "rm.chosen_key",
         "--rejected-key": "rm.rejected_key",
         "--margin-key": "rm.margin_key",
+        "--seed": "trainer.seed",
+        "--device": "model.device",
+        "--threads": "trainer.threads",
+    },
+    "dpo": {
+        "--model": "model.actor_path",
+        "--data": "dpo.train_path",
+        "--eval-data": "dpo.eval_path",
+        "--out": "dpo.out",
+        "--epochs": "dpo.epochs",
+        "--lr": "dpo.lr",
+        "--beta": "dpo.beta",
+        "--loss-type": "dpo.loss_type",
+        "--batch-size": "dpo.batch_size",
+        "--max-length": "dpo.max_length",
+        "--overlong": "dpo.overlong",
+        "--prompt-key": "data.prompt_key",
+        "--chosen-key": "dpo.chosen_key",
+        "--rejected-key": "dpo.rejected_key",
         "--seed": "trainer.seed",
         "--device": "model.device",
         "--threads": "trainer.threads",
@@ -339,6 +358,13 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dpo(ns: argparse.Namespace) -> int:
+    from proxima.recipes.dpo import dpo
+
+    dpo(_load(ns))
+    return 0
+
+
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.recipes.evaluation import evaluate_policy
 
@@ -442,6 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_command(sub, "sft", "supervised fine-tuning on prompt/response records", cmd_sft)
     _config_command(sub, "rm", "train a reward model on prompt/chosen/rejected pairs", cmd_rm)
+    _config_command(
+        sub, "dpo", "DPO: train the policy directly on prompt/chosen/rejected pairs", cmd_dpo
+    )
     _config_command(sub, "eval", "mean reward (and accuracy for 0/1 rewards) on prompts", cmd_eval)
     _config_command(
         sub,

@@ -1,4 +1,4 @@
-"""PPO math as pure functions: tensors in, tensors out (shapes in each docstring).
+"""PPO (and DPO) math as pure functions: tensors in, tensors out (shapes in each docstring).
 
 Per-token tensors are [B, T], aligned on response tokens; ``response_mask`` is nonzero on
 real response tokens. Nothing here imports the rest of proxima.
@@ -28,6 +28,7 @@ from .advantages import (
     rloo_vectorized,
     tir_optimal_token_baseline,
 )
+from .dpo import DPO_LOSS_TYPES, PER_TOKEN_LOSSES, dpo_logits, dpo_loss
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .logprobs import (
     entropy_from_logits,
@@ -78,7 +79,9 @@ from .value import explained_variance, value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DPO_LOSS_TYPES",
     "EXTRA_INPUTS",
+    "PER_TOKEN_LOSSES",
     "POLICY_LOSSES",
     "Estimator",
     "PolicyLoss",
@@ -105,6 +108,8 @@ __all__ = [
     "discounted_returns",
     "dppo_kl_loss",
     "dppo_tv_loss",
+    "dpo_logits",
+    "dpo_loss",
     "dro_loss",
     "entropy_from_logits",
     "explained_variance",

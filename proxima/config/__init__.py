@@ -23,6 +23,7 @@ from proxima.config.plans import batch_plan, describe_fields, fixed_keys, keys_m
 from proxima.config.schema import (
     Config,
     ConfigError,
+    DPOConfig,
     EvalConfig,
     PipelineConfig,
     RMConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CriticConfig",
+    "DPOConfig",
     "DataConfig",
     "EnvConfig",
     "EvalConfig",

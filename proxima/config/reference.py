@@ -27,6 +27,7 @@ SECTIONS: dict[str, str] = {
     "([Algorithms](algorithms.md#the-dapo-recipe-dynamic-sampling-and-passk)).",
     "sft": "`proxima sft` ([Getting started](getting-started.md#train-on-your-own-task)).",
     "rm": "`proxima rm` ([Rewards](rewards.md#reward-models)).",
+    "dpo": "`proxima dpo` ([RLHF from preferences](preferences.md#dpo)).",
     "pipeline": "`proxima pipeline` ([RLHF from preferences](preferences.md)).",
     "trainer": "The run: iterations, run folder, checkpoints, loggers, processes "
     "([Failures and metrics](failures.md), [Distributed runs](distributed.md)).",

@@ -1,6 +1,6 @@
 """The whole config tree: the root `Config` (its derived values, `replace`), the sections of
-the other commands (task, eval, sft, rm, pipeline) and `ConfigError`; the PPO run's sections are in
-`sections`."""
+the other commands (task, eval, sft, rm, dpo, pipeline) and `ConfigError`; the PPO run's
+sections are in `sections`."""
 
 from __future__ import annotations
 
@@ -111,6 +111,52 @@ class RMConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    train_path: str = _f(
+        "", "`proxima dpo`: preference pairs (prompt, chosen, rejected), as `proxima rm` reads."
+    )
+    eval_path: str = _f(
+        "", "`proxima dpo`: held-out pairs, their implicit-reward accuracy before and after."
+    )
+    out: str = _f(
+        "",
+        "`proxima dpo`: new run folder: the trained policy in its actor/, metrics.jsonl, "
+        "summary.json, curves.png.",
+    )
+    beta: float = _f(
+        0.1,
+        "`proxima dpo`: beta of the implicit reward beta * (log pi - log pi_ref): smaller "
+        "lets the policy move further from the reference.",
+    )
+    loss_type: str = _f(
+        "sigmoid",
+        "`proxima dpo`: sigmoid (DPO, Rafailov et al. 2023) | ipo (Azar et al. 2023, on "
+        "log-probs averaged per token).",
+    )
+    label_smoothing: float = _f(
+        0.0,
+        "`proxima dpo`: cDPO's probability that a label is flipped, in [0, 0.5) (sigmoid "
+        "loss only).",
+    )
+    epochs: int = _f(1, "`proxima dpo`: passes over the training pairs.")
+    lr: float = _f(
+        1e-6, "`proxima dpo`: peak learning rate (cosine to 10% after warm-up), TRL's default."
+    )
+    warmup_steps: int = _f(0, "`proxima dpo`: optimizer steps of linear learning-rate warm-up.")
+    batch_size: int = _f(16, "`proxima dpo`: pairs per optimizer step.")
+    grad_clip: float = _f(1.0, "`proxima dpo`: gradient-norm clip (0 = none).")
+    max_length: int = _f(512, "`proxima dpo`: most tokens of prompt + response.")
+    overlong: str = _f("error", "`proxima dpo`: pairs longer than max_length: error|drop.")
+    chosen_key: str = _f("chosen", "`proxima dpo`: column of the preferred response.")
+    rejected_key: str = _f("rejected", "`proxima dpo`: column of the other response.")
+    eval_every: int = _f(
+        0,
+        "`proxima dpo`: optimizer steps between two held-out evaluations (0 = before and "
+        "after training only).",
+    )
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     gold: str = _f(
         "",
@@ -164,6 +210,11 @@ class PipelineConfig:
         "`proxima pipeline`: the best checkpoint is the one with the highest held-out gold "
         "score whose KL to the SFT policy (nats per response) is at most this.",
     )
+    dpo: bool = _f(
+        False,
+        "`proxima pipeline`: also train `proxima dpo` (dpo.*) on the same pairs from the SFT "
+        "policy and evaluate it beside PPO: gold, proxy and KL on the held-out prompts.",
+    )
 
 
 @dataclass(frozen=True)
@@ -179,6 +230,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rm: RMConfig = field(default_factory=RMConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

@@ -54,6 +54,7 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "actor.optim.schedule": SCHEDULES,
     "critic.optim.schedule": SCHEDULES,
     "rm.overlong": PREFERENCE_OVERLONG,
+    "dpo.overlong": PREFERENCE_OVERLONG,
     "trainer.strategy": STRATEGIES,
     "trainer.memory_check": MEMORY_CHECKS,
     "fsdp.param_dtype": DTYPE_NAMES,
@@ -81,6 +82,10 @@ _POSITIVE = (  # sizes and counts that must be > 0, checked in this order
     "rm.steps",
     "rm.batch_size",
     "rm.max_length",
+    "dpo.beta",
+    "dpo.epochs",
+    "dpo.batch_size",
+    "dpo.max_length",
     "pipeline.heldout_size",
     "pipeline.pairs",
     "pipeline.eval_points",
@@ -123,6 +128,32 @@ def validate(cfg: Config) -> None:
     _check_offload(cfg)
     _check_reward_sources(cfg)
     _check_pipeline(cfg)
+    _check_dpo(cfg)
+
+
+def _check_dpo(cfg: Config) -> None:
+    """`proxima dpo`'s options the loss itself would refuse, named by their keys."""
+    d = cfg.dpo
+    if not 0 <= d.label_smoothing < 0.5:
+        raise ConfigError(
+            f"`dpo.label_smoothing` is cDPO's label-flip probability in [0, 0.5), got "
+            f"{d.label_smoothing} (0 = plain DPO)."
+        )
+    if d.loss_type == "ipo" and d.label_smoothing:
+        raise ConfigError(
+            "`dpo.label_smoothing` smooths the sigmoid loss; ipo has none (its target is "
+            "already finite): set dpo.label_smoothing=0 or dpo.loss_type=sigmoid."
+        )
+    for key, value in (("lr", d.lr), ("warmup_steps", d.warmup_steps)):
+        if value < 0:
+            raise ConfigError(f"`dpo.{key}` must be >= 0, got {value}.")
+    if d.grad_clip < 0:
+        raise ConfigError(f"`dpo.grad_clip` must be >= 0 (0 = no clipping), got {d.grad_clip}.")
+    if d.eval_every < 0:
+        raise ConfigError(
+            f"`dpo.eval_every` must be >= 0 (0 = before and after training only), got "
+            f"{d.eval_every}."
+        )
 
 
 def _check_pipeline(cfg: Config) -> None:
@@ -148,7 +179,13 @@ def _get(cfg: Config, dotted: str) -> Any:
 
 def _algorithm_choices() -> dict[str, tuple[str, ...]]:
     """Names the math in proxima.algos accepts, checked before any model is loaded."""
-    from proxima.algos import ADVANTAGE_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES
+    from proxima.algos import (
+        ADVANTAGE_ESTIMATORS,
+        AGG_MODES,
+        DPO_LOSS_TYPES,
+        KL_ESTIMATORS,
+        POLICY_LOSSES,
+    )
 
     return {
         "algorithm.adv_estimator": tuple(ADVANTAGE_ESTIMATORS),
@@ -157,6 +194,7 @@ def _algorithm_choices() -> dict[str, tuple[str, ...]]:
         "actor.kl_loss_type": (*KL_ESTIMATORS, "full"),
         "actor.loss_agg_mode": AGG_MODES,
         "critic.loss_agg_mode": AGG_MODES,
+        "dpo.loss_type": DPO_LOSS_TYPES,
     }
 
 
@@ -775,6 +813,10 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require(cfg, "model.actor_path", model + ", the model to start from (--model)")
         _require(cfg, "rm.train_path", "a file of preference pairs (--data)")
         _require(cfg, "rm.out", "a new folder for the reward model (--out)")
+    elif command == "dpo":
+        _require(cfg, "model.actor_path", model + ", the policy to start from (--model)")
+        _require(cfg, "dpo.train_path", "a file of preference pairs (--data)")
+        _require(cfg, "dpo.out", "a new folder for the run (--out)")
     elif command == "pipeline" and cfg.pipeline.prompts:
         _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
     elif command == "eval":

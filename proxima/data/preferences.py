@@ -1,4 +1,4 @@
-"""Preference pairs for reward-model training: (prompt, chosen, rejected) records.
+"""Preference pairs for reward-model training and DPO: (prompt, chosen, rejected) records.
 
 Each side is tokenized exactly like an SFT example (prompt + response + EOS, prompt rendered
 with :func:`render_prompt`), so the reward model sees the same token layout it will score
@@ -45,6 +45,8 @@ class PreferenceDataset:
     ``overlong`` handles pairs whose longer side exceeds ``max_length`` tokens: ``"error"``
     stops with the index, ``"drop"`` skips the pair (counted in ``num_dropped``).
     ``margin_key`` names an optional numeric column added as a margin to the loss.
+    ``command`` is the command whose options the error messages name (`proxima dpo`
+    reads the same records).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class PreferenceDataset:
         max_length: int = 1024,
         overlong: str = "error",
         add_bos: bool = False,
+        command: str = "proxima rm",
     ) -> None:
         if overlong not in PREFERENCE_OVERLONG:
             raise ValueError(f"overlong={overlong!r} is not one of {PREFERENCE_OVERLONG}.")
@@ -79,7 +82,7 @@ class PreferenceDataset:
         self.num_dropped = 0
         identical: list[int] = []  # record indices of pairs with chosen == rejected
         for i, record in enumerate(records):
-            item = _make_item(i, record, tokenizer, keys, add_bos)
+            item = _make_item(i, record, tokenizer, keys, add_bos, command)
             if item.chosen_ids == item.rejected_ids:
                 identical.append(i)
             if _longest(item) <= max_length:
@@ -129,12 +132,17 @@ def _overlong_error(i: int, item: PreferenceItem, limit: int) -> ValueError:
 
 
 def _make_item(
-    i: int, record: Mapping[str, Any], tokenizer: Any, keys: dict[str, str], add_bos: bool
+    i: int,
+    record: Mapping[str, Any],
+    tokenizer: Any,
+    keys: dict[str, str],
+    add_bos: bool,
+    command: str,
 ) -> PreferenceItem:
     """Tokenize record ``i``; ``keys`` maps each CLI option to the column it names."""
     for option, key in keys.items():
         if key not in record:
-            raise missing_column_error(key, record, i, f"proxima rm {option}")
+            raise missing_column_error(key, record, i, f"{command} {option}")
     try:
         prompt = render_prompt(record[keys["--prompt-key"]], tokenizer)
     except ValueError as exc:
@@ -145,7 +153,7 @@ def _make_item(
         if not isinstance(text, str):
             raise ValueError(
                 f"record {i}: column {keys[option]!r} holds a {type(text).__name__}, expected "
-                f"the response text (a string); point `proxima rm {option}` at the text column."
+                f"the response text (a string); point `{command} {option}` at the text column."
             )
         ids, prompt_length = reward_input_ids(prompt, text, tokenizer, add_bos=add_bos)
         sides.append(ids)
@@ -211,3 +219,37 @@ def collate_preferences(
         batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = ids, mask
     batch["margin"] = torch.tensor([item.margin for item in items], dtype=torch.float32)
     return batch
+
+
+def collate_policy_pairs(
+    items: Sequence[PreferenceItem], pad_token_id: int | None
+) -> dict[str, torch.Tensor]:
+    """Both sides of a batch in the policy's rollout layout (`proxima dpo`): each prompt
+    left-padded to the longest prompt P, each response (with its EOS) right-padded to the
+    longest response R, chosen rows first, then rejected, so one forward pass reads both
+    and `models.forward.response_logprobs` finds response token t at position P + t.
+
+    Returns ``input_ids`` and ``attention_mask`` [2B, P + R], ``response_ids`` and
+    ``response_mask`` [2B, R] (long; the mask is 1 on real response tokens).
+    """
+    if pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
+        )
+    rows = [(item.chosen_ids, item.prompt_length) for item in items]
+    rows += [(item.rejected_ids, item.prompt_length) for item in items]
+    width_p = max(p for _, p in rows)
+    width_r = max(len(ids) - p for ids, p in rows)
+    input_ids = torch.full((len(rows), width_p + width_r), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, (ids, p) in enumerate(rows):
+        seq = torch.tensor(ids, dtype=torch.long)
+        start, end = width_p - p, width_p + len(ids) - p
+        input_ids[row, start:end] = seq
+        attention_mask[row, start:end] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_ids": input_ids[:, width_p:].clone(),
+        "response_mask": attention_mask[:, width_p:].clone(),
+    }

@@ -13,9 +13,12 @@ be measured, not only what it does to the proxy:
 4. `rm`: `proxima rm` on those pairs, its normalisation fitted on the SFT policy's samples;
 5. `ppo`: `proxima train` against the reward model (critic from it, `pipeline.critic_from_rm`),
    the gold logged beside it as a reward source of weight 0 (`reward/gold`);
-6. `evaluate`: the SFT policy and `pipeline.eval_points` PPO checkpoints on the held-out
+6. `dpo` (with `pipeline.dpo`): `proxima dpo` on the same pairs, started from the SFT
+   policy: the policy trained on the preferences directly, without the reward model;
+7. `evaluate`: the SFT policy and `pipeline.eval_points` PPO checkpoints on the held-out
    prompts: gold score, proxy score and KL to the SFT policy; the best checkpoint within
-   `pipeline.kl_budget`; summary.json, pipeline_eval.jsonl and the figure.
+   `pipeline.kl_budget`; the DPO policy beside them; summary.json, pipeline_eval.jsonl and
+   the figure.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from proxima.models import (
     score_normalization,
 )
 from proxima.recipes.common import new_run_dir, process_setup
+from proxima.recipes.dpo import dpo as train_dpo
 from proxima.recipes.ppo import PPORecipe
 from proxima.recipes.rm import reward_model
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
@@ -57,7 +61,7 @@ from proxima.trainer.rm import all_pair_scores
 from proxima.trainer.setup import check_enough, check_lengths, load_prompts, load_sft, with_key
 from proxima.trainer.sft import sft_train
 
-STAGES = ("task", "sft", "pairs", "rm", "ppo", "evaluate")
+STAGES = ("task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate")
 GOLD, PROXY = "gold", "rm"  # the reward sources' names in the PPO run (reward/gold, reward/rm)
 
 
@@ -90,14 +94,19 @@ class Pipeline:
         self.check_inputs()
         self.run_dir = new_run_dir(self.cfg.trainer.output_dir)
         print(f"run folder: {self.run_dir}")
-        steps = (self.prepare, self.sft, self.pairs, self.rm, self.ppo, self.evaluate)
-        for i, (name, step) in enumerate(zip(STAGES, steps, strict=True), start=1):
-            print(f"\n[pipeline {i}/{len(STAGES)}] {name}")
+        steps = (self.prepare, self.sft, self.pairs, self.rm, self.ppo, self.dpo, self.evaluate)
+        stages = [
+            (name, step)
+            for name, step in zip(STAGES, steps, strict=True)
+            if name != "dpo" or self.cfg.pipeline.dpo
+        ]
+        for i, (name, step) in enumerate(stages, start=1):
+            print(f"\n[pipeline {i}/{len(stages)}] {name}")
             began = time.perf_counter()
             try:
                 step()
             except BaseException:
-                if name == STAGES[0]:  # a failed start leaves no folder behind
+                if i == 1:  # a failed start leaves no folder behind
                     shutil.rmtree(self.run_dir, ignore_errors=True)
                     print(f"removed {self.run_dir}: the pipeline's inputs did not check out")
                     raise
@@ -283,11 +292,15 @@ class Pipeline:
                 f"{name}: {st['pairs']} labelled pairs ({st['tied']} tied pairs left out), "
                 f"{st['agree_with_gold']:.1%} of labels prefer the higher gold score"
             )
-        if stats["train"]["pairs"] < cfg.rm.batch_size:
-            raise ValueError(
-                f"only {stats['train']['pairs']} training pairs have a preference, fewer than "
-                f"rm.batch_size={cfg.rm.batch_size}: raise pipeline.pairs or add prompts."
-            )
+        sizes = {"rm.batch_size": cfg.rm.batch_size}
+        if cfg.pipeline.dpo:
+            sizes["dpo.batch_size"] = cfg.dpo.batch_size
+        for key, size in sizes.items():
+            if stats["train"]["pairs"] < size:
+                raise ValueError(
+                    f"only {stats['train']['pairs']} training pairs have a preference, fewer "
+                    f"than {key}={size}: raise pipeline.pairs or add prompts."
+                )
 
     def _sample_pairs(self, policy, items: list) -> dict:
         """2 x pipeline.pairs sampled responses per prompt, consecutive ones paired, with
@@ -404,7 +417,26 @@ class Pipeline:
         if "diverged" in summary:
             self.result["ppo_diverged"] = summary["diverged"]
 
-    # ------------------------------------------------------------------ 6. evaluate
+    # ------------------------------------------------------------------ 6. dpo
+
+    def dpo(self) -> None:
+        """`proxima dpo` on the pairs the reward model learned from, started from the SFT
+        policy, so that its policy and PPO's answer the same question from the same start."""
+        folder = self.run_dir / "pairs"
+        self.dpo_dir = self.run_dir / "dpo"
+        dpo_cfg = self.cfg.replace(
+            {
+                "model.actor_path": str(self.sft_dir),
+                "dpo.train_path": str(folder / "train.jsonl"),
+                "dpo.eval_path": str(folder / "heldout.jsonl"),
+                "dpo.out": str(self.dpo_dir),
+            }
+        )
+        summary = train_dpo(dpo_cfg)
+        self.result["dpo_heldout_accuracy"] = summary["eval_after"]["rewards/accuracies"]
+        self.result["dpo_heldout_margin"] = summary["eval_after"]["rewards/margins"]
+
+    # ------------------------------------------------------------------ 7. evaluate
 
     def evaluate(self) -> None:
         """The SFT policy and each PPO checkpoint on the held-out prompts (the same sampling
@@ -432,24 +464,36 @@ class Pipeline:
             actor = reference
             if ckpt is not None:
                 actor = load_causal_lm(ckpt / "actor", device=self.device, trainable=False)
-            torch.manual_seed(cfg.trainer.seed + 1)  # every policy answers with the same noise
-            res = scores_and_kl(
-                actor,
-                reference,
-                self.tok,
-                self.heldout,
-                {GOLD: self.gold, PROXY: proxy},
-                cfg.rollout,
-                self.device,
-                n=cfg.pipeline.eval_samples,
-                batch_size=cfg.eval.batch_size,
+            rows.append(
+                {"name": name, "iteration": iteration, **self._scores(actor, reference, proxy)}
             )
-            rows.append({"name": name, "iteration": iteration, **_moments(res)})
             if ckpt is not None:
                 rows[-1]["checkpoint"] = str(ckpt)
+        if self.cfg.pipeline.dpo:
+            actor = load_causal_lm(self.dpo_dir / "actor", device=self.device, trainable=False)
+            rows.append({"name": "dpo", "iteration": None, **self._scores(actor, reference, proxy)})
         with (self.run_dir / "pipeline_eval.jsonl").open("w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+        self.dpo_row = rows.pop() if self.cfg.pipeline.dpo else None
         self.rows = rows
+
+    def _scores(self, actor, reference, proxy) -> dict[str, float]:
+        """Gold, proxy and KL to the SFT policy of `actor`'s samples on the held-out prompts,
+        drawn with the same noise for every policy."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.trainer.seed + 1)
+        res = scores_and_kl(
+            actor,
+            reference,
+            self.tok,
+            self.heldout,
+            {GOLD: self.gold, PROXY: proxy},
+            cfg.rollout,
+            self.device,
+            n=cfg.pipeline.eval_samples,
+            batch_size=cfg.eval.batch_size,
+        )
+        return _moments(res)
 
     def _gold_order_accuracy(self, rm) -> float:
         """Share of the held-out pairs the reward model orders as the gold does (the labels
@@ -491,6 +535,16 @@ class Pipeline:
             "best_checkpoint": best.get("checkpoint", str(self.sft_dir)),
             "best": {k: best[k] for k in ("name", "iteration", "gold_mean", "proxy_mean", "kl")},
         }
+        if self.dpo_row is not None:
+            d = self.dpo_row
+            out.update(
+                dpo_heldout_accuracy=self.result["dpo_heldout_accuracy"],
+                gold_dpo_mean=d["gold_mean"],
+                proxy_dpo_mean=d["proxy_mean"],
+                kl_dpo=d["kl"],
+                gold_gain_dpo_sft_std=(d["gold_mean"] - sft["gold_mean"])
+                / max(sft["gold_std"], 1e-8),
+            )
         figure = plot_overoptimization(
             read_metrics(self.ppo_dir / "metrics.jsonl"),
             rows,
@@ -535,6 +589,14 @@ class Pipeline:
             f"gold {b['gold_mean']:.4f}, KL {b['kl']:.3f}) at {out['best_checkpoint']}\n"
             f"figure: {summary['figure']}; wall time {summary['wall_seconds']:.0f} s"
         )
+        if "gold_dpo_mean" in out:
+            print(
+                f"DPO on the same pairs: held-out implicit-reward accuracy "
+                f"{out['dpo_heldout_accuracy']:.1%}; gold {out['gold_dpo_mean']:.4f} "
+                f"({out['gold_gain_dpo_sft_std']:+.2f} SFT std), proxy "
+                f"{out['proxy_dpo_mean']:.4f}, KL to the SFT policy {out['kl_dpo']:.3f} nats "
+                "per response"
+            )
 
 
 def _moments(res: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -7,7 +7,12 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from proxima.data.preferences import PreferenceDataset, PreferenceItem, collate_preferences
+from proxima.data.preferences import (
+    PreferenceDataset,
+    PreferenceItem,
+    collate_policy_pairs,
+    collate_preferences,
+)
 
 WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "user", ":", "hi", "assistant", "a", "b", "c", "d"]
 VOCAB = {w: i for i, w in enumerate(WORDS)}  # <pad>=0 <bos>=1 <eos>=2 user=4 a=8 b=9 c=10 d=11
@@ -136,3 +141,42 @@ def test_pairs_with_chosen_equal_to_rejected_warn_with_count_and_first_index():
         "pairs.jsonl: 2 of 4 pairs have the same 'chosen' and 'rejected' response (the first: "
         "record 1); they teach the reward model nothing"
     )
+
+
+def test_policy_layout_left_pads_prompts_and_right_pads_responses():
+    # pair 0: prompt [8, 9] (2 ids), chosen [10, eos], rejected [11, 11, eos];
+    # pair 1: prompt [4] (1 id), chosen [8, eos], rejected [eos] (an empty response).
+    items = [
+        PreferenceItem([8, 9, 10, 2], [8, 9, 11, 11, 2], prompt_length=2),
+        PreferenceItem([4, 8, 2], [4, 2], prompt_length=1),
+    ]
+    batch = collate_policy_pairs(items, pad_token_id=0)
+    # P = 2, R = 3; rows: chosen 0, chosen 1, rejected 0, rejected 1
+    assert batch["input_ids"].tolist() == [
+        [8, 9, 10, 2, 0],
+        [0, 4, 8, 2, 0],
+        [8, 9, 11, 11, 2],
+        [0, 4, 2, 0, 0],
+    ]
+    assert batch["attention_mask"].tolist() == [
+        [1, 1, 1, 1, 0],
+        [0, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1],
+        [0, 1, 1, 0, 0],
+    ]
+    assert batch["response_ids"].tolist() == [[10, 2, 0], [8, 2, 0], [11, 11, 2], [2, 0, 0]]
+    assert batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]]
+
+
+def test_policy_layout_of_a_dataset_keeps_the_sft_token_layout():
+    # The response ids (EOS included) are what an SFT example of the same record trains on.
+    records = [{"prompt": "a b", "chosen": "c", "rejected": "d d"}]
+    ds = PreferenceDataset(records, make_tokenizer(), max_length=16)
+    batch = collate_policy_pairs(ds.items, pad_token_id=0)
+    assert batch["response_ids"].tolist() == [[10, 2, 0], [11, 11, 2]]
+    assert batch["input_ids"][:, :2].tolist() == [[8, 9], [8, 9]]
+
+
+def test_policy_layout_needs_a_pad_token():
+    with pytest.raises(ValueError, match="no pad token"):
+        collate_policy_pairs([PreferenceItem([8, 2], [9, 2], 1)], pad_token_id=None)

@@ -96,6 +96,28 @@ def test_builtin_pipeline_writes_every_file_and_the_summary(tmp_path, keep_threa
     assert "best within KL" in capsys.readouterr().out
 
 
+def test_pipeline_trains_dpo_on_the_same_pairs_and_scores_it_beside_ppo(
+    tmp_path, keep_threads, capsys
+):
+    dpo = ["pipeline.dpo=true", "dpo.batch_size=16", "dpo.lr=1e-3", "dpo.max_length=64"]
+    rc = main(["pipeline", *TINY, *dpo, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    run = tmp_path / "runs"
+    rows = [json.loads(line) for line in (run / "pipeline_eval.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["sft", "iter_2", "iter_4", "dpo"]
+    out = json.loads((run / "summary.json").read_text())["pipeline"]
+    dpo_row = rows[-1]
+    assert out["gold_dpo_mean"] == dpo_row["gold_mean"] and out["kl_dpo"] == dpo_row["kl"]
+    assert out["kl_final"] == rows[2]["kl"]  # PPO's figures stay PPO's
+    for key in ("dpo_heldout_accuracy", "proxy_dpo_mean", "gold_gain_dpo_sft_std"):
+        assert math.isfinite(out[key]), key
+    assert (run / "dpo/actor/config.json").is_file() and (run / "dpo/summary.json").is_file()
+    status = json.loads((run / "pipeline.json").read_text())
+    assert status["finished"] == ["task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate"]
+    printed = capsys.readouterr().out
+    assert "[pipeline 6/7] dpo" in printed and "DPO on the same pairs" in printed
+
+
 GOLD = '''
 def gold(prompts, responses, target, **_):
     """How many times the response holds the row's target character, at most 3."""
