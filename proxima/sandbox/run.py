@@ -59,8 +59,8 @@ except BaseException as _e:  # the traceback from main.py on, without this frame
 
 @dataclass(frozen=True)
 class Limits:
-    """What one run may use. ``processes``: how many more processes than the user already
-    runs (None: no limit; not enforced for root)."""
+    """What one run may use. ``processes``: how many processes the run may have at once, as
+    `Isolation.process_limit` counts them (None: no limit)."""
 
     wall_s: float = 10.0
     cpu_s: int = 5  # RLIMIT_CPU counts whole seconds
@@ -239,8 +239,8 @@ def _result(
     code: int, read: _Read, limits: Limits, iso: Isolation, seconds: float
 ) -> SandboxResult:
     """The outcome of a run from how it ended and its stderr's last line (a SIGKILL after
-    ``cpu_s`` seconds is the CPU limit's hard kill; under bwrap an exit status 128 + n is
-    signal n, as bwrap reports a killed child)."""
+    ``cpu_s`` seconds is the CPU limit's hard kill; in a namespace an exit status 128 + n
+    is signal n, as bwrap and the shell of unshare's root report a killed child)."""
     out = read.out.decode("utf-8", "replace")
     err = read.err.decode("utf-8", "replace")
     lines = err.strip().splitlines()
