@@ -107,10 +107,9 @@ def test_a_signal_is_named(iso):
 
 @pytest.mark.parametrize("iso", ISOLATED)
 def test_an_endless_loop_meets_the_cpu_limit(iso):
-    start = time.monotonic()
-    r = run_python("while True:\n    pass\n", FAST, isolation=iso)
+    """A wall time far off: on a loaded machine one second of CPU takes several."""
+    r = run_python("while True:\n    pass\n", Limits(wall_s=30, cpu_s=1), isolation=iso)
     assert (r.outcome, r.detail, r.exit_code) == ("timeout", "CPU time past 1 s", -24)  # SIGXCPU
-    assert time.monotonic() - start < 2.5
 
 
 @pytest.mark.parametrize("iso", ISOLATED)

@@ -56,10 +56,12 @@ class Isolation:
         return self.name != "none" and os.geteuid() == 0
 
     def prepare(self, folder: str) -> None:
-        """Make the run's ``folder`` writable by the user the code runs as (and searchable
+        """Make the run's ``folder`` and its files the code's user's (and the folder searchable
         by all: bubblewrap enters it as root before the code becomes `NOBODY`, without the
         capability that passes over permissions)."""
         if self.as_nobody:
+            for entry in os.scandir(folder):  # main.py: readable whatever the umask
+                os.chown(entry.path, NOBODY, NOBODY)
             os.chown(folder, NOBODY, NOBODY)
             os.chmod(folder, 0o711)
 
@@ -218,10 +220,12 @@ def _new_root_script(folder: str) -> str:
     q = shlex.quote
     r = q(folder + "/.root")
     lines = [
-        "set -e",
+        "set -e; umask 022",  # the folders made open to the code's user
         "caller_path=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin",
         f"mkdir {r}",
         f"mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs {r}",
+        # /tmp first: Python's folders may lie under it
+        f"mkdir {r}/tmp; mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs {r}/tmp",
     ]
     for kind, path in _view():
         p, target = q(path), r + q(path)
@@ -235,9 +239,8 @@ def _new_root_script(folder: str) -> str:
                 f" mount --bind -o ro {p} {target}; fi"
             )
     lines += [
-        f"mkdir {r}{SANDBOX_DIR} {r}/tmp {r}/proc {r}/dev {r}/.old",
+        f"mkdir -p {r}{SANDBOX_DIR} {r}/proc {r}/dev {r}/.old",
         f"mount --bind {q(folder)} {r}{SANDBOX_DIR}",
-        f"mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs {r}/tmp",
         f"mount -t proc -o ro,nosuid,nodev,noexec proc {r}/proc",
         f"mount -t tmpfs -o mode=0755,nosuid tmpfs {r}/dev",
         f"for d in {' '.join(_DEVICES)}; do",
