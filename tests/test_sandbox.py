@@ -239,6 +239,18 @@ def _trainer(iso, code: str, use: str = "env") -> dict:
     return record
 
 
+def _sleeper(before_exec: str) -> tuple[str, str]:
+    """A mark and code that becomes (after ``before_exec``) a process holding the mark in its
+    command line, which only the code puts together: the trainer's own does not hold it."""
+    head, tail = "proxima-escape-", secrets.token_hex(8)
+    code = (
+        f"import os, sys\n{before_exec}"
+        f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', "
+        f"{head!r} + {tail!r}])\n"
+    )
+    return head + tail, code
+
+
 @pytest.mark.parametrize("iso", CONTAINED)
 def test_the_caller_cannot_be_killed(iso):
     """Neither by its pid nor as the parent: the trainer goes on, the turn is a named failure
@@ -306,15 +318,31 @@ def test_etc_shadow_is_out_of_reach(iso):
 @pytest.mark.parametrize("iso", CONTAINED)
 def test_a_process_that_left_the_session_dies_with_the_run(iso):
     """setsid takes a child out of the run's process group, not out of its PID namespace."""
-    mark = f"proxima-escape-{secrets.token_hex(8)}"
-    code = (
-        "import os, sys\nif os.fork() == 0:\n    os.setsid()\n"
-        f"    argv = [sys.executable, '-c', 'import time; time.sleep(30)', {mark!r}]\n"
-        "    os.execv(sys.executable, argv)\n"
-        "print('left one behind')"
-    )
+    mark, code = _sleeper("if os.fork() == 0:\n    os.setsid()\n    ")
+    code += "print('left one behind')"
     record = _trainer(iso, code)
     assert record["outcome"] == "ok"
+    assert _gone(mark)
+
+
+@pytest.mark.parametrize("iso", CONTAINED)
+def test_a_run_dies_with_its_caller(iso):
+    """A trainer killed mid-run (no one left to enforce the wall time) takes the run along."""
+    mark, code = _sleeper("")
+    root = str(Path(__file__).resolve().parents[1])
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, iso.name, "env", code],
+        env={**os.environ, "PYTHONPATH": root},
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10.0
+        while not _processes_with(mark) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(mark), "the run did not start"
+    finally:
+        trainer.kill()
+        trainer.wait()
     assert _gone(mark)
 
 

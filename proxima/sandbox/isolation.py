@@ -97,7 +97,12 @@ def build_isolation(name: str) -> Isolation | None:
     if _not_installed(name):
         return None
     path = shutil.which(name)
-    return Isolation(name, (path, *(_bwrap_args() if name == "bwrap" else _unshare_args())))
+    if name == "bwrap":
+        return Isolation(name, (path, *_bwrap_args()))
+    # unshare killed with the thread that started it (bubblewrap's --die-with-parent), and
+    # with it the whole run (--kill-child)
+    setpriv = shutil.which("setpriv")
+    return Isolation(name, (setpriv, "--pdeathsig=KILL", path, *_unshare_args()))
 
 
 def _not_installed(name: str) -> list[str]:
