@@ -24,7 +24,7 @@ Isolation, the strongest that works here, chosen once per process by a trial run
   /run and the Unix sockets there) is in sight;
 - new network (no interface up: no network, no abstract Unix socket of the machine's), PID
   (no other process can be signalled or read; every process of the run dies with it, one
-  that called setsid included), IPC and UTS namespaces;
+  that called setsid included, and with the caller), IPC and UTS namespaces;
 - no capability; when the caller is root, the code runs as nobody (65534), so that file
   permissions and RLIMIT_NPROC bind it (a user other than root runs the code in a user
   namespace of its own, where RLIMIT_NPROC counts the run's processes only).
