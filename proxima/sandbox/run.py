@@ -59,8 +59,8 @@ except BaseException as _e:  # the traceback from main.py on, without this frame
 
 @dataclass(frozen=True)
 class Limits:
-    """What one run may use. ``processes``: how many more processes than the user already
-    runs (None: no limit; not enforced for root)."""
+    """What one run may use. ``processes``: how many processes the run may have at once, as
+    `Isolation.process_limit` counts them (None: no limit)."""
 
     wall_s: float = 10.0
     cpu_s: int = 5  # RLIMIT_CPU counts whole seconds
@@ -127,7 +127,8 @@ def run_python(
         prefix="proxima-sandbox-", ignore_cleanup_errors=True
     ) as folder:
         Path(folder, "main.py").write_text(code, encoding="utf-8")
-        boot = {"rlimits": _rlimits(limits), "guard": not iso.network_cut}
+        iso.prepare(folder)
+        boot = {"rlimits": _rlimits(limits, iso), "guard": not iso.network_cut}
         argv = [sys.executable, "-E", "-s", "-B", "-X", "utf8", "-c", _BOOT, json.dumps(boot)]
         proc = subprocess.Popen(
             iso.command(folder, argv),
@@ -147,29 +148,17 @@ def run_python(
     return _result(proc.returncode, read, limits, iso, seconds)
 
 
-def _rlimits(limits: Limits) -> dict[str, tuple[int, int]]:
+def _rlimits(limits: Limits, iso: Isolation) -> dict[str, tuple[int, int]]:
     rlimits = {
         "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
         "RLIMIT_AS": (limits.memory_mb << 20,) * 2,
         "RLIMIT_FSIZE": (limits.file_mb << 20,) * 2,
         "RLIMIT_CORE": (0, 0),
     }
-    if limits.processes is not None and os.geteuid() != 0:
-        n = _processes_of(os.geteuid()) + limits.processes
+    n = None if limits.processes is None else iso.process_limit(limits.processes)
+    if n is not None:
         rlimits["RLIMIT_NPROC"] = (n, n)
     return rlimits
-
-
-def _processes_of(uid: int) -> int:
-    """How many processes ``uid`` runs now (RLIMIT_NPROC counts them all)."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                count += entry.stat().st_uid == uid
-            except OSError:  # ended meanwhile
-                pass
-    return count
 
 
 def _environment(home: str) -> dict[str, str]:
@@ -250,14 +239,14 @@ def _result(
     code: int, read: _Read, limits: Limits, iso: Isolation, seconds: float
 ) -> SandboxResult:
     """The outcome of a run from how it ended and its stderr's last line (a SIGKILL after
-    ``cpu_s`` seconds is the CPU limit's hard kill; under bwrap an exit status 128 + n is
-    signal n, as bwrap reports a killed child)."""
+    ``cpu_s`` seconds is the CPU limit's hard kill; in a namespace an exit status 128 + n
+    is signal n, as bwrap and the shell of unshare's root report a killed child)."""
     out = read.out.decode("utf-8", "replace")
     err = read.err.decode("utf-8", "replace")
     lines = err.strip().splitlines()
     last = lines[-1] if lines else ""
     signum = -code if code < 0 else None
-    if iso.name == "bwrap" and 128 < code < 128 + 65:
+    if iso.name != "none" and 128 < code < 128 + 65:
         signum = code - 128
     if signum is not None:
         code = -signum
