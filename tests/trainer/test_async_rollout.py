@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,7 @@ from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
 from proxima.trainer.setup import check_rollout_devices
 from proxima.trainer.workers import (
+    IN_FLIGHT,
     PartialRollouts,
     RolloutWorkerError,
     WeightBox,
@@ -87,7 +89,7 @@ def _run(files, iterations: int, *extra: str) -> tuple[list[dict], list]:
 @pytest.mark.parametrize("k", [1, 2])
 def test_each_batch_comes_from_the_weights_of_k_iterations_before(files, k):
     torch.set_num_threads(1)
-    trainer = nano_trainer(files, f"rollout.max_staleness={k}", IN_PROCESS)
+    trainer = nano_trainer(files, f"rollout.max_staleness={k}", IN_PROCESS, "trainer.iterations=8")
     for i in range(5):
         metrics, ro = trainer.step()
         assert ro.versions.tolist() == [max(i - k, 0)] * 8, i
@@ -456,6 +458,7 @@ def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
         files,
         "rollout.max_staleness=3",
         "rollout.workers=1",
+        "trainer.iterations=5",
         "data.train_batch_size=16",
         "rollout.n=8",
         "rollout.max_response_length=24",
@@ -472,3 +475,44 @@ def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
         trainer.close()
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_staleness_beyond_the_run_samples_only_the_batches_it_trains(files, workers):
+    # k = 100000 on a run of 4 iterations: every batch comes from the first weights, none
+    # past the last is sampled, and a worker holds at most IN_FLIGHT requests at once (the
+    # alarm fails the test if the trainer and the worker wait on each other)
+    def expire(*_):
+        raise TimeoutError("the trainer and its worker wait on each other")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(300)
+    trainer = nano_trainer(
+        files, "rollout.max_staleness=100000", f"rollout.workers={workers}", "trainer.iterations=4"
+    )
+    try:
+        for _ in range(4):
+            _, ro = trainer.step()
+            assert ro.versions.tolist() == [0] * 8
+            assert trainer.sampler.drawn == 4  # batches 0-3: the run's
+            if workers == "1":
+                assert trainer.sampler.backend.workers.flying[0] <= IN_FLIGHT
+        assert trainer.sampler.ready == {}
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        trainer.close()
+
+
+def test_closing_with_requests_in_flight_ends_the_workers_at_once(files):
+    # the trainer stops (a signal, an error) while its worker samples and holds more
+    # requests: close neither waits for them nor leaves the worker behind
+    trainer = nano_trainer(files, "rollout.max_staleness=3", "trainer.iterations=8")
+    trainer.step()
+    workers = trainer.sampler.backend.workers
+    procs = list(workers.procs)
+    assert workers.sent  # batches still to sample
+    start = time.monotonic()
+    trainer.close()
+    assert time.monotonic() - start < 10
+    assert not any(p.is_alive() for p in procs)
