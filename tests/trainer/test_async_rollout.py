@@ -180,8 +180,12 @@ def test_what_workers_refuse_when_the_trainer_is_built(files):
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
-    trainer = nano_trainer(files, "rollout.max_staleness=0", "rollout.workers=3")
+    trainer = nano_trainer(files, "rollout.max_staleness=0")
     assert trainer.sampler is trainer.on_policy
+    assert trainer.cfg.rollout.workers == 0
+    # workers would only sample what the trainer samples next, from its current weights
+    with pytest.raises(ConfigError, match="rollout.workers=3` starts .* rollout.max_staleness=0"):
+        nano_trainer(files, "rollout.max_staleness=0", "rollout.workers=3")
 
 
 def test_the_pending_batch_is_the_next_iterations_batch(files):
@@ -291,6 +295,19 @@ def test_config_defaults_and_refusals(files):
     for cfg in (off, seq):  # named for the stale weights, whatever the correction
         with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*max_staleness"):
             plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), HF)
+    # unset, the workers fill the pipeline: one per batch it holds, at most 4, none where
+    # workers cannot sample the run; a number the user set stays
+    for extra, workers in (
+        ((ASYNC,), 1),
+        (("rollout.max_staleness=2",), 2),
+        (("rollout.max_staleness=100000",), 4),
+        (("rollout.max_staleness=100000", "trainer.iterations=3"), 3),
+        (("rollout.max_staleness=2", "rollout.workers=1"), 1),
+        (("rollout.max_staleness=2", IN_PROCESS), 0),
+        (("rollout.max_staleness=2", "rollout.name=vllm"), 0),
+        (("rollout.max_staleness=2", "algorithm.filter_groups=true", "rollout.n=2"), 0),
+    ):
+        assert load_config(None, [*base, *extra]).rollout.workers == workers, extra
     with pytest.raises(ConfigError, match="`rollout.asynchronous` is gone: use rollout.max_st"):
         load_config(None, [*base, "rollout.asynchronous=true"])
     for bad, why in (
@@ -298,7 +315,7 @@ def test_config_defaults_and_refusals(files):
         ("algorithm.filter_groups=true", "algorithm.filter_groups"),
     ):
         with pytest.raises(ConfigError, match=f"rollout.workers=1` does not go with {why}"):
-            load_config(None, [*base, ASYNC, bad, "rollout.n=2"])
+            load_config(None, [*base, ASYNC, bad, "rollout.n=2", "rollout.workers=1"])
         load_config(None, [*base, ASYNC, bad, "rollout.n=2", IN_PROCESS])  # in-process: fine
     with pytest.raises(ConfigError, match="rollout.max_staleness` must be >= 0"):
         load_config(None, [*base, "rollout.max_staleness=-1"])
