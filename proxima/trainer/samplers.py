@@ -450,7 +450,15 @@ class Ahead:
         self.backend.publish(i)  # the weights of iteration i, for the batch i + k
         made = []
         # no batch past the run's last: it would be sampled, held and never trained
-        while self.drawn <= min(i + self.k, max(i, t.cfg.trainer.iterations - 1)):
+        end = min(i + self.k, max(i, t.cfg.trainer.iterations - 1))
+        if isinstance(self.backend, InProcess) and end > self.drawn and t.dist.is_main:
+            print(  # the first of these waits holds up iteration i for minutes at a large k
+                f"sampling batches {self.drawn + 1}-{end + 1} ahead in the trainer's process "
+                f"(rollout.max_staleness={self.k}, rollout.workers=0)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while self.drawn <= end:
             j, self.drawn = self.drawn, self.drawn + 1
             got = self.backend.submit(j, max(self.first, j - self.k), self._seed(j))
             if got is not None:

@@ -495,7 +495,7 @@ def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
 
 
 @pytest.mark.parametrize("workers", ["0", "1"])
-def test_a_staleness_beyond_the_run_samples_only_the_batches_it_trains(files, workers):
+def test_a_staleness_beyond_the_run_samples_only_the_batches_it_trains(files, workers, capsys):
     # k = 100000 on a run of 4 iterations: every batch comes from the first weights, none
     # past the last is sampled, and a worker holds at most IN_FLIGHT requests at once (the
     # alarm fails the test if the trainer and the worker wait on each other)
@@ -515,6 +515,8 @@ def test_a_staleness_beyond_the_run_samples_only_the_batches_it_trains(files, wo
             if workers == "1":
                 assert trainer.sampler.backend.workers.flying[0] <= IN_FLIGHT
         assert trainer.sampler.ready == {}
+        said = "sampling batches 1-4 ahead in the trainer's process"
+        assert (said in capsys.readouterr().err) == (workers == "0")  # the wait, named
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
