@@ -9,8 +9,9 @@ overlap and its absence show.
 - `latency`: `proxima train tools` (multi-turn episodes with a calculator), each calculator
   call 50-200 ms late and a reward server (`proxima serve-reward`, started here) that
   answers after 0.2 s (`benchmarks/latency_task.py`). Synchronous on 2 threads against
-  k = 1, 2, 4 with k workers (one thread each, the trainer one): the CPU idles while the
-  tools and the server wait, so the workers' batches overlap each other and the update.
+  k = 1, 2, 4 with k workers (one thread each, the trainer one), and k = 2 with nothing
+  else set (the workers it defaults to): the CPU idles while the tools and the server
+  wait, so the workers' batches overlap each other and the update.
 - `compute`: the default example (`proxima train`), nothing to wait for: synchronous on both
   cores (`trainer.threads=2`) against one worker on one core and the trainer on the other
   (k = 1), and k = 4 with one worker.
@@ -46,6 +47,7 @@ CONFIGS = {
         "k=1, 1 worker": [*ASYNC, "rollout.max_staleness=1", "rollout.workers=1"],
         "k=2, 2 workers": [*ASYNC, "rollout.max_staleness=2", "rollout.workers=2"],
         "k=4, 4 workers": [*ASYNC, "rollout.max_staleness=4", "rollout.workers=4"],
+        "k=2, defaults": ["rollout.max_staleness=2"],  # the workers and threads it picks
     },
     "compute": {
         "sync": SYNC,

@@ -403,3 +403,17 @@ def test_a_critic_free_run_does_not_check_the_critics_batch_sizes():
     assert list(trained_sections(cfg)) == ["actor"]
     with pytest.raises(ConfigError, match="critic.ppo_mini_batch_size"):
         load_config(None, [*base, *sizes, "algorithm.adv_estimator=gae"])
+
+
+def test_the_batch_plan_says_how_the_batches_are_sampled_ahead():
+    assert "ahead" not in batch_plan(load_config(None, BASE))  # synchronous: nothing ahead
+    two = batch_plan(load_config(None, [*BASE, "rollout.max_staleness=2"]))
+    assert "batch i is sampled from the weights of iteration i - 2; up to 2 batch(es)" in two
+    assert "2 rollout worker process(es)" in two and "max(update, sampling / 2)" in two
+    beyond = load_config(None, [*BASE, "rollout.max_staleness=100000", "trainer.iterations=3"])
+    said = batch_plan(beyond)
+    assert "up to 3 batch(es)" in said and "every batch from the first weights" in said
+    assert "3 rollout worker process(es)" in said
+    here = batch_plan(load_config(None, [*BASE, "rollout.max_staleness=2", "rollout.name=vllm"]))
+    assert "trainer's process (rollout.workers=0; workers do not go with rollout.name=vllm" in here
+    assert "nothing overlaps" in here

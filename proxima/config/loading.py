@@ -15,7 +15,10 @@ from typing import Any
 import yaml
 
 from proxima.config.schema import Config, ConfigError
-from proxima.config.validation import check_sources, validate
+from proxima.config.validation import check_sources, validate, worker_problem
+
+# the most rollout workers a run gets without asking: each holds a copy of the actor
+MAX_DEFAULT_WORKERS = 4
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -228,12 +231,29 @@ def _async_defaults(cfg: Config, tree: dict) -> Config:
     """With rollout.max_staleness the engine samples from weights up to that many versions
     behind the trainer's: the truncated importance weights pi_old / mu correct for it
     (verl's rollout_is in its off-policy modes), on per token unless the YAML or an override
-    set algorithm.rollout_correction (also to empty: off)."""
-    algorithm = tree.get("algorithm")
-    chosen = isinstance(algorithm, dict) and "rollout_correction" in algorithm
-    if cfg.rollout.max_staleness and not chosen:
-        return cfg.replace({"algorithm.rollout_correction": "token"})
+    set algorithm.rollout_correction (also to empty: off). Unless set, rollout.workers is
+    the number of batches the pipeline holds (`default_workers`)."""
+
+    def chosen(section: str, key: str) -> bool:
+        return isinstance(tree.get(section), dict) and key in tree[section]
+
+    k = cfg.rollout.max_staleness
+    if k and not chosen("algorithm", "rollout_correction"):
+        cfg = cfg.replace({"algorithm.rollout_correction": "token"})
+    if k and not chosen("rollout", "workers"):
+        cfg = cfg.replace({"rollout.workers": default_workers(cfg)})
     return cfg
+
+
+def default_workers(cfg: Config) -> int:
+    """rollout.workers when unset: one per batch the pipeline holds (k = max_staleness,
+    never more than the run's iterations), so each batch can be sampled while the k - 1
+    before it train; at most `MAX_DEFAULT_WORKERS`, each holding a copy of the actor; 0
+    where workers cannot sample the run (`worker_problem`), which then samples ahead in
+    the trainer's process."""
+    if worker_problem(cfg):
+        return 0
+    return max(1, min(cfg.rollout.max_staleness, cfg.trainer.iterations, MAX_DEFAULT_WORKERS))
 
 
 def load_config(

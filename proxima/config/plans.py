@@ -10,6 +10,7 @@ from typing import Any
 from proxima.config.roles import trained_sections
 from proxima.config.schema import Config
 from proxima.config.sections import set_names
+from proxima.config.validation import worker_problem
 
 
 def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None) -> str:
@@ -40,6 +41,7 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
             )
         )
     lines += kl_plan(cfg)
+    lines += async_plan(cfg)
     lines.append(
         f"  total : {cfg.trainer.iterations} iterations, "
         f"{cfg.trainer.iterations * rollout} sequences"
@@ -80,6 +82,43 @@ def kl_plan(cfg: Config) -> list[str]:
             "off (as verl); set algorithm.use_kl_in_reward=true to have both"
         ]
     return ["  KL    : in the actor loss only (algorithm.use_kl_in_reward=false)"]
+
+
+def async_plan(cfg: Config) -> list[str]:
+    """Asynchronous rollouts (`rollout.max_staleness`): how deep the pipeline is, what it
+    holds, who samples it and the overlap to expect of that."""
+    r, iterations = cfg.rollout, cfg.trainer.iterations
+    k = r.max_staleness
+    if not k:
+        return []
+    deep = min(k, iterations)  # never a batch past the run's last
+    lines = [
+        f"  ahead : rollout.max_staleness={k}: batch i is sampled from the weights of "
+        f"iteration i - {k}; up to {deep} batch(es) ({deep * cfg.rollout_batch_size} "
+        "sequences) sampled ahead and held"
+        + (
+            f" (k >= the run's {iterations} iterations: every batch from the first weights)"
+            if k >= iterations
+            else ""
+        )
+    ]
+    if r.workers:
+        busy = min(r.workers, deep)  # a batch to sample for each, at most
+        lines.append(
+            f"          {r.workers} rollout worker process(es) sample while the trainer "
+            f"trains: an iteration takes about max(update, sampling / {busy}) instead of "
+            "update + sampling"
+            + (f"; only {busy} of them have a batch to sample" if busy < r.workers else "")
+        )
+    else:
+        why = worker_problem(cfg)
+        lines.append(
+            "          sampled in the trainer's process (rollout.workers=0"
+            + (f"; workers do not go with {why}" if why else "")
+            + "): sampling and training alternate, nothing overlaps, the batches are "
+            "only older"
+        )
+    return lines
 
 
 def fixed_keys() -> tuple[str, ...]:

@@ -367,11 +367,14 @@ class RolloutConfig:
         fixed=True,
     )
     workers: int = _f(
-        1,
+        0,
         "With max_staleness >= 1: rollout worker processes beside the trainer, generating "
         "and scoring while it trains (hf engine; rollout.worker_start, rollout.devices), or 0: "
-        "sample ahead in the trainer's own process, one phase after the other (any engine, "
-        "DAPO's dynamic sampling).",
+        "sample ahead in the trainer's own process, one phase after the other, with no "
+        "overlap (any engine, DAPO's dynamic sampling). Unset with max_staleness = k >= 1: "
+        "min(k, trainer.iterations, 4) workers, one per batch the pipeline holds, where "
+        "workers can sample the run, else 0 (the batch plan says which and why). Refused "
+        "with max_staleness=0, where nothing overlaps.",
         fixed=True,
     )
     worker_threads: int = _f(

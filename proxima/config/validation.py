@@ -507,24 +507,41 @@ def _check_staleness(cfg: Config) -> None:
             "`rollout.partial_rollouts=true` applies to single-turn generation (the decode "
             "loop's steps); multi-turn episodes take the weights of their batch. Turn it off."
         )
+    if r.workers and not r.max_staleness:
+        raise ConfigError(
+            f"`rollout.workers={r.workers}` starts rollout worker processes, which sample "
+            "batches ahead while the trainer trains, but rollout.max_staleness=0 samples each "
+            "batch from the current weights, after the last update: nothing could overlap. "
+            "Set rollout.max_staleness=1 (or more; rollout.workers then defaults to it), or "
+            "rollout.workers=0."
+        )
     _check_worker_devices(cfg)
     if not (r.max_staleness and r.workers):
         return
-    why = ""
-    if r.name != "hf":
-        why = f"rollout.name={r.name} (a worker process serves the actor with the hf engine)"
-    elif r.agent.fn:
-        why = "rollout.agent (its OpenAI endpoint serves the trainer's engine)"
-    elif cfg.algorithm.filter_groups:
-        why = (
-            "algorithm.filter_groups (DAPO's dynamic sampling draws a varying number of "
-            "batches, decided over all ranks)"
-        )
+    why = worker_problem(cfg)
     if why:
         raise ConfigError(
             f"`rollout.workers={r.workers}` does not go with {why}. Use rollout.workers=0: "
             "the batches are sampled ahead in the trainer's process, with the same staleness."
         )
+
+
+def worker_problem(cfg: Config) -> str:
+    """Why rollout worker processes cannot sample this run ("" when they can): a worker
+    serves a copy of the whole actor with the hf engine and samples whole batches."""
+    r = cfg.rollout
+    if r.name != "hf":
+        return f"rollout.name={r.name} (a worker process serves the actor with the hf engine)"
+    if r.agent.fn:
+        return "rollout.agent (its OpenAI endpoint serves the trainer's engine)"
+    if cfg.algorithm.filter_groups:
+        return (
+            "algorithm.filter_groups (DAPO's dynamic sampling draws a varying number of "
+            "batches, decided over all ranks)"
+        )
+    if cfg.trainer.strategy == "fsdp2":
+        return "trainer.strategy=fsdp2 (it shards the actor; a worker serves all of it)"
+    return ""
 
 
 def _check_worker_devices(cfg: Config) -> None:

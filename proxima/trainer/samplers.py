@@ -418,10 +418,12 @@ class Ahead:
     """`rollout.max_staleness` = k >= 1: the batch trained at iteration i is sampled from the
     weights the trainer had at the start of iteration i - k (or of the iteration this run
     started at, when later), so no sample trains more than k policy versions after it was
-    sampled. Up to k batches are thus sampled ahead: by worker processes while the trainer
-    trains (`InWorkers`), or in the trainer's process, one phase after the other
-    (`InProcess`). Each batch has its own seed (trainer.seed, the rank, its index), so both
-    sample the same batch, and its samples depend on nothing that varies with timing.
+    sampled. Up to k batches are thus sampled ahead (never one past `trainer.iterations`,
+    so a k beyond the run holds no more than the batches it trains): by worker processes
+    while the trainer trains (`InWorkers`), or in the trainer's process, one phase after
+    the other (`InProcess`). Each batch has its own seed (trainer.seed, the rank, its
+    index), so both sample the same batch, and its samples depend on nothing that varies
+    with timing.
 
     A checkpoint holds the batches sampled ahead (those in flight are waited for): they come
     from weights older than the checkpoint's, which cannot be sampled from again. The next
@@ -447,7 +449,16 @@ class Ahead:
             self.backend.start(i)
         self.backend.publish(i)  # the weights of iteration i, for the batch i + k
         made = []
-        while self.drawn <= i + self.k:
+        # no batch past the run's last: it would be sampled, held and never trained
+        end = min(i + self.k, max(i, t.cfg.trainer.iterations - 1))
+        if isinstance(self.backend, InProcess) and end > self.drawn and t.dist.is_main:
+            print(  # the first of these waits holds up iteration i for minutes at a large k
+                f"sampling batches {self.drawn + 1}-{end + 1} ahead in the trainer's process "
+                f"(rollout.max_staleness={self.k}, rollout.workers=0)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while self.drawn <= end:
             j, self.drawn = self.drawn, self.drawn + 1
             got = self.backend.submit(j, max(self.first, j - self.k), self._seed(j))
             if got is not None:

@@ -31,7 +31,10 @@ weights, its prompts and its seed: the same as sampling it in the trainer's proc
 A worker ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process group: the trainer
 decides when to stop, and closes its workers) and dies with the trainer (PR_SET_PDEATHSIG).
 Requests and results travel as pickled bytes over pipes (a result's tensors on the host):
-no tensor is shared but the box.
+no tensor is shared but the box. Neither side can wait on the other in a send: a worker
+sends its results from a thread while its loop reads the next request, and the trainer
+holds back a worker's requests beyond `IN_FLIGHT` (sent as its results arrive), so the
+results waiting in a worker number at most `IN_FLIGHT` whatever the staleness.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ import functools
 import multiprocessing as mp
 import os
 import pickle
+import queue
+import select
 import signal
 import threading
 import time
 import traceback
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -57,6 +63,8 @@ from proxima.trainer.dist import Dist
 from proxima.trainer.setup import resolve_device
 
 POLL_S = 0.5  # how often a wait checks that the other side is alive
+IN_FLIGHT = 2  # requests sent to a worker at once: the one it samples, and the next
+CLOSE_S = 1.0  # how long a closing worker has to exit before it is killed
 PR_SET_PDEATHSIG = 1
 
 
@@ -194,10 +202,12 @@ def _serve(build, box: WeightBox, conn, started, slot: int, threads: int, parent
     t = build()
     policy = t.roles.actor
     partial = t.cfg.rollout.partial_rollouts
+    outbox: queue.Queue = queue.Queue()
+    threading.Thread(target=_send_results, args=(conn, outbox), daemon=True).start()
     while True:
         try:
             request = pickle.loads(conn.recv_bytes())
-        except EOFError:  # the trainer closed the pipe
+        except (EOFError, OSError):  # the trainer closed the pipe
             return
         if request is None:
             return
@@ -220,7 +230,19 @@ def _serve(build, box: WeightBox, conn, started, slot: int, threads: int, parent
             out = (request.batch, (ro.to("cpu"), penalty, seconds), None)
         except Exception as err:  # noqa: BLE001 - sent to the trainer, raised there
             out = (request.batch, None, f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
-        conn.send_bytes(pickle.dumps(out))
+        outbox.put(pickle.dumps(out))
+
+
+def _send_results(conn, outbox: queue.Queue) -> None:
+    """A worker's results to the trainer, in their order. A thread: a result may wait in a
+    full pipe until the trainer reads, and meanwhile the worker reads the trainer's next
+    request (a trainer sending it would otherwise wait on a worker waiting on the trainer)."""
+    while True:
+        data = outbox.get()
+        try:
+            conn.send_bytes(data)
+        except OSError:  # the trainer closed the pipe: it wants no more
+            return
 
 
 def start_method(cfg, device: torch.device) -> str:
@@ -267,6 +289,8 @@ class Workers:
         self.procs: list = []
         self.conns: list = []
         self.sent: dict[int, int] = {}  # batch -> worker, until its result is received
+        self.waiting = [deque() for _ in range(count)]  # requests held back, per worker
+        self.flying = [0] * count  # requests sent to each worker, their results not received
         self.inbox: dict[int, tuple] = {}  # batch -> its result, received, not yet taken
         self.box: WeightBox | None = None
 
@@ -309,15 +333,23 @@ class Workers:
         self.box.publish(t.roles.actor, index, t.policy_version)
 
     def submit(self, request: Request) -> None:
+        """Queue `request` for its worker, sent now if it holds fewer than `IN_FLIGHT`."""
         slot = request.batch % self.count
         self._alive(slot)
-        try:
-            self.conns[slot].send_bytes(pickle.dumps(request))
-        except OSError:  # it died since
-            self.procs[slot].join()
-            self._alive(slot)
-            raise
+        self.waiting[slot].append(request)
         self.sent[request.batch] = slot
+        self._send(slot)
+
+    def _send(self, slot: int) -> None:
+        while self.waiting[slot] and self.flying[slot] < IN_FLIGHT:
+            request = self.waiting[slot].popleft()
+            try:
+                self.conns[slot].send_bytes(pickle.dumps(request))
+            except OSError:  # it died since
+                self.procs[slot].join()
+                self._alive(slot)
+                raise
+            self.flying[slot] += 1
 
     def pending(self, batch: int) -> bool:
         """`batch` was sent and not yet received (in flight, or waiting in the inbox)."""
@@ -334,13 +366,15 @@ class Workers:
         return self.inbox.pop(batch)
 
     def _collect(self) -> None:
-        """Every result that has arrived, into the inbox: a worker whose results wait in a
-        full pipe could not start the batch the trainer waits for."""
-        for conn in self.conns:
+        """Every result that has arrived, into the inbox, and the requests held back that
+        their workers now have room for."""
+        for slot, conn in enumerate(self.conns):
             while conn.poll():
                 got, out, error = pickle.loads(conn.recv_bytes())
                 self.inbox[got] = (out, error)
                 del self.sent[got]
+                self.flying[slot] -= 1
+            self._send(slot)
 
     def _wait(self, slot: int, ready) -> None:
         while not ready():
@@ -358,16 +392,19 @@ class Workers:
             )
 
     def close(self) -> None:
-        """Stop the workers: asked, then killed (they ignore SIGTERM, and hold nothing that
-        a run keeps)."""
+        """Stop the workers, never waiting on one for long (a signal's stop comes here):
+        asked where their pipe has room, given `CLOSE_S` to exit, then killed (they ignore
+        SIGTERM, and hold nothing that a run keeps)."""
         atexit.unregister(self.close)
         for conn in self.conns:
             try:
-                conn.send_bytes(pickle.dumps(None))
+                if select.select([], [conn], [], 0)[1]:  # a full pipe would block the send
+                    conn.send_bytes(pickle.dumps(None))
             except OSError:
                 pass
+        deadline = time.monotonic() + CLOSE_S
         for proc in self.procs:
-            proc.join(timeout=1)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()

@@ -494,3 +494,59 @@ def test_an_evaluation_before_training_that_fails_leaves_nothing(
     err = capsys.readouterr().err
     assert "the evaluation before training failed: RewardError" in err
     assert "called sys.exit(5)" in err and not out.exists()
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.is_file() else []
+
+
+@pytest.mark.parametrize(
+    "signals, status, said",
+    [
+        ((signal.SIGINT,), 130, "stopped at iteration"),
+        ((signal.SIGINT, signal.SIGINT), 130, "aborted: second SIGINT"),
+        ((signal.SIGTERM,), 143, "stopped at iteration"),
+        ((signal.SIGTERM, signal.SIGTERM), 143, "aborted: second SIGTERM"),
+    ],
+    ids=["SIGINT", "SIGINT-twice", "SIGTERM", "SIGTERM-twice"],
+)
+def test_every_signal_ends_a_run_with_rollout_workers(
+    tmp_path, make_model, fast_overrides, signals, status, said
+):
+    """A run sampling 256 batches ahead with one rollout worker (a burst of requests and of
+    results larger than the pipes hold) ends on each signal with its exit status, and its
+    worker with it: stopped after the iteration, or at once on a second signal."""
+    out = tmp_path / "run"
+    extra = ("rollout.max_staleness=256", "rollout.workers=1")
+    argv = [
+        sys.executable,
+        "-m",
+        "proxima.cli",
+        "train",
+        *fast_overrides(make_model(), out, 1000, *extra),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _lines(out / "metrics.jsonl") < 1 and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        assert workers, "no rollout worker"
+        for signum in signals:
+            proc.send_signal(signum)
+            time.sleep(0.5)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # failed: its worker dies with it (PR_SET_PDEATHSIG)
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == status, stderr
+    assert said in stdout + stderr, stderr
+    assert "Traceback" not in stderr, stderr
+    time.sleep(0.5)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,7 @@ from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
 from proxima.trainer.setup import check_rollout_devices
 from proxima.trainer.workers import (
+    IN_FLIGHT,
     PartialRollouts,
     RolloutWorkerError,
     WeightBox,
@@ -87,7 +89,7 @@ def _run(files, iterations: int, *extra: str) -> tuple[list[dict], list]:
 @pytest.mark.parametrize("k", [1, 2])
 def test_each_batch_comes_from_the_weights_of_k_iterations_before(files, k):
     torch.set_num_threads(1)
-    trainer = nano_trainer(files, f"rollout.max_staleness={k}", IN_PROCESS)
+    trainer = nano_trainer(files, f"rollout.max_staleness={k}", IN_PROCESS, "trainer.iterations=8")
     for i in range(5):
         metrics, ro = trainer.step()
         assert ro.versions.tolist() == [max(i - k, 0)] * 8, i
@@ -178,8 +180,12 @@ def test_what_workers_refuse_when_the_trainer_is_built(files):
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
-    trainer = nano_trainer(files, "rollout.max_staleness=0", "rollout.workers=3")
+    trainer = nano_trainer(files, "rollout.max_staleness=0")
     assert trainer.sampler is trainer.on_policy
+    assert trainer.cfg.rollout.workers == 0
+    # workers would only sample what the trainer samples next, from its current weights
+    with pytest.raises(ConfigError, match="rollout.workers=3` starts .* rollout.max_staleness=0"):
+        nano_trainer(files, "rollout.max_staleness=0", "rollout.workers=3")
 
 
 def test_the_pending_batch_is_the_next_iterations_batch(files):
@@ -289,6 +295,19 @@ def test_config_defaults_and_refusals(files):
     for cfg in (off, seq):  # named for the stale weights, whatever the correction
         with pytest.raises(ConfigError, match="rollout.old_logprobs=engine.*max_staleness"):
             plan_scoring(cfg.replace({"rollout.old_logprobs": "engine"}), HF)
+    # unset, the workers fill the pipeline: one per batch it holds, at most 4, none where
+    # workers cannot sample the run; a number the user set stays
+    for extra, workers in (
+        ((ASYNC,), 1),
+        (("rollout.max_staleness=2",), 2),
+        (("rollout.max_staleness=100000",), 4),
+        (("rollout.max_staleness=100000", "trainer.iterations=3"), 3),
+        (("rollout.max_staleness=2", "rollout.workers=1"), 1),
+        (("rollout.max_staleness=2", IN_PROCESS), 0),
+        (("rollout.max_staleness=2", "rollout.name=vllm"), 0),
+        (("rollout.max_staleness=2", "algorithm.filter_groups=true", "rollout.n=2"), 0),
+    ):
+        assert load_config(None, [*base, *extra]).rollout.workers == workers, extra
     with pytest.raises(ConfigError, match="`rollout.asynchronous` is gone: use rollout.max_st"):
         load_config(None, [*base, "rollout.asynchronous=true"])
     for bad, why in (
@@ -296,7 +315,7 @@ def test_config_defaults_and_refusals(files):
         ("algorithm.filter_groups=true", "algorithm.filter_groups"),
     ):
         with pytest.raises(ConfigError, match=f"rollout.workers=1` does not go with {why}"):
-            load_config(None, [*base, ASYNC, bad, "rollout.n=2"])
+            load_config(None, [*base, ASYNC, bad, "rollout.n=2", "rollout.workers=1"])
         load_config(None, [*base, ASYNC, bad, "rollout.n=2", IN_PROCESS])  # in-process: fine
     with pytest.raises(ConfigError, match="rollout.max_staleness` must be >= 0"):
         load_config(None, [*base, "rollout.max_staleness=-1"])
@@ -456,6 +475,7 @@ def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
         files,
         "rollout.max_staleness=3",
         "rollout.workers=1",
+        "trainer.iterations=5",
         "data.train_batch_size=16",
         "rollout.n=8",
         "rollout.max_response_length=24",
@@ -472,3 +492,46 @@ def test_one_worker_several_batches_ahead_whose_results_fill_the_pipe(files):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
         trainer.close()
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_a_staleness_beyond_the_run_samples_only_the_batches_it_trains(files, workers, capsys):
+    # k = 100000 on a run of 4 iterations: every batch comes from the first weights, none
+    # past the last is sampled, and a worker holds at most IN_FLIGHT requests at once (the
+    # alarm fails the test if the trainer and the worker wait on each other)
+    def expire(*_):
+        raise TimeoutError("the trainer and its worker wait on each other")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(300)
+    trainer = nano_trainer(
+        files, "rollout.max_staleness=100000", f"rollout.workers={workers}", "trainer.iterations=4"
+    )
+    try:
+        for _ in range(4):
+            _, ro = trainer.step()
+            assert ro.versions.tolist() == [0] * 8
+            assert trainer.sampler.drawn == 4  # batches 0-3: the run's
+            if workers == "1":
+                assert trainer.sampler.backend.workers.flying[0] <= IN_FLIGHT
+        assert trainer.sampler.ready == {}
+        said = "sampling batches 1-4 ahead in the trainer's process"
+        assert (said in capsys.readouterr().err) == (workers == "0")  # the wait, named
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        trainer.close()
+
+
+def test_closing_with_requests_in_flight_ends_the_workers_at_once(files):
+    # the trainer stops (a signal, an error) while its worker samples and holds more
+    # requests: close neither waits for them nor leaves the worker behind
+    trainer = nano_trainer(files, "rollout.max_staleness=3", "trainer.iterations=8")
+    trainer.step()
+    workers = trainer.sampler.backend.workers
+    procs = list(workers.procs)
+    assert workers.sent  # batches still to sample
+    start = time.monotonic()
+    trainer.close()
+    assert time.monotonic() - start < 10
+    assert not any(p.is_alive() for p in procs)
