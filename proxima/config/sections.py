@@ -374,8 +374,8 @@ class RolloutConfig:
         "overlap (any engine, DAPO's dynamic sampling). Unset with max_staleness = k >= 1: "
         "min(k, trainer.iterations, 4) workers, one per batch the pipeline holds, where "
         "workers can sample the run, else 0 (the batch plan says which and why). Refused "
-        "with max_staleness=0, where nothing overlaps.",
-        fixed=True,
+        "with max_staleness=0, where nothing overlaps. May change at a resume: the batches are "
+        "the same whatever samples them.",
     )
     worker_threads: int = _f(
         1, "torch CPU threads of each rollout worker process (rollout.workers >= 1)."

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxima.cli import main
+
 from .test_resume import _assert_same_weights, _metrics, _run_a_and_b
 
 pytestmark = pytest.mark.slow
@@ -27,3 +29,22 @@ def test_async_resume_equals_uninterrupted_run(tmp_path, make_model, fast_overri
     assert a[3] != a[4]
     for role in ("actor", "critic"):
         _assert_same_weights(run_a / role, run_b / role)
+
+
+def test_a_resume_may_change_the_number_of_workers(tmp_path, make_model, fast_overrides):
+    """The batches are the same whatever samples them, so rollout.workers may change at a
+    resume: A sampled with one worker, B resumes A's iter_2 sampling in its own process."""
+    init = make_model("llama")
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    common = ("trainer.threads=1", "rollout.max_staleness=2")
+    a_args = fast_overrides(init, run_a, 4, "trainer.save_every=2", *common, "rollout.workers=1")
+    assert main(["train", *a_args]) == 0
+    resume = f"trainer.resume_from={run_a / 'checkpoints' / 'iter_2'}"
+    assert (
+        main(["train", *fast_overrides(init, run_b, 4, resume, *common, "rollout.workers=0")]) == 0
+    )
+    a, b = _metrics(run_a), _metrics(run_b)
+    for step in (3, 4):
+        same = {k for k in a[step] if not k.startswith(("time/", "tokens_per_s"))}
+        assert {k: b[step][k] for k in same} == {k: a[step][k] for k in same}, step
+    _assert_same_weights(run_a / "actor", run_b / "actor")
