@@ -10,9 +10,9 @@ same with two reward sources (`reward.sources`, one standardised) and the multi-
 calculator (`proxima train tools`), the last four shortened to 20 iterations
 (`--iterations` sets the others). `--set KEY=VALUE ...` adds overrides to every run, e.g. a
 shorter warm start on a busy machine (`--set task.sft_steps=100`: the same for before and
-after). Every metric but the wall-clock ones (`time/*`,
-`tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
-summary.json.
+after). Every metric but the wall-clock ones (`time/*`, `tokens_per_s`,
+`reward/<source>/seconds`) is kept, with the evaluations and the warm start's validation
+history from summary.json.
 
     python benchmarks/check_identical.py record runs/identical/before.json
     # ... change the code ...
@@ -41,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK = ("time/", "tokens_per_s")
+WALL_CLOCK_END = "/seconds"  # a reward source's time in its calls (reward/<name>/seconds)
 
 SHORT = "trainer.iterations=20"  # after --iterations' own override, so it wins
 SOURCES = (
@@ -75,7 +76,10 @@ def _command(nproc: int, config: str | None, overrides: list[str]) -> list[str]:
 
 def _observed(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    metrics = [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
+    metrics = [
+        {k: v for k, v in r.items() if not (k.startswith(WALL_CLOCK) or k.endswith(WALL_CLOCK_END))}
+        for r in rows
+    ]
     summary = json.loads((run_dir / "summary.json").read_text())
     task = summary.get("task", {})
     seconds = {**summary.get("phase_seconds", {}), "wall": summary.get("wall_seconds")}
