@@ -137,6 +137,13 @@ def _check_pipeline(cfg: Config) -> None:
             "`pipeline.gold` scores your task: set `pipeline.prompts` to its prompt file too "
             "(without both the built-in task runs with its own gold)."
         )
+    for key in ("heldout", "sft_data"):  # the built-in task would write its own instead
+        if getattr(p, key) and not p.prompts:
+            raise ConfigError(
+                f"`pipeline.{key}` belongs with your prompts: set `pipeline.prompts` (and "
+                "pipeline.gold) too, or drop it; without them the built-in preference task "
+                "writes its own prompts, held-out prompts and demonstrations."
+            )
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -775,8 +782,15 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require(cfg, "model.actor_path", model + ", the model to start from (--model)")
         _require(cfg, "rm.train_path", "a file of preference pairs (--data)")
         _require(cfg, "rm.out", "a new folder for the reward model (--out)")
-    elif command == "pipeline" and cfg.pipeline.prompts:
-        _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
+    elif command == "pipeline":
+        for key, instead in (("train_path", "prompts"), ("eval_path", "heldout")):
+            if getattr(cfg.data, key):
+                raise ConfigError(
+                    f"`data.{key}` is not read by `proxima pipeline`: set "
+                    f"pipeline.{instead} instead (with pipeline.gold, your gold scorer)."
+                )
+        if cfg.pipeline.prompts:
+            _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
     elif command == "eval":
         _require(cfg, "model.actor_path", model + " (--model)")
         _require(cfg, "data.eval_path", "a prompt file (--data)")
