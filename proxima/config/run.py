@@ -120,9 +120,8 @@ def _offload_blocked(cfg: Config) -> str:
 def plan_run(cfg: Config) -> RunPlan:
     """The run plan of `cfg`, built anew (`run_plan` builds it once per config)."""
     r = cfg.rollout
-    episodes = "env" if r.env.cls else "agent" if r.agent.fn else ""
     return RunPlan(
-        episodes=episodes,
+        episodes=r.episodes,
         ahead=r.max_staleness,
         workers=r.workers if r.max_staleness else 0,
         worker_threads=r.worker_threads,

@@ -138,9 +138,9 @@ def generate_rollout(
     episodes = None
     engine.wake_up()
     try:
-        if cfg.env.cls or cfg.agent.fn:  # multi-turn episodes, the prompts repeated n times
+        if cfg.episodes:  # multi-turn episodes, the prompts repeated n times
             rows = [it for it in items for _ in range(n)]
-            play = play_agent_episodes if cfg.agent.fn else play_episodes
+            play = play_agent_episodes if cfg.episodes == "agent" else play_episodes
             gen, episodes = play(engine, tokenizer, rows, cfg, device, replace(sampling, n=1))
         else:
             gen = engine.generate(ids, mask, sampling).to(device)

@@ -45,7 +45,7 @@ class Sampling:
     ) -> Sampling:
         """The rollout section's sampling; with `rollout.env`, that of one turn of an
         episode (its action budget and stop strings)."""
-        episode = bool(cfg.env.cls)
+        episode = cfg.episodes == "env"
         return cls(
             max_new_tokens=(cfg.env.max_turn_tokens if episode else 0) or cfg.max_response_length,
             stop_ids=tuple(stop_ids),
