@@ -1,17 +1,18 @@
-"""Behaviour check for refactors: the metrics of six short runs, recorded before a change
+"""Behaviour check for refactors: the metrics of seven short runs, recorded before a change
 and compared after it, bit for bit (same machine, same threads).
 
 The runs: the default example (`proxima train`, its task preparation and SFT warm start
 included), the same with the shared-backbone critic (`critic.shared_backbone=true
 model.critic_init=actor`), the default example under `torchrun --nproc_per_node 2` (DDP,
 1 thread per process, micro-batches of 64), the default example sampling one batch ahead
-(`rollout.max_staleness=1`), the DAPO recipe (`proxima train dapo`: dynamic sampling) and
-the multi-turn calculator (`proxima train tools`), the last three shortened to 20 iterations
+(`rollout.max_staleness=1`), the DAPO recipe (`proxima train dapo`: dynamic sampling), the
+same with two reward sources (`reward.sources`, one standardised) and the multi-turn
+calculator (`proxima train tools`), the last four shortened to 20 iterations
 (`--iterations` sets the others). `--set KEY=VALUE ...` adds overrides to every run, e.g. a
 shorter warm start on a busy machine (`--set task.sft_steps=100`: the same for before and
-after). Every metric but the wall-clock ones (`time/*`,
-`tokens_per_s`) is kept, with the evaluations and the warm start's validation history from
-summary.json.
+after). Every metric but the wall-clock ones (`time/*`, `tokens_per_s`,
+`reward/<source>/seconds`) is kept, with the evaluations and the warm start's validation
+history from summary.json.
 
     python benchmarks/check_identical.py record runs/identical/before.json
     # ... change the code ...
@@ -40,8 +41,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK = ("time/", "tokens_per_s")
+WALL_CLOCK_END = "/seconds"  # a reward source's time in its calls (reward/<name>/seconds)
 
 SHORT = "trainer.iterations=20"  # after --iterations' own override, so it wins
+SOURCES = (
+    "reward.sources=[{name: exact, function: 'proxima.tasks.arithmetic:reward'}, "
+    "{name: sevens, function: 'tests.e2e.rewards_fixture:fn', weight: 0.5, normalize: true}]"
+)
 # name: (built-in config, None for the default example; overrides; processes)
 RUNS = {
     "default": (None, [], 1),
@@ -54,6 +60,8 @@ RUNS = {
     ),
     "async": (None, ["rollout.max_staleness=1", SHORT], 1),
     "dapo": ("dapo", [SHORT], 1),
+    # dynamic sampling beside several reward sources, one standardised: per-source metrics
+    "dapo_sources": ("dapo", [SHORT, SOURCES], 1),
     "tools": ("tools", [SHORT], 1),
 }
 
@@ -68,7 +76,10 @@ def _command(nproc: int, config: str | None, overrides: list[str]) -> list[str]:
 
 def _observed(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    metrics = [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK)} for r in rows]
+    metrics = [
+        {k: v for k, v in r.items() if not (k.startswith(WALL_CLOCK) or k.endswith(WALL_CLOCK_END))}
+        for r in rows
+    ]
     summary = json.loads((run_dir / "summary.json").read_text())
     task = summary.get("task", {})
     seconds = {**summary.get("phase_seconds", {}), "wall": summary.get("wall_seconds")}

@@ -275,14 +275,15 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from proxima.checkpoint import check_resume
     from proxima.config import batch_plan
     from proxima.config.roles import role_plan
+    from proxima.config.run import run_plan
     from proxima.models.loading import generation_config
     from proxima.rollout.engines import engine_class
     from proxima.rollout.plan import plan_scoring
+    from proxima.tasks import check_task, resumed_task_config
 
     cfg = _load(ns, default_example=True)
+    check_task(cfg)  # as `train` refuses a path its task would not use
     if cfg.task.name and cfg.trainer.resume_from:  # as `train` resumes a task run
-        from proxima.tasks import resumed_task_config
-
         cfg = resumed_task_config(cfg)
     check_resume(cfg)
     for line in _path_warnings(cfg):
@@ -290,6 +291,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
     print(role_plan(cfg).describe())
+    print(run_plan(cfg).describe())
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():
         engine = engine_class(cfg.rollout.name)
         print(plan_scoring(cfg, engine, generation_config(cfg.model.actor_path)).describe())

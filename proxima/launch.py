@@ -86,6 +86,12 @@ def world_size() -> int:
     return world()[1]
 
 
+def local_world_size(default: int) -> int:
+    """Processes of this job on this machine: torchrun's LOCAL_WORLD_SIZE, else `default`."""
+    local = _read("LOCAL_WORLD_SIZE")
+    return default if local is None else local
+
+
 def is_main_process() -> bool:
     """Rank 0 of a torchrun job, or a plain single process: the one that prints."""
     return rank() == 0

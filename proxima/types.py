@@ -29,7 +29,7 @@ PER_TOKEN = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Experience:
     input_ids: torch.Tensor  # [B, P + R] prompt (left-padded) then response (right-padded)
     attention_mask: torch.Tensor  # [B, P + R] 1 on real prompt tokens and real response tokens

@@ -13,7 +13,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # model.dtype, fsdp.param_dtyp
 VLLM_DTYPES = ("auto", *DTYPE_NAMES)  # rollout.vllm.dtype: auto = model.dtype
 MIXED_PRECISION = ("no", "bf16")  # model.mixed_precision
 OFFLOADS = ("none", "auto", "trained")  # model.offload
-ENGINES = ("hf", "vllm")  # rollout.name
+ENGINES = ("hf", "vllm")  # rollout.name (rollout.engines has a class for each)
+ENGINES_SERVING_ACTOR = ("hf",)  # those that generate with the trainer's actor module itself
 OLD_LOGPROBS = ("auto", "engine", "recompute")  # rollout.old_logprobs
 OVERLONG_MODES = ("error", "drop", "truncate")  # data.overlong_prompts
 # rm.overlong: no truncate, which would cut the EOS the score is read at

@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
+from proxima.config.run import worker_problem
 from proxima.config.schema import Config, ConfigError
-from proxima.config.validation import check_sources, validate, worker_problem
+from proxima.config.validation import check_sources, validate
 
 # the most rollout workers a run gets without asking: each holds a copy of the actor
 MAX_DEFAULT_WORKERS = 4

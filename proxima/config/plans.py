@@ -8,9 +8,9 @@ import dataclasses
 from typing import Any
 
 from proxima.config.roles import trained_sections
+from proxima.config.run import worker_problem
 from proxima.config.schema import Config
 from proxima.config.sections import set_names
-from proxima.config.validation import worker_problem
 
 
 def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None) -> str:

@@ -32,7 +32,9 @@ class TaskConfig:
     name: str = _f(
         "",
         "Built-in task that prepares model, data and reward (e.g. `arithmetic`); "
-        "empty to train on your own model.actor_path / data.train_path / reward.",
+        "empty to train on your own model.actor_path / data.train_path / reward. A recipe "
+        "given your own data.train_path prepares nothing: its settings train your model, "
+        "data and reward.",
         fixed=True,
     )
     arch: str = _f(

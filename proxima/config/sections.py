@@ -431,20 +431,24 @@ class RolloutConfig:
     }
 
     @property
+    def episodes(self) -> str:
+        """Who plays each sample as an episode of several turns: `agent` (rollout.agent.fn),
+        `env` (rollout.env.cls; validation refuses both), or "" for one response each."""
+        return "agent" if self.agent.fn else "env" if self.env.cls else ""
+
+    @property
     def after_prompt_key(self) -> str:
         """The key that bounds the tokens after the prompt: max_episode_tokens in multi-turn
         episodes (observations included), an agent's max_context_tokens (a whole row), else
         max_response_length."""
-        if self.agent.fn:
-            return "agent.max_context_tokens"
-        return "env.max_episode_tokens" if self.env.cls else "max_response_length"
+        keys = {"agent": "agent.max_context_tokens", "env": "env.max_episode_tokens"}
+        return keys.get(self.episodes, "max_response_length")
 
     @property
     def after_prompt_tokens(self) -> int:
         """The value of `after_prompt_key`: the most tokens after a prompt."""
-        if self.agent.fn:
-            return self.agent.max_context_tokens
-        return self.env.max_episode_tokens if self.env.cls else self.max_response_length
+        section, _, key = self.after_prompt_key.rpartition(".")
+        return getattr(getattr(self, section) if section else self, key)
 
 
 @dataclass(frozen=True)

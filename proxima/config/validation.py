@@ -35,6 +35,7 @@ from proxima.config.choices import (
     WORKER_STARTS,
 )
 from proxima.config.roles import trained_sections
+from proxima.config.run import run_plan, worker_problem
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import AlgorithmConfig, ModelConfig
 from proxima.launch import world_size
@@ -168,6 +169,13 @@ def _check_pipeline(cfg: Config) -> None:
             "`pipeline.gold` scores your task: set `pipeline.prompts` to its prompt file too "
             "(without both the built-in task runs with its own gold)."
         )
+    for key in ("heldout", "sft_data"):  # the built-in task would write its own instead
+        if getattr(p, key) and not p.prompts:
+            raise ConfigError(
+                f"`pipeline.{key}` belongs with your prompts: set `pipeline.prompts` (and "
+                "pipeline.gold) too, or drop it; without them the built-in preference task "
+                "writes its own prompts, held-out prompts and demonstrations."
+            )
 
 
 def _get(cfg: Config, dotted: str) -> Any:
@@ -440,7 +448,7 @@ def _check_agent(cfg: Config) -> None:
             "proxima against an environment class or by your agent program. Keep one."
         )
     split_spec(a.fn, f"`rollout.agent.fn`={a.fn!r}", "function", ConfigError)
-    if cfg.trainer.strategy == "fsdp2" and cfg.rollout.name == "hf":
+    if cfg.trainer.strategy == "fsdp2" and run_plan(cfg).serves_actor:
         raise ConfigError(
             "`rollout.agent` with `trainer.strategy=fsdp2` and the hf engine: every FSDP2 "
             "generation is a collective of all ranks, and each rank's agents make their own "
@@ -483,7 +491,7 @@ def _check_generation_autocast(cfg: Config) -> None:
             f"model.mixed_precision=bf16, but model.mixed_precision={cfg.model.mixed_precision}. "
             "Set model.mixed_precision=bf16, or leave rollout.autocast off."
         )
-    if cfg.rollout.name != "hf":
+    if not run_plan(cfg).serves_actor:
         raise ConfigError(
             f"`rollout.autocast=true` applies to the hf engine; rollout.name={cfg.rollout.name} "
             "generates in its own dtype (rollout.vllm.dtype). Leave rollout.autocast off."
@@ -497,12 +505,13 @@ def _check_staleness(cfg: Config) -> None:
     for key, least in (("max_staleness", 0), ("workers", 0), ("worker_threads", 1)):
         if getattr(r, key) < least:
             raise ConfigError(f"`rollout.{key}` must be >= {least}, got {getattr(r, key)}.")
-    if r.partial_rollouts and not (r.max_staleness and r.workers):
+    plan = run_plan(cfg)
+    if r.partial_rollouts and not plan.workers:
         raise ConfigError(
             "`rollout.partial_rollouts=true` lets rollout worker processes take newer weights "
             "mid-generation: it needs rollout.max_staleness >= 1 and rollout.workers >= 1."
         )
-    if r.partial_rollouts and (r.env.cls or r.agent.fn):
+    if r.partial_rollouts and plan.multi_turn:
         raise ConfigError(
             "`rollout.partial_rollouts=true` applies to single-turn generation (the decode "
             "loop's steps); multi-turn episodes take the weights of their batch. Turn it off."
@@ -516,7 +525,7 @@ def _check_staleness(cfg: Config) -> None:
             "rollout.workers=0."
         )
     _check_worker_devices(cfg)
-    if not (r.max_staleness and r.workers):
+    if not plan.workers:
         return
     why = worker_problem(cfg)
     if why:
@@ -524,24 +533,6 @@ def _check_staleness(cfg: Config) -> None:
             f"`rollout.workers={r.workers}` does not go with {why}. Use rollout.workers=0: "
             "the batches are sampled ahead in the trainer's process, with the same staleness."
         )
-
-
-def worker_problem(cfg: Config) -> str:
-    """Why rollout worker processes cannot sample this run ("" when they can): a worker
-    serves a copy of the whole actor with the hf engine and samples whole batches."""
-    r = cfg.rollout
-    if r.name != "hf":
-        return f"rollout.name={r.name} (a worker process serves the actor with the hf engine)"
-    if r.agent.fn:
-        return "rollout.agent (its OpenAI endpoint serves the trainer's engine)"
-    if cfg.algorithm.filter_groups:
-        return (
-            "algorithm.filter_groups (DAPO's dynamic sampling draws a varying number of "
-            "batches, decided over all ranks)"
-        )
-    if cfg.trainer.strategy == "fsdp2":
-        return "trainer.strategy=fsdp2 (it shards the actor; a worker serves all of it)"
-    return ""
 
 
 def _check_worker_devices(cfg: Config) -> None:
@@ -556,7 +547,7 @@ def _check_worker_devices(cfg: Config) -> None:
             f"[cuda:1, cuda:2]; got {bad[0]!r}."
         )
     on_cuda = [d for d in [cfg.model.device, *r.devices] if d.startswith("cuda")]
-    if r.worker_start == "fork" and on_cuda and r.max_staleness and r.workers:
+    if r.worker_start == "fork" and on_cuda and run_plan(cfg).workers:
         raise ConfigError(
             f"`rollout.worker_start=fork` with {on_cuda[0]} (model.device or rollout.devices): "
             "a CUDA process cannot be forked. Use rollout.worker_start=spawn (or auto)."
@@ -713,23 +704,6 @@ def _check_processes(cfg: Config) -> None:
     _check_batch_sizes(cfg, world)
 
 
-def offload_problem(cfg: Config) -> str:
-    """Why `model.offload` cannot apply to this run ("" when it can): FSDP2 offloads with
-    its own CPUOffloadPolicy, and sampling ahead overlaps the phases offload moves between.
-    `model.offload=auto` does not offload such a run; `trained` is refused."""
-    if cfg.trainer.strategy == "fsdp2":
-        return (
-            "trainer.strategy=fsdp2 shards the model states instead (its CPUOffloadPolicy "
-            "keeps shards on the CPU: fsdp.offload_frozen for the reference)"
-        )
-    if cfg.rollout.max_staleness:
-        return (
-            "rollout.max_staleness > 0 samples while the trainer trains: the phases overlap, "
-            "so nothing waits between them"
-        )
-    return ""
-
-
 def _check_offload(cfg: Config) -> None:
     if cfg.model.offload != "trained":
         return
@@ -739,7 +713,7 @@ def _check_offload(cfg: Config) -> None:
             "`model.device=cpu` has no GPU: set model.offload=none (or auto), or "
             "model.device=cuda."
         )
-    problem = offload_problem(cfg)
+    problem = run_plan(cfg).offload_blocked
     if problem:
         raise ConfigError(
             f"`model.offload=trained` does not combine with {problem}: set "
@@ -794,7 +768,7 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
-    episodes = cfg.rollout.env.cls or cfg.rollout.agent.fn
+    episodes = run_plan(cfg).multi_turn
     if episodes and not (cfg.reward.function and cfg.reward.model_path):
         return  # the environment's or the agent's rewards, plus at most one final score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
@@ -834,8 +808,15 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require(cfg, "model.actor_path", model + ", the policy to start from (--model)")
         _require(cfg, "dpo.train_path", "a file of preference pairs (--data)")
         _require(cfg, "dpo.out", "a new folder for the run (--out)")
-    elif command == "pipeline" and cfg.pipeline.prompts:
-        _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
+    elif command == "pipeline":
+        for key, instead in (("train_path", "prompts"), ("eval_path", "heldout")):
+            if getattr(cfg.data, key):
+                raise ConfigError(
+                    f"`data.{key}` is not read by `proxima pipeline`: set "
+                    f"pipeline.{instead} instead (with pipeline.gold, your gold scorer)."
+                )
+        if cfg.pipeline.prompts:
+            _require(cfg, "pipeline.gold", "the gold scorer of your prompts, file.py:fn")
     elif command == "eval":
         _require(cfg, "model.actor_path", model + " (--model)")
         _require(cfg, "data.eval_path", "a prompt file (--data)")

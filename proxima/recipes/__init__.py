@@ -1,8 +1,9 @@
 """Whole runs from a loaded config, above the trainer: what the commands do. `cli` parses and
 dispatches to these; a library user calls them the same way.
 
-- `train(cfg)`: `proxima train`, a built-in task prepared first when `task.name` says so,
-  then the PPO recipe (`recipes.ppo.PPORecipe`);
+- `train(cfg)`: `proxima train`, a built-in task prepared first when `task.name` says so
+  (unless the config names its own `data.train_path`: then the task prepares nothing,
+  `proxima.tasks`), then the PPO recipe (`recipes.ppo.PPORecipe`);
 - `recipes.sft.sft`, `recipes.rm.reward_model`, `recipes.evaluation.evaluate_policy`: the
   `sft`, `rm` and `eval` commands.
 """
@@ -15,7 +16,13 @@ import sys
 from proxima.config import Config
 from proxima.recipes.common import new_run_dir, start_dist
 from proxima.recipes.ppo import PPORecipe
-from proxima.tasks import check_task, prepare_task, resumed_task_config
+from proxima.tasks import (
+    check_task,
+    own_data_config,
+    prepare_task,
+    resumed_task_config,
+    uses_own_data,
+)
 from proxima.trackers import check_trackers
 
 
@@ -30,6 +37,12 @@ def train(cfg: Config) -> dict:
         return PPORecipe(cfg, dist).run()
     if cfg.trainer.resume_from:  # the task is not prepared again: its checkpoint names it
         return PPORecipe(resumed_task_config(cfg), dist).run()
+    if uses_own_data(cfg):  # the recipe's settings on the user's data: nothing prepared
+        own = own_data_config(cfg) if dist.is_main else None  # a model import writes a cache
+        cfg, info = dist.broadcast_object(own)
+        if dist.is_main:
+            print(f"task {cfg.task.name}: not prepared (data.train_path is the run's own)")
+        return PPORecipe(cfg, dist, summary={"task": info}).run()
     prepared = None
     if dist.is_main:
         run_dir = new_run_dir(cfg.trainer.output_dir)

@@ -34,6 +34,7 @@ from proxima.checkpoint import (
 )
 from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.config.roles import role_plan
+from proxima.config.run import run_plan
 from proxima.data.mixing import MixedPromptLoader, all_items
 from proxima.logging import (
     RunLogger,
@@ -180,7 +181,8 @@ class PPORecipe:
         loader = self.trainer.loader
         mix = loader.expected_counts() if isinstance(loader, MixedPromptLoader) else None
         self._say(
-            f"{batch_plan(cfg, self.dist.world_size, mix)}\n{role_plan(cfg).describe()}"
+            f"{batch_plan(cfg, self.dist.world_size, mix)}\n{role_plan(cfg).describe()}\n"
+            f"{run_plan(cfg).describe()}"
             f"{memory}\nroles:\n{roles.report()}\n"
             f"{self.trainer.plan.describe()}"
         )

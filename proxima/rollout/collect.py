@@ -17,11 +17,15 @@ from proxima.rollout.agent import play_agent_episodes
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.engines import as_engine
 from proxima.rollout.episodes import play_episodes
-from proxima.rollout.types import Generation, Sampling, cat_generations
+from proxima.rollout.types import Generation, Sampling, cat_generations, cat_rows, take_rows
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rollout:
+    """One batch of phases 1-2, a row per sequence. Every field but `gen` holds one entry
+    per row (a tensor, a list, or a dict of lists) or None, so `rows` and `cat_rollouts`
+    carry each field, one added later included, without naming it."""
+
     gen: Generation
     prompts: list[str]  # [B] prompt text of each sequence
     responses: list[str]  # [B] decoded response (special tokens skipped)
@@ -44,6 +48,10 @@ class Rollout:
             return self.scores
         return self.scores + self.gen.turn_rewards.sum(1).to(self.scores.device)
 
+    def rows(self, index: torch.Tensor) -> Rollout:
+        """The rows `index` ([K] long), in that order, of every field."""
+        return Rollout(**{f.name: take_rows(getattr(self, f.name), index) for f in fields(self)})
+
     def to(self, device: torch.device | str) -> Rollout:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
@@ -60,30 +68,21 @@ class Rollout:
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     """One rollout of several (DAPO's dynamic sampling: rounds of generation), the group ids
-    of each part shifted past the previous parts' groups."""
+    of each part shifted past the previous parts' groups; every other field joined by
+    `cat_rows`, so a field added to `Rollout` is joined without a change here."""
     offsets, groups = [], 0
     for ro in parts:
         offsets.append(groups)
         groups += int(ro.group_ids.max()) + 1 if ro.group_ids.numel() else 0
-
-    def cat(name: str) -> torch.Tensor | None:
-        got = [getattr(ro, name) for ro in parts]
-        return None if any(t is None for t in got) else torch.cat(got)
-
+    joined = {
+        f.name: cat_rows([getattr(ro, f.name) for ro in parts], [len(ro.prompts) for ro in parts])
+        for f in fields(Rollout)
+        if f.name not in ("gen", "group_ids")
+    }
     return Rollout(
-        cat_generations([ro.gen for ro in parts], pad_id),
-        [p for ro in parts for p in ro.prompts],
-        [r for ro in parts for r in ro.responses],
-        {
-            k: [v for ro in parts for v in ro.columns.get(k, [None] * len(ro.prompts))]
-            for k in dict.fromkeys(k for ro in parts for k in ro.columns)
-        },
-        torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
-        cat("scores"),
-        cat("baselines"),
-        cat("components"),
-        None if parts[0].episodes is None else [x for ro in parts for x in ro.episodes],
-        cat("versions"),
+        gen=cat_generations([ro.gen for ro in parts], pad_id),
+        group_ids=torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
+        **joined,
     )
 
 
@@ -94,17 +93,8 @@ def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
         members = (ro.group_ids == g).nonzero().flatten().tolist()
         rows += members
         new_ids += [new] * len(members)
-    index = torch.tensor(rows, dtype=torch.long)
-    return Rollout(
-        ro.gen.rows(index),
-        [ro.prompts[i] for i in rows],
-        [ro.responses[i] for i in rows],
-        {k: [v[i] for i in rows] for k, v in ro.columns.items()},
-        torch.tensor(new_ids, dtype=ro.group_ids.dtype),
-        *(None if t is None else t[index.to(t.device)] for t in (ro.scores, ro.baselines)),
-        episodes=None if ro.episodes is None else [ro.episodes[i] for i in rows],
-        versions=None if ro.versions is None else ro.versions[index.to(ro.versions.device)],
-    )
+    picked = ro.rows(torch.tensor(rows, dtype=torch.long))
+    return replace(picked, group_ids=torch.tensor(new_ids, dtype=ro.group_ids.dtype))
 
 
 def stop_token_ids(tokenizer, cfg: RolloutConfig) -> list[int]:
@@ -148,9 +138,9 @@ def generate_rollout(
     episodes = None
     engine.wake_up()
     try:
-        if cfg.env.cls or cfg.agent.fn:  # multi-turn episodes, the prompts repeated n times
+        if cfg.episodes:  # multi-turn episodes, the prompts repeated n times
             rows = [it for it in items for _ in range(n)]
-            play = play_agent_episodes if cfg.agent.fn else play_episodes
+            play = play_agent_episodes if cfg.episodes == "agent" else play_episodes
             gen, episodes = play(engine, tokenizer, rows, cfg, device, replace(sampling, n=1))
         else:
             gen = engine.generate(ids, mask, sampling).to(device)
@@ -161,7 +151,14 @@ def generate_rollout(
     prompts = [it.text for it in items]
     keys = dict.fromkeys(k for it in items for k in it.columns)  # sets may differ in columns
     columns = {k: [it.columns.get(k) for it in items] for k in keys}
-    return Rollout(gen, prompts, responses, columns, group_ids, episodes=episodes)
+    return Rollout(
+        gen=gen,
+        prompts=prompts,
+        responses=responses,
+        columns=columns,
+        group_ids=group_ids,
+        episodes=episodes,
+    )
 
 
 def reward_args(ro: Rollout) -> tuple:

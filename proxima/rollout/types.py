@@ -1,6 +1,7 @@
 """What a rollout engine is given and what it returns (the contract of
 `proxima.rollout.engine`): `Sampling`, how to sample one batch, and `Generation`, the
-sampled rows; `cat_generations` joins generations of different widths."""
+sampled rows; `cat_generations` joins generations of different widths; `take_rows` and
+`cat_rows` select and join the per-row fields of a batch, whatever their kind."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class Sampling:
     ) -> Sampling:
         """The rollout section's sampling; with `rollout.env`, that of one turn of an
         episode (its action budget and stop strings)."""
-        episode = bool(cfg.env.cls)
+        episode = cfg.episodes == "env"
         return cls(
             max_new_tokens=(cfg.env.max_turn_tokens if episode else 0) or cfg.max_response_length,
             stop_ids=tuple(stop_ids),
@@ -59,7 +60,7 @@ class Sampling:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Generation:
     input_ids: torch.Tensor  # [B, P + R] prompt (left-padded) + response (right-padded)
     attention_mask: torch.Tensor  # [B, P + R]
@@ -122,11 +123,52 @@ def cat_generations(parts: list[Generation], pad_id: int) -> Generation:
         ids.append(pad(g.input_ids, left, right, pad_id))
         attn.append(pad(g.attention_mask, left, right, 0))
     return Generation(
-        torch.cat(ids),
-        torch.cat(attn),
-        torch.cat([pad(g.response_mask, 0, r - g.response_mask.shape[1], 0) for g in parts]),
-        torch.cat([g.stopped for g in parts]),
+        input_ids=torch.cat(ids),
+        attention_mask=torch.cat(attn),
+        response_mask=torch.cat(
+            [pad(g.response_mask, 0, r - g.response_mask.shape[1], 0) for g in parts]
+        ),
+        stopped=torch.cat([g.stopped for g in parts]),
         logprobs=per_token("logprobs"),
         values=per_token("values"),
         turn_rewards=per_token("turn_rewards"),
     )
+
+
+def take_rows(value, index: torch.Tensor):
+    """The rows `index` ([K] long), in that order, of one per-row field: a tensor, a list, a
+    dict of them, or an object with its own `rows` (a `Generation`); None stays None. Any
+    other kind is refused rather than passed on unselected."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value[index.to(value.device)]
+    if isinstance(value, list):
+        return [value[i] for i in index.tolist()]
+    if isinstance(value, dict):
+        return {k: take_rows(v, index) for k, v in value.items()}
+    if hasattr(value, "rows"):
+        return value.rows(index)
+    raise TypeError(f"no rows to select in a per-row field of type {type(value).__name__}")
+
+
+def cat_rows(parts: list, lengths: list[int]):
+    """One per-row field of several batches (`lengths[i]` rows in `parts[i]`) joined:
+    tensors concatenated, lists chained, dicts of them joined key by key (a key a part lacks
+    is None in its rows); None when a part has none."""
+    if any(p is None for p in parts):
+        return None
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)
+    if isinstance(first, list):
+        return [x for p in parts for x in p]
+    if isinstance(first, dict):
+        keys = dict.fromkeys(k for p in parts for k in p)
+        return {
+            k: cat_rows(
+                [p.get(k, [None] * n) for p, n in zip(parts, lengths, strict=True)], lengths
+            )
+            for k in keys
+        }
+    raise TypeError(f"no rows to join in a per-row field of type {type(first).__name__}")

@@ -297,6 +297,11 @@ def smollm_gguf() -> Path:
     return file
 
 
+def default_model() -> str:
+    """SmolLM2-135M-Instruct's folder, imported once from the wheel's GGUF file."""
+    return str(cached_import(smollm_gguf(), "task.name=instructions"))
+
+
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     """Write the prompts and find the model; no warm start (the model already chats)."""
     start = time.perf_counter()
@@ -305,7 +310,7 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     paths = {}
     for name, rows in make_splits(t.n_train, t.n_eval, cfg.trainer.seed).items():
         paths[name] = write_jsonl(folder / f"{name}.jsonl", rows)
-    model = cfg.model.actor_path or str(cached_import(smollm_gguf(), "task.name=instructions"))
+    model = cfg.model.actor_path or default_model()
     changes = {
         "model.actor_path": model,
         "data.train_path": str(paths["train"]),

@@ -65,8 +65,9 @@ def _demonstration(prompt: str, rng: random.Random) -> str:
 
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
     """Write prompts (task.n_train), held-out prompts (task.n_eval, disjoint), demonstrations
-    (task.n_sft) and a tiny model (task.arch, task.size) into `folder`; returns the config
-    pointed at them, with this task's gold scorer, and what was written."""
+    (task.n_sft) and, unless model.actor_path names one, a tiny model (task.arch, task.size)
+    into `folder`; returns the config pointed at them, with this task's gold scorer, and what
+    was written."""
     t, seed = cfg.task, cfg.trainer.seed
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -87,9 +88,9 @@ def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
         "heldout": write_jsonl(folder / "heldout.jsonl", [{"prompt": p} for p in heldout]),
         "sft_data": write_jsonl(folder / "sft.jsonl", demos),
     }
-    init = task_model(cfg, folder, ALPHABET)
     changes = {f"pipeline.{k}": str(v) for k, v in paths.items()}
     changes["pipeline.gold"] = GOLD_FN
-    changes["model.actor_path"] = str(init)
+    # the user's model learns the task as given (any tokenizer writes these letters)
+    changes["model.actor_path"] = cfg.model.actor_path or str(task_model(cfg, folder, ALPHABET))
     info = {"name": "preferences", "files": {k: str(v) for k, v in paths.items()}}
     return cfg.replace(changes), info

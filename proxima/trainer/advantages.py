@@ -20,7 +20,7 @@ from proxima.trainer.dist import Dist
 from proxima.types import Experience
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchView:
     """The per-sequence quantities of the whole global batch that phases 4 and 5 read."""
 
@@ -65,7 +65,7 @@ class BatchView:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimates:
     """What phases 4-5 computed for the whole batch ([B, R] each) and the shaping stats
     (kl, reward, no_stop_fraction: see `algos.shape_rewards`)."""
@@ -147,4 +147,6 @@ def estimate_advantages(
         **options,
     )
     stats = {k: float(v) for k, v in stats.items()}
-    return Estimates(token_rewards, advantages, returns, stats)
+    return Estimates(
+        token_rewards=token_rewards, advantages=advantages, returns=returns, stats=stats
+    )

@@ -58,7 +58,8 @@ def _share(items: list, dist: Dist) -> list:
 
 def max_reward(cfg: RolloutConfig) -> float | None:
     """The best return of an episode (`max_reward` of the environment class), or None."""
-    best = getattr(load_env_class(cfg.env.cls), "max_reward", None) if cfg.env.cls else None
+    env = cfg.episodes == "env"
+    best = getattr(load_env_class(cfg.env.cls), "max_reward", None) if env else None
     return None if best is None else float(best)
 
 

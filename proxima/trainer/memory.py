@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -41,10 +40,10 @@ from pathlib import Path
 
 import torch
 
-from proxima import allocator
+from proxima import allocator, launch
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
-from proxima.config.validation import offload_problem
+from proxima.config.run import offload_problem, run_plan
 from proxima.models import DTYPES
 from proxima.models.loading import checkpoint_activations, quiet_transformers
 from proxima.rollout.engines import engine_class
@@ -432,7 +431,7 @@ def plan_memory(
     roles = _roles(cfg)  # imports the models' code, as loading them will
     if baseline is None:
         baseline = resident_bytes() if cpu else 0
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if cpu else 1
+    processes = launch.local_world_size(world) if cpu else 1
     plan = MemoryPlan(str(device), baseline, processes=processes)
     strategy, shards = _place(cfg, world)
     held = {"baseline": baseline, "runtime": RUNTIME_OVERHEAD if cpu else 0}
@@ -467,8 +466,7 @@ def plan_memory(
     held.update(_engine_bytes(cfg, roles[0].shape, device))
     lengths = _lengths(cfg, prompt_length)
     plan.phases["generate"] = _generate(cfg, roles[0], lengths, world)
-    r = cfg.rollout
-    if r.max_staleness and r.workers:  # trainer.workers
+    if run_plan(cfg).workers:  # trainer.workers
         generate = sum(plan.phases["generate"].values())
         held.update(_worker_bytes(cfg, roles[0].shape.weight_bytes, generate, device, plan))
     plan.held = held
@@ -559,7 +557,7 @@ def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> Memo
     """`plan` under model.offload: what moves leaves `held` and joins each phase that needs
     it (`trainer.offload.resident`); the reward models' forward is the phase `reward`,
     the other scoring passes stay in `score`."""
-    needs = resident(cfg.actor.use_kl_loss)
+    needs = resident(run_plan(cfg).reference_in_update)
     moving = {k: v for k, v in plan.held.items() if _offload_part(k)}
     phases = {"generate": plan.phases["generate"]}
     rewards = [r for r in roles if r.kind == "reward"]
@@ -600,7 +598,7 @@ def _generate(cfg: Config, actor: _Role, lengths: tuple[int, int], world: int) -
     """A generation call of an engine that serves the trainer's actor (hf): its KV cache
     over the whole length, the prefill's forward and the decode step's logits (vLLM's are in
     its reservation)."""
-    if not engine_class(cfg.rollout.name).serves_actor:
+    if not run_plan(cfg).serves_actor:
         return {}
     prompt, after = lengths
     rows = min(cfg.rollout.micro_batch_size, max(1, cfg.rollout_batch_size // world))

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from proxima.config import Config
+from proxima.config.run import run_plan
 from proxima.rewards import ModelReward
 
 # the parts each phase needs on the device (`PPOTrainer.step`'s phases, plus an
@@ -49,7 +50,7 @@ def resident(reference_in_update: bool) -> dict[str, frozenset[str]]:
 def wants_offload(cfg: Config, device: torch.device) -> bool:
     """model.offload=trained on a GPU (auto is the memory plan's decision,
     `trainer.memory.plan_memory`)."""
-    return cfg.model.offload == "trained" and device.type == "cuda"
+    return run_plan(cfg).offload == "trained" and device.type == "cuda"
 
 
 def reward_models(reward) -> list[torch.nn.Module]:

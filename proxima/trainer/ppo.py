@@ -32,6 +32,7 @@ from proxima.algos import (
     mismatch_stats,
 )
 from proxima.config import Config
+from proxima.config.run import run_plan
 from proxima.data import PromptLoader
 from proxima.data.mixing import DATASET_COLUMN, MixedPromptLoader, prompt_loader
 from proxima.models.critic import optimizer_groups
@@ -178,7 +179,7 @@ class PPOTrainer:
         value model's weights, the reference, the reward models, the optimizers' state)."""
         off = Offload(
             self.device,
-            reference_in_update=self.cfg.actor.use_kl_loss,
+            reference_in_update=run_plan(self.cfg).reference_in_update,
             release=not engine_of(self.engine).serves_actor,  # vLLM allocates beside torch
         )
         if "critic" in self.trained:

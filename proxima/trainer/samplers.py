@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from proxima.algos import ADVANTAGE_ESTIMATORS, overlong_penalty
+from proxima.config.run import run_plan
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.collect import (
     Rollout,
@@ -85,7 +86,7 @@ class OnPolicy(Stateless):
         `overlap` (sampling ahead), single-turn batches are scored as they finish
         (`_produce_overlapped`)."""
         t = self.trainer
-        if self.overlap and t.cfg.rollout.env.cls == "" and not t.cfg.rollout.agent.fn:
+        if self.overlap and not run_plan(t.cfg).multi_turn:
             ro, (scores, penalty, components) = self._produce_overlapped(items)
         else:
             timer, agree = t.timer, t.dist.agree
@@ -535,9 +536,9 @@ def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | Ahead
     rounds = sampler = OnPolicy(trainer)
     if cfg.algorithm.filter_groups:
         sampler = DynamicSampling(rounds, cfg.algorithm.max_gen_batches)
-    r = cfg.rollout
-    rounds.overlap = bool(r.max_staleness)  # sampling ahead scores as samples finish
-    if r.max_staleness and r.workers:
+    r, plan = cfg.rollout, run_plan(cfg)
+    rounds.overlap = bool(plan.ahead)  # sampling ahead scores as samples finish
+    if plan.workers:
         backend = InWorkers(rounds, r.workers, r.worker_threads, r.max_staleness)
         sampler = Ahead(trainer, r.max_staleness, backend)
     elif r.max_staleness:

@@ -13,6 +13,7 @@ from proxima.checkpoint import checkpoint_iteration, list_checkpoints, state_pro
 from proxima.checkpoint import model_folders as checkpoint_model_folders
 from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
+from proxima.config.run import run_plan
 from proxima.config.sections import set_names
 from proxima.data import PromptDataset, SFTDataset, load_records
 from proxima.data.mixing import all_items, tag_records
@@ -488,7 +489,7 @@ def load_rollout_roles(cfg: Config, device: torch.device) -> Roles:
 def check_rollout_devices(cfg: Config) -> None:
     """`rollout.devices` (rollout workers spawned onto them) exist on this machine: checked
     at start-up, before any model loads."""
-    if not (cfg.rollout.max_staleness and cfg.rollout.workers):
+    if not run_plan(cfg).workers:
         return
     count = torch.cuda.device_count()
     for name in cfg.rollout.devices:

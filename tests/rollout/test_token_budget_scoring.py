@@ -27,7 +27,12 @@ BUDGET = 18  # tokens: the groups [9, 8] [6, 6, 5] [4, 3, 2] of the ragged batch
 def _gen():
     actor, critic = models()
     exp = global_batch(actor)
-    gen = Generation(exp.input_ids, exp.attention_mask, exp.response_mask, exp.stopped)
+    gen = Generation(
+        input_ids=exp.input_ids,
+        attention_mask=exp.attention_mask,
+        response_mask=exp.response_mask,
+        stopped=exp.stopped,
+    )
     return actor, critic, gen
 
 

@@ -66,7 +66,12 @@ def _spy_update(trainer) -> list:
 
 
 def _as_gen(exp) -> Generation:
-    return Generation(exp.input_ids, exp.attention_mask, exp.response_mask, exp.stopped)
+    return Generation(
+        input_ids=exp.input_ids,
+        attention_mask=exp.attention_mask,
+        response_mask=exp.response_mask,
+        stopped=exp.stopped,
+    )
 
 
 def _comparable(metrics: dict) -> dict:
@@ -441,8 +446,15 @@ def test_partial_rollouts_take_newer_weights_between_decode_steps():
     assert [v for _, v in hook.steps] == [[5, 6, 6], [6]]
     # rows of 3, 1 and 1 tokens: first-token versions, and the mean over all 5 tokens
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]])
-    gen = Generation(mask, mask, mask, torch.ones(3, dtype=torch.bool))
-    ro = Rollout(gen, ["a"] * 3, ["b"] * 3, {}, torch.arange(3))
+    gen = Generation(
+        input_ids=mask,
+        attention_mask=mask,
+        response_mask=mask,
+        stopped=torch.ones(3, dtype=torch.bool),
+    )
+    ro = Rollout(
+        gen=gen, prompts=["a"] * 3, responses=["b"] * 3, columns={}, group_ids=torch.arange(3)
+    )
     stamped, mean = hook.stamp(ro)
     assert stamped.versions.tolist() == [5, 5, 6]
     assert mean == pytest.approx((5 + 6 + 6 + 5 + 6) / 5)

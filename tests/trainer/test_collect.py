@@ -8,6 +8,7 @@ length limit. Oracles are plain Python loops over the generated ids.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +19,8 @@ from proxima.config import RolloutConfig
 from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.rewards import FunctionReward
-from proxima.rollout.collect import collect, stop_token_ids
+from proxima.rollout.collect import Rollout, cat_rollouts, collect, select_groups, stop_token_ids
+from proxima.rollout.types import Generation
 from proxima.types import Experience
 
 ALPHABET = "abc"  # V = 4 special + 3 = 7: P(EOS) = 1/7 per step, P(no stop in 6) = 0.40
@@ -184,3 +186,82 @@ def test_experience_split_and_to():
     moved = exp.to("cpu")
     assert moved.input_ids.shape == exp.input_ids.shape and moved.advantages is None
     assert torch.equal(moved.old_logprobs, exp.old_logprobs)
+
+
+def _full_rollout(b: int = 4, p: int = 2, r: int = 3) -> Rollout:
+    """A rollout of `b` rows (two groups) with every field set, each row's values distinct."""
+    ids = torch.arange(b * (p + r)).reshape(b, p + r)
+    per_token = torch.arange(b * r).float().reshape(b, r)
+    gen = Generation(
+        **{f.name: per_token + k for k, f in enumerate(dataclasses.fields(Generation))},
+    )
+    gen = dataclasses.replace(gen, input_ids=ids, attention_mask=torch.ones_like(ids))
+    per_row = torch.arange(b)
+    ro = Rollout(
+        gen=gen,
+        prompts=[f"p{i}" for i in range(b)],
+        responses=[f"r{i}" for i in range(b)],
+        columns={"answer": [f"a{i}" for i in range(b)], "n": list(range(b))},
+        group_ids=per_row // 2,
+        scores=per_row.float(),
+        baselines=per_row.float() + 10,
+        components=torch.stack([per_row.float(), per_row.float() * 2], dim=1),
+        episodes=[{"turns": i} for i in range(b)],
+        versions=per_row + 100,
+    )
+    unset = [f.name for f in dataclasses.fields(ro) if getattr(ro, f.name) is None]
+    assert not unset, f"set every field of Rollout here so the tests below cover it: {unset}"
+    return ro
+
+
+def _rows_of(value, index: list[int]):
+    """What row selection must give for one field: its rows `index`, compared as lists."""
+    if isinstance(value, torch.Tensor):
+        return value[index].tolist()
+    if isinstance(value, list):
+        return [value[i] for i in index]
+    if isinstance(value, dict):
+        return {k: _rows_of(v, index) for k, v in value.items()}
+    return {f.name: _rows_of(getattr(value, f.name), index) for f in dataclasses.fields(value)}
+
+
+def _as_lists(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value):
+        return {f.name: _as_lists(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def test_rollout_rows_keeps_every_field():
+    ro = _full_rollout()
+    picked = ro.rows(torch.tensor([3, 0, 2]))
+    for f in dataclasses.fields(Rollout):
+        got = _as_lists(getattr(picked, f.name))
+        assert got == _rows_of(getattr(ro, f.name), [3, 0, 2]), f.name
+
+
+def test_select_groups_keeps_every_field_and_renumbers_the_groups():
+    ro = _full_rollout()
+    picked = select_groups(ro, [1])  # rows 2 and 3
+    assert picked.group_ids.tolist() == [0, 0]
+    for f in dataclasses.fields(Rollout):
+        if f.name != "group_ids":
+            got = _as_lists(getattr(picked, f.name))
+            assert got == _rows_of(getattr(ro, f.name), [2, 3]), f.name
+
+
+def test_cat_rollouts_keeps_every_field():
+    ro = _full_rollout()
+    joined = cat_rollouts([select_groups(ro, [0]), select_groups(ro, [1])], 0)
+    assert joined.group_ids.tolist() == [0, 0, 1, 1]  # each part's groups after the last's
+    for f in dataclasses.fields(Rollout):
+        assert _as_lists(getattr(joined, f.name)) == _as_lists(getattr(ro, f.name)), f.name
+
+
+def test_the_data_path_containers_are_built_by_keyword():
+    ro = _full_rollout()
+    with pytest.raises(TypeError):
+        Rollout(ro.gen, ro.prompts, ro.responses, ro.columns, ro.group_ids)

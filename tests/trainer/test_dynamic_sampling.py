@@ -9,6 +9,8 @@ import copy
 import pytest
 import torch
 
+from proxima.rng import seed_everything
+from tests.e2e.rewards_fixture import fn
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 
@@ -121,3 +123,62 @@ def test_overlong_penalty_and_mask_truncated(files):
     assert torch.equal(
         seen["mask"][stopped], ro.gen.response_mask[stopped.to(ro.gen.response_mask.device)]
     )
+
+
+def _sources(first: str) -> str:
+    """Two reward sources: `first` and the share of sevens, standardised on its own."""
+    return (
+        f"reward.sources=[{{name: first, function: '{REWARD}:{first}'}}, "
+        f"{{name: sevens, function: '{REWARD}:fn', weight: 0.5, normalize: true}}]"
+    )
+
+
+def _steps(files, iterations: int, *extra: str) -> list[tuple[dict, object]]:
+    torch.set_num_threads(1)
+    trainer = nano_trainer(files, "reward.function=", "algorithm.adv_estimator=grpo", *extra)
+    seed_everything(0)  # both runs sample from the same random stream
+    try:
+        return [trainer.step() for _ in range(iterations)]
+    finally:
+        trainer.close()
+
+
+def _comparable(metrics: dict) -> dict:
+    """The metrics but the wall-clock ones (a source's seconds too) and dynamic sampling's."""
+    timed = ("time/", "tokens_per_s", "dapo/")
+    return {k: v for k, v in metrics.items() if not (k.startswith(timed) or k.endswith("/seconds"))}
+
+
+def test_dynamic_sampling_that_keeps_every_group_trains_as_without_it_beside_reward_sources(files):
+    # every group varies (one sample of each scores 1 on `first`): dynamic sampling keeps
+    # the one batch it generated, so each iteration is the unfiltered run's, per-source
+    # metrics and each source's standardisation included
+    common = ("rollout.n=2", _sources("first_sample_correct"))
+    plain = _steps(files, 2, *common)
+    dapo = _steps(files, 2, *common, "algorithm.filter_groups=true", "algorithm.max_gen_batches=3")
+    for (m_plain, ro_plain), (m_dapo, ro_dapo) in zip(plain, dapo, strict=True):
+        assert m_dapo["dapo/gen_batches"] == 1
+        assert {"reward/first", "reward/sevens"} <= m_dapo.keys()
+        assert _comparable(m_dapo) == _comparable(m_plain)
+        assert torch.equal(ro_dapo.components, ro_plain.components)
+
+
+def test_dynamic_sampling_carries_each_sources_score_of_the_kept_groups(files):
+    [(metrics, ro)] = _steps(
+        files,
+        1,
+        "rollout.n=2",
+        _sources("even_first_digit_varies"),
+        "algorithm.filter_groups=true",
+        "algorithm.max_gen_batches=10",
+    )
+    assert metrics["dapo/gen_batches"] > 1 and metrics["dapo/groups_kept"] == 8
+    assert ro.components is not None and ro.components.shape == (16, 2)
+    first, sevens = ro.components[:, 0], ro.components[:, 1]
+    # each row's own score from each source, whichever round it came from
+    assert torch.equal(sevens, torch.tensor(fn(ro.prompts, ro.responses)))
+    odd = torch.tensor([int(p[0]) % 2 == 1 for p in ro.prompts])
+    assert (first[odd] == 0.5).all() and set(first[~odd].tolist()) <= {0.0, 1.0}
+    assert torch.equal(ro.scores, first + 0.5 * sevens)  # the batch's scores are their sum
+    assert metrics["reward/first"] == pytest.approx(float(first.mean()))
+    assert metrics["reward/sevens"] == pytest.approx(float(sevens.mean()))
