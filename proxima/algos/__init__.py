@@ -28,6 +28,14 @@ from .advantages import (
     rloo_vectorized,
     tir_optimal_token_baseline,
 )
+from .drift import (
+    distinct_n,
+    dominated,
+    loglik_per_token,
+    ngrams,
+    repetition,
+    repetition_rate,
+)
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .logprobs import (
     entropy_from_logits,
@@ -103,6 +111,8 @@ __all__ = [
     "compute_advantages",
     "compute_gae",
     "discounted_returns",
+    "distinct_n",
+    "dominated",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "dro_loss",
@@ -122,6 +132,7 @@ __all__ = [
     "kl_penalty",
     "last_token_index",
     "logprob_diff",
+    "loglik_per_token",
     "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_mean",
@@ -130,6 +141,7 @@ __all__ = [
     "masked_whiten",
     "mean_at_k",
     "mismatch_stats",
+    "ngrams",
     "overlong_penalty",
     "pass_at_k",
     "pass_at_k_table",
@@ -138,6 +150,8 @@ __all__ = [
     "policy_loss",
     "reinforce_plus_plus",
     "rejection_mask",
+    "repetition",
+    "repetition_rate",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",
