@@ -53,6 +53,7 @@ from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trackers import check_trackers, open_trackers, selected
 from proxima.trainer.dist import Dist
+from proxima.trainer.drift import DriftMonitor
 from proxima.trainer.evaluate import describe, evaluate_modes
 from proxima.trainer.guard import (
     HealthMonitor,
@@ -95,6 +96,8 @@ PLOT_KEYS = [
     "eval/mean_reward",
     "eval/pass@1",
     "kl",
+    ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"]),
+    "drift/ref_logprob",
     "response_length",
     "actor/entropy",
     "actor/clipfrac",
@@ -127,6 +130,7 @@ class PPORecipe:
         self.start = time.perf_counter()
         self.made_run_dir = False  # this recipe created the run folder (a task did not)
         self.failure: tuple[Exception, int, str] | None = None  # error, iteration, phase
+        self.drift = DriftMonitor(cfg)  # warnings of degenerate answers, in the summary
 
     def run(self) -> dict:
         """setup, train, finish; returns the summary (also written to summary.json)."""
@@ -309,6 +313,9 @@ class PPORecipe:
             phase = "logging"
             self._log(it, metrics, ro, bar)
             self.divergence = monitor.observe(it, metrics)  # the same on every rank
+            for warning in self.drift.observe(it, metrics):  # once per kind
+                if self.dist.is_main:
+                    bar.write(f"warning: {warning.message}", file=sys.stderr)
             due = self.dist.any(
                 it == cfg.trainer.iterations or (monitor.healthy and schedule.due(it))
             )
@@ -409,6 +416,7 @@ class PPORecipe:
         elif self.eval_items:
             self._evaluate_after(signals)
         self._keep_result()
+        summary["drift_warnings"] = [w.to_dict() for w in self.drift.warnings]
         summary.update(
             config=self.cfg.to_dict(),
             iterations=trainer.iteration,
