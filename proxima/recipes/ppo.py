@@ -442,7 +442,7 @@ class PPORecipe:
             write_atomic(self.run_dir / "summary.json", json.dumps(self.summary, indent=2))
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
-                plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)
+                plot_metrics(metrics, self.run_dir / "curves.png", self._plot_keys())
             curves = {
                 tag: self.summary[key]["pass@k"]
                 for key, tag in (("eval_before", "before"), ("eval_after", "after"))
@@ -456,6 +456,14 @@ class PPORecipe:
         self.logger.finish(self.summary, images)  # to the trackers (trainer.loggers)
         if self.failure is None:
             _report(self.summary, self.run_dir)
+
+    def _plot_keys(self) -> list:
+        """PLOT_KEYS, with each of reward.sources' raw score in one panel beside the score
+        (a weight-0 judge beside the reward it watches)."""
+        names = getattr(self.trainer.roles.reward, "names", [])
+        if len(names) < 2:
+            return PLOT_KEYS
+        return [PLOT_KEYS[0], ("reward sources", [f"reward/{n}" for n in names]), *PLOT_KEYS[1:]]
 
     def _keep_after_failure(self) -> dict:
         """After an iteration raised: the trainer back at its last completed iteration and

@@ -148,3 +148,65 @@ def test_the_reference_likelihood_drop_names_the_kl_coefficient():
     assert [w.kind for w in fired] == ["reference"]
     assert "algorithm.kl_ctrl.kl_coef (now 0.1)" in fired[0].message
     assert "drift/ref_logprob -2.5 is below -2" in fired[0].message
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from tests.trainer.nano import nano_files
+
+    return nano_files(tmp_path_factory.mktemp("drift"))
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_a_step_logs_drift_and_the_reference_likelihood_with_a_reference(files, reference):
+    from tests.trainer.nano import nano_trainer
+
+    extra = [] if reference else ["algorithm.adv_estimator=grpo", "rollout.n=2"]
+    extra += [] if reference else ["algorithm.use_kl_in_reward=false"]
+    trainer = nano_trainer(files, *extra)
+    metrics, ro = trainer.step()
+    exp = trainer.score(ro, ro.scores)  # the same batch scored again: the same log-probs
+    mask = ro.gen.response_mask
+    ref = exp.ref_logprobs if reference else None
+    want = drift_metrics(ro.gen.response_ids, mask, dominated(ro.responses), ref)
+    assert {k: v for k, v in metrics.items() if k.startswith("drift/")} == pytest.approx(want)
+    assert ("drift/ref_logprob" in metrics) == reference
+
+
+def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
+    import json
+
+    from proxima.trainer.evaluate import evaluate
+    from proxima.trainer.setup import load_prompts
+    from tests.trainer.nano import nano_trainer
+
+    rows = [{"prompt": f"{a}+1=", "data_source": "low" if a < 5 else "high"} for a in range(10)]
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trainer = nano_trainer(files)
+    cfg, tok = trainer.cfg, trainer.roles.tokenizer
+    items = list(load_prompts(cfg, tmp_path / "e.jsonl", tok))
+
+    def zero(prompts, responses, columns, ids, mask):
+        return torch.zeros(len(prompts))
+
+    res = evaluate(trainer.roles.actor, tok, items, zero, cfg.rollout, torch.device("cpu"))
+    keys = ["drift/repetition", "drift/dominated", "drift/distinct_1", "drift/distinct_2"]
+    for part in [res, *res["by_source"].values()]:
+        assert all(0.0 <= part[k] <= 1.0 for k in keys) and "drift/ref_logprob" not in part
+    # greedy answers to ten different prompts: the overall distinct-1 is at most the
+    # parts' (their unigrams are counted together)
+    assert res["drift/distinct_1"] <= max(p["drift/distinct_1"] for p in res["by_source"].values())
+
+
+def test_curves_put_the_reward_sources_in_one_panel_beside_the_score():
+    from types import SimpleNamespace
+
+    from proxima.recipes.ppo import PLOT_KEYS, PPORecipe
+
+    recipe = PPORecipe.__new__(PPORecipe)
+    recipe.trainer = SimpleNamespace(roles=SimpleNamespace(reward=lambda *a: None))
+    assert recipe._plot_keys() == PLOT_KEYS  # one source: nothing to add
+    recipe.trainer.roles.reward = SimpleNamespace(names=["form", "judge"])
+    keys = recipe._plot_keys()
+    assert keys[:2] == ["score", ("reward sources", ["reward/form", "reward/judge"])]
+    assert ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"]) in keys
