@@ -282,6 +282,12 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "turns" in res:
             acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+        if "drift/dominated" in res:  # what the reward does not show: degenerate answers
+            lines.append(
+                f"{mode}: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "
+                f"repetition {res['drift/repetition']:.3f}, "
+                f"distinct-2 {res['drift/distinct_2']:.3f}"
+            )
         if res.get("failed_episodes"):
             lines.append(
                 f"{mode}: warning: {res['failed_episodes']:.0%} of the episodes ended on an "

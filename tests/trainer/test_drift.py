@@ -176,7 +176,7 @@ def test_a_step_logs_drift_and_the_reference_likelihood_with_a_reference(files, 
 def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
     import json
 
-    from proxima.trainer.evaluate import evaluate
+    from proxima.trainer.evaluate import describe, evaluate
     from proxima.trainer.setup import load_prompts
     from tests.trainer.nano import nano_trainer
 
@@ -196,6 +196,8 @@ def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
     # greedy answers to ten different prompts: the overall distinct-1 is at most the
     # parts' (their unigrams are counted together)
     assert res["drift/distinct_1"] <= max(p["drift/distinct_1"] for p in res["by_source"].values())
+    line = f"greedy: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "
+    assert any(x.startswith(line) for x in describe({"greedy": res}))
 
 
 def test_curves_put_the_reward_sources_in_one_panel_beside_the_score():
