@@ -3,7 +3,8 @@ when it collapses.
 
 `batch_drift` computes the `drift/*` metrics (`algos.drift`) on the batch the trainer
 already has: the sampled token ids and the response mask of the whole batch (every rank's
-rows gathered, so N processes give one process's values), the decoded texts, and the
+rows gathered, so N processes give one process's values), the decoded texts (a multi-turn
+episode's text holds its observations too; its token n-grams do not), and the
 reference's log-probs of phase 3 when the run has a reference (no extra forward pass;
 without one there is no `drift/ref_logprob`). The entropy is the update's `actor/entropy`.
 
