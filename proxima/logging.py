@@ -328,7 +328,7 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), squeeze=False)
     for ax, (title, ks) in zip(axes.flat, present, strict=False):
         for key in ks:
-            _plot_series(ax, rows, key, label=key if len(ks) > 1 else "train")
+            _plot_series(ax, rows, key, grouped=len(ks) > 1)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -344,15 +344,17 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
     return out
 
 
-def _plot_series(ax: Any, rows: list[dict[str, Any]], key: str, label: str) -> None:
-    """``key`` as a line, and its ``eval/<key>`` as markers of the same colour."""
+def _plot_series(ax: Any, rows: list[dict[str, Any]], key: str, grouped: bool) -> None:
+    """``key`` as a line and its ``eval/<key>`` as markers: alone in its panel, labelled
+    train and eval (orange); in a group, labelled by name, the markers in the line's colour."""
     steps, values = _series(rows, key)
+    label = key if grouped else "train"
     (line,) = ax.plot(steps, values, marker="o" if len(steps) < 30 else None, ms=3, label=label)
     eval_steps, eval_values = _series(rows, EVAL_PREFIX + key)
     if eval_steps:
-        color = line.get_color() if label != "train" else "tab:orange"
-        eval_label = "eval" if label == "train" else f"eval/{key}"
-        ax.plot(eval_steps, eval_values, "s--", ms=4, color=color, label=eval_label)
+        color = line.get_color() if grouped else "tab:orange"
+        label = EVAL_PREFIX + key if grouped else "eval"
+        ax.plot(eval_steps, eval_values, "s--", ms=4, color=color, label=label)
 
 
 def plot_pass_at_k(runs: dict[str, dict], out_png: str | Path) -> Path:
