@@ -125,7 +125,8 @@ def evaluate(
 ) -> dict:
     """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`, also per
     source (`by_source`) when the prompts have a `data_source` column, and per file of
-    several `data.eval_path` files.
+    several `data.eval_path` files; the answers' drift/* (`trainer.drift.drift_metrics`:
+    repetition, dominated share, distinct-n), per source the per-answer shares only.
 
     `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
