@@ -299,8 +299,13 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return [p[0] for p in pairs], [float(p[1]) for p in pairs]
 
 
-def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[str]) -> Path:
-    """Draw one small panel per key found in ``metrics_jsonl`` (x = step) into ``out_png``.
+Panel = str | tuple[str, Sequence[str]]  # a metric, or (title, metrics) drawn together
+
+
+def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[Panel]) -> Path:
+    """Draw one small panel per entry of ``keys`` found in ``metrics_jsonl`` (x = step) into
+    ``out_png``: a metric, or ``(title, [metrics])`` drawn in one panel (several metrics of
+    one scale, e.g. the drift/* shares).
 
     ``eval/<key>`` rows, logged on some steps only, are overlaid as markers on ``<key>``.
     """
@@ -310,23 +315,25 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
     import matplotlib.pyplot as plt
 
     rows = read_metrics(metrics_jsonl)
-    present = [k for k in keys if any(k in r for r in rows)]
+    logged = {k for r in rows for k in r}
+    panels = [(k, [k]) if isinstance(k, str) else (k[0], list(k[1])) for k in keys]
+    present = [(title, [k for k in ks if k in logged]) for title, ks in panels]
+    present = [(title, ks) for title, ks in present if ks]
     if not present:
-        found = sorted({k for r in rows for k in r} - {"step"})
-        raise ValueError(f"none of {list(keys)} is in {metrics_jsonl}; keys found: {found}.")
+        raise ValueError(
+            f"none of {list(keys)} is in {metrics_jsonl}; keys found: {sorted(logged - {'step'})}."
+        )
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), squeeze=False)
-    for ax, key in zip(axes.flat, present, strict=False):
-        steps, values = _series(rows, key)
-        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, ms=3, label="train")
-        eval_steps, eval_values = _series(rows, EVAL_PREFIX + key)
-        if eval_steps:
-            ax.plot(eval_steps, eval_values, "s--", ms=4, color="tab:orange", label="eval")
-            ax.legend(fontsize=7)
-        ax.set_title(key, fontsize=9)
+    for ax, (title, ks) in zip(axes.flat, present, strict=False):
+        for key in ks:
+            _plot_series(ax, rows, key, grouped=len(ks) > 1)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
+        if len(ks) > 1 or any(EVAL_PREFIX + k in logged for k in ks):
+            ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
     fig.tight_layout()
@@ -335,6 +342,19 @@ def plot_metrics(metrics_jsonl: str | Path, out_png: str | Path, keys: Sequence[
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _plot_series(ax: Any, rows: list[dict[str, Any]], key: str, grouped: bool) -> None:
+    """``key`` as a line and its ``eval/<key>`` as markers: alone in its panel, labelled
+    train and eval (orange); in a group, labelled by name, the markers in the line's colour."""
+    steps, values = _series(rows, key)
+    label = key if grouped else "train"
+    (line,) = ax.plot(steps, values, marker="o" if len(steps) < 30 else None, ms=3, label=label)
+    eval_steps, eval_values = _series(rows, EVAL_PREFIX + key)
+    if eval_steps:
+        color = line.get_color() if grouped else "tab:orange"
+        label = EVAL_PREFIX + key if grouped else "eval"
+        ax.plot(eval_steps, eval_values, "s--", ms=4, color=color, label=label)
 
 
 def plot_pass_at_k(runs: dict[str, dict], out_png: str | Path) -> Path:

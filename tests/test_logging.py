@@ -195,3 +195,21 @@ def test_a_full_disk_under_tensorboard_is_named_once_without_a_thread_traceback(
     other.start()
     other.join()
     assert [type(e) for e in printed] == [ZeroDivisionError]
+
+
+def test_plot_draws_a_group_of_metrics_in_one_panel(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "score": 0.1 * s, "drift/repetition": 0.01 * s} for s in range(1, 6)]
+    rows[0]["drift/distinct_2"] = 0.9  # sparse, and drift/dominated never logged
+    rows[4]["eval/drift/repetition"] = 0.3
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    group = ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"])
+    plot_metrics(path, tmp_path / "m.png", ["score", group, ("absent", ["x", "y"])])
+    axes = [ax for ax in figures[0].axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == ["score", "drift (0-1)"]
+    labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    assert labels == ["drift/repetition", "eval/drift/repetition", "drift/distinct_2"]

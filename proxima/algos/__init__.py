@@ -29,6 +29,14 @@ from .advantages import (
     tir_optimal_token_baseline,
 )
 from .dpo import DPO_LOSS_TYPES, PER_TOKEN_LOSSES, dpo_logits, dpo_loss
+from .drift import (
+    distinct_n,
+    dominated,
+    loglik_per_token,
+    ngrams,
+    repetition,
+    repetition_rate,
+)
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .logprobs import (
     entropy_from_logits,
@@ -106,6 +114,8 @@ __all__ = [
     "compute_advantages",
     "compute_gae",
     "discounted_returns",
+    "distinct_n",
+    "dominated",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "dpo_logits",
@@ -127,6 +137,7 @@ __all__ = [
     "kl_penalty",
     "last_token_index",
     "logprob_diff",
+    "loglik_per_token",
     "logprobs_and_entropy",
     "logprobs_from_logits",
     "masked_mean",
@@ -135,6 +146,7 @@ __all__ = [
     "masked_whiten",
     "mean_at_k",
     "mismatch_stats",
+    "ngrams",
     "overlong_penalty",
     "pass_at_k",
     "pass_at_k_table",
@@ -143,6 +155,8 @@ __all__ = [
     "policy_loss",
     "reinforce_plus_plus",
     "rejection_mask",
+    "repetition",
+    "repetition_rate",
     "reinforce_plus_plus_baseline",
     "remax",
     "rloo",

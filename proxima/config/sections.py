@@ -823,3 +823,31 @@ class GuardConfig:
         "An iteration is unhealthy when the mean response length falls below this fraction "
         "of the run's first iteration's (length collapse); 0 = off.",
     )
+    drift_min_distinct_ratio: float = _f(
+        0.5,
+        "Warn (once) when drift/distinct_2, the batch's unique token bigrams / all its "
+        "bigrams, stays below this fraction of its start (the mean of the run's first 3 "
+        "iterations) for 3 iterations: the answers lost their variety; 0 = off.",
+    )
+    drift_max_repetition_rise: float = _f(
+        0.25,
+        "Warn (once) when drift/repetition, the share of a response's token trigrams that "
+        "repeat an earlier one, stays above its start plus this for 3 iterations; 0 = off.",
+    )
+    drift_max_dominated_rise: float = _f(
+        0.25,
+        "Warn (once) when drift/dominated, the share of responses mostly made of one word "
+        "said over and over, stays above its start plus this for 3 iterations; 0 = off.",
+    )
+    drift_min_entropy_ratio: float = _f(
+        0.3,
+        "Warn (once) when actor/entropy stays below this fraction of its start for 3 "
+        "iterations (expected on a task with one right answer per prompt; a collapse "
+        "when the answers also degenerate); 0 = off.",
+    )
+    drift_max_ref_logprob_drop: float = _f(
+        1.0,
+        "Warn (once) when drift/ref_logprob, the reference's mean log-likelihood per "
+        "sampled token (runs with a reference only), stays more than this many nats below "
+        "its start for 3 iterations; 0 = off.",
+    )

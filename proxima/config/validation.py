@@ -106,6 +106,11 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "guard.min_entropy",
     "guard.max_kl_per_token",
     "guard.min_length_ratio",
+    "guard.drift_min_distinct_ratio",
+    "guard.drift_max_repetition_rise",
+    "guard.drift_max_dominated_rise",
+    "guard.drift_min_entropy_ratio",
+    "guard.drift_max_ref_logprob_drop",
     "pipeline.label_temperature",
     "pipeline.kl_budget",
 )

@@ -54,6 +54,7 @@ from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trackers import check_trackers, open_trackers, selected
 from proxima.trainer.dist import Dist
+from proxima.trainer.drift import DriftMonitor
 from proxima.trainer.evaluate import describe, evaluate_modes
 from proxima.trainer.guard import (
     HealthMonitor,
@@ -96,6 +97,8 @@ PLOT_KEYS = [
     "eval/mean_reward",
     "eval/pass@1",
     "kl",
+    ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"]),
+    "drift/ref_logprob",
     "response_length",
     "actor/entropy",
     "actor/clipfrac",
@@ -128,6 +131,7 @@ class PPORecipe:
         self.start = time.perf_counter()
         self.made_run_dir = False  # this recipe created the run folder (a task did not)
         self.failure: tuple[Exception, int, str] | None = None  # error, iteration, phase
+        self.drift = DriftMonitor(cfg)  # warnings of degenerate answers, in the summary
 
     def run(self) -> dict:
         """setup, train, finish; returns the summary (also written to summary.json)."""
@@ -311,6 +315,9 @@ class PPORecipe:
             phase = "logging"
             self._log(it, metrics, ro, bar)
             self.divergence = monitor.observe(it, metrics)  # the same on every rank
+            for warning in self.drift.observe(it, metrics):  # once per kind
+                if self.dist.is_main:
+                    bar.write(f"warning: {warning.message}", file=sys.stderr)
             due = self.dist.any(
                 it == cfg.trainer.iterations or (monitor.healthy and schedule.due(it))
             )
@@ -411,6 +418,7 @@ class PPORecipe:
         elif self.eval_items:
             self._evaluate_after(signals)
         self._keep_result()
+        summary["drift_warnings"] = [w.to_dict() for w in self.drift.warnings]
         summary.update(
             config=self.cfg.to_dict(),
             iterations=trainer.iteration,
@@ -436,7 +444,7 @@ class PPORecipe:
             write_atomic(self.run_dir / "summary.json", json.dumps(self.summary, indent=2))
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
-                plot_metrics(metrics, self.run_dir / "curves.png", PLOT_KEYS)
+                plot_metrics(metrics, self.run_dir / "curves.png", self._plot_keys())
             curves = {
                 tag: self.summary[key]["pass@k"]
                 for key, tag in (("eval_before", "before"), ("eval_after", "after"))
@@ -450,6 +458,14 @@ class PPORecipe:
         self.logger.finish(self.summary, images)  # to the trackers (trainer.loggers)
         if self.failure is None:
             _report(self.summary, self.run_dir)
+
+    def _plot_keys(self) -> list:
+        """PLOT_KEYS, with each of reward.sources' raw score in one panel beside the score
+        (a weight-0 judge beside the reward it watches)."""
+        names = getattr(self.trainer.roles.reward, "names", [])
+        if len(names) < 2:
+            return PLOT_KEYS
+        return [PLOT_KEYS[0], ("reward sources", [f"reward/{n}" for n in names]), *PLOT_KEYS[1:]]
 
     def _keep_after_failure(self) -> dict:
         """After an iteration raised: the trainer back at its last completed iteration and

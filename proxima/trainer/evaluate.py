@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import mean_at_k, pass_at_k_table
+from proxima.algos import dominated, mean_at_k, pass_at_k_table
 from proxima.config import RolloutConfig
 from proxima.data.mixing import DATASET_COLUMN
 from proxima.models.forward import response_logprobs
@@ -23,17 +23,27 @@ from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.environments import load_env_class
 from proxima.rollout.types import Generation
 from proxima.trainer.dist import Dist
+from proxima.trainer.drift import drift_metrics
+
+NO_TOKEN = -1  # in `_tokens`: a position outside the response mask
 
 
 def _is_binary(scores: torch.Tensor) -> bool:
     return bool(((scores == 0) | (scores == 1)).all())
 
 
+def _tokens(gen: Generation) -> torch.Tensor:
+    """[B, R] int64: the response tokens, NO_TOKEN outside the response mask."""
+    ids = gen.response_ids.long().cpu()
+    return torch.where(gen.response_mask.cpu() != 0, ids, torch.full_like(ids, NO_TOKEN))
+
+
 @torch.no_grad()
 def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_size):
     """Rewards [N] (an episode's return), response lengths [N], turns [N] (1 for single
-    responses) and (prompt, response, reward[, episode]) of every item."""
-    scores, lengths, turns, samples = [], [], [], []
+    responses), (prompt, response, reward[, episode]) of every item and its response
+    tokens [N, R] (`_tokens`)."""
+    scores, lengths, turns, samples, tokens = [], [], [], [], []
     for i in range(0, len(items), batch_size):
         ro = collect(
             actor, tokenizer, items[i : i + batch_size], reward, cfg, device, greedy=greedy, n=1
@@ -45,7 +55,12 @@ def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_siz
         turns.append(torch.tensor([len(e["turns"]) if e else 1 for e in episodes]).float())
         rows = zip(ro.prompts, ro.responses, total.tolist(), episodes, strict=True)
         samples += [row if row[3] is not None else row[:3] for row in rows]
-    return torch.cat(scores).cpu(), torch.cat(lengths), torch.cat(turns), samples
+        tokens.append(_tokens(ro.gen))
+    width = max(t.shape[1] for t in tokens)
+    tokens = torch.cat(
+        [torch.nn.functional.pad(t, [0, width - t.shape[1]], value=NO_TOKEN) for t in tokens]
+    )
+    return torch.cat(scores).cpu(), torch.cat(lengths), torch.cat(turns), samples, tokens
 
 
 def _share(items: list, dist: Dist) -> list:
@@ -64,7 +79,13 @@ def max_reward(cfg: RolloutConfig) -> float | None:
 
 
 def _summary(
-    s: torch.Tensor, ln: torch.Tensor, turns: torch.Tensor, samples: list, greedy: bool, best
+    s: torch.Tensor,
+    ln: torch.Tensor,
+    turns: torch.Tensor,
+    samples: list,
+    greedy: bool,
+    best,
+    tokens: torch.Tensor,
 ) -> dict:
     out = {
         "mean_reward": float(s.mean()),
@@ -72,6 +93,9 @@ def _summary(
         "n": int(s.numel()),
         "greedy": greedy,
     }
+    # the training iterations' drift/* of these responses (no reference pass: no ref_logprob)
+    texts = [row[1] for row in samples]
+    out.update(drift_metrics(tokens.clamp(min=0), tokens != NO_TOKEN, dominated(texts)))
     if best is not None:
         out["accuracy"] = float((s >= best - 1e-6).float().mean())
     elif _is_binary(s):
@@ -102,7 +126,8 @@ def evaluate(
 ) -> dict:
     """Mean reward (and accuracy when every score is 0 or 1) of `actor` on `items`, also per
     source (`by_source`) when the prompts have a `data_source` column, and per file of
-    several `data.eval_path` files.
+    several `data.eval_path` files; the answers' drift/* (`trainer.drift.drift_metrics`:
+    repetition, dominated share, distinct-n), per source the per-answer shares only.
 
     `actor` is a rollout engine holding the actor's weights, or a model (the `hf` engine).
     Greedy by default; sampled evaluation uses the rollout's temperature / top_p / top_k.
@@ -112,23 +137,26 @@ def evaluate(
     """
     dist = dist or Dist()
     n, mine = len(items), _share(items, dist)
-    s, ln, turns, samples = dist.agree(
+    s, ln, turns, samples, tokens = dist.agree(
         lambda: _score_items(actor, tokenizer, mine, reward, cfg, device, greedy, batch_size),
         "evaluation",
     )
     if dist.active:
         s, ln, turns = (dist.gather_rows(t)[:n] for t in (s, ln, turns))
+        tokens = dist.gather_rows(tokens, pad_value=NO_TOKEN)[:n]
         samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
     best = max_reward(cfg)
-    out = _summary(s, ln, turns, samples, greedy, best)
+    out = _summary(s, ln, turns, samples, greedy, best, tokens)
     parts = _by_source(items)
     if parts:
         out["by_source"] = {
-            src: _summary(s[idx], ln[idx], turns[idx], [samples[i] for i in idx], greedy, best)
+            src: _summary(
+                s[idx], ln[idx], turns[idx], [samples[i] for i in idx], greedy, best, tokens[idx]
+            )
             for src, idx in parts.items()
         }
-        for part in out["by_source"].values():
-            del part["samples"]
+        for part in out["by_source"].values():  # distinct-n of a few answers says little
+            del part["samples"], part["drift/distinct_1"], part["drift/distinct_2"]
     return out
 
 
@@ -256,6 +284,12 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "turns" in res:
             acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+        if "drift/dominated" in res:  # what the reward does not show: degenerate answers
+            lines.append(
+                f"{mode}: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "
+                f"repetition {res['drift/repetition']:.3f}, "
+                f"distinct-2 {res['drift/distinct_2']:.3f}"
+            )
         if res.get("failed_episodes"):
             lines.append(
                 f"{mode}: warning: {res['failed_episodes']:.0%} of the episodes ended on an "

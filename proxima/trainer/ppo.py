@@ -50,6 +50,7 @@ from proxima.trainer.advantages import (
     with_source_options,
 )
 from proxima.trainer.dist import Dist, shard, wrap_trained
+from proxima.trainer.drift import batch_drift
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.offload import Offload, reward_models, wants_offload
 from proxima.trainer.optim import TrainedRole
@@ -249,6 +250,7 @@ class PPOTrainer:
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
         metrics.update(self._set_stats(ro))
+        metrics.update(batch_drift(batch.response_mask, exp, ro.responses, self.dist))
         self.kl_ctl.update(est.stats["kl"], exp.batch_size)
         self.iteration += 1
         return metrics, ro

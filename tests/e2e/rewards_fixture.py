@@ -98,3 +98,9 @@ def set_is_ones(prompts: list[str], responses: list[str], dataset: list[str]) ->
     """0/1 reward read from the `dataset` column of several prompt files: 1 for the set
     named "ones"."""
     return [float(d == "ones") for d in dataset]
+
+
+def repeats_one_char(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """Pays a response for saying one character over and over: its most frequent character's
+    count / 6 (the runs' rollout.max_response_length)."""
+    return [max((r.count(c) for c in set(r.strip())), default=0) / 6 for r in responses]
