@@ -23,6 +23,7 @@ prompts, samples, shuffles and optimizer steps): every random stream and counter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from proxima.config import Config, fixed_keys
+from proxima.files import FULL_DISK_HINT, write_error, write_whole
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
@@ -103,14 +105,17 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
     except BaseException as err:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, (OSError, RuntimeError)):
-            where = getattr(err, "filename", None) or what
-            raise CheckpointWriteError(
-                f"writing the checkpoint {folder} failed at {where} ({type(err).__name__}: "
-                f"{err}); a full disk or a file-size limit (ulimit -f) is the usual cause. "
-                "The partial checkpoint was removed; the earlier checkpoints are intact."
-            ) from err
-        raise
+            with contextlib.suppress(OSError):
+                tmp.parent.rmdir()  # a checkpoints/ folder made for this one, now empty
+        cause = write_error(err)
+        if cause is None:
+            raise
+        where = getattr(cause, "filename", None) or what
+        raise CheckpointWriteError(
+            f"writing the checkpoint {folder} failed at {where} ({type(err).__name__}: "
+            f"{err}); {FULL_DISK_HINT}. The partial checkpoint was removed; the earlier "
+            "checkpoints are intact."
+        ) from err
     return folder
 
 
@@ -185,10 +190,14 @@ def model_folders(folder: str | Path) -> list[str]:
 
 def copy_models(folder: str | Path, dest: str | Path) -> list[str]:
     """Copy a checkpoint's model folders into `dest` (a run folder, where they are the run's
-    result); returns the names copied."""
+    result), each whole or not at all (`files.write_whole`); returns the names copied."""
     copied = model_folders(folder)
-    for name in copied:
-        shutil.copytree(Path(folder) / name, Path(dest) / name, dirs_exist_ok=True)
+
+    def write(tmp: Path) -> None:
+        for name in copied:
+            shutil.copytree(Path(folder) / name, tmp / name)
+
+    write_whole(dest, write)
     return copied
 
 

@@ -273,6 +273,79 @@ def test_checkpoint_write_failing_on_a_full_disk_is_named(tmp_path, make_model, 
     assert json.loads((out / "summary.json").read_text())["failed"]["phase"] == "checkpoint"
 
 
+def _train_under_a_file_limit(argv: list[str], limit: int) -> subprocess.CompletedProcess:
+    import resource
+
+    def cap() -> None:  # Python ignores SIGXFSZ: a write past the limit raises EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [sys.executable, "-m", "proxima.cli", "train", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=cap)
+
+
+def test_a_file_limit_at_any_point_keeps_every_file_whole_and_says_what_is_kept(
+    tmp_path, make_model, fast_overrides
+):
+    """`ulimit -f 12` (kB): no model (about 70 kB) fits, metrics.jsonl fills up after a few
+    iterations. The first error is said with its file, then what else could not be written
+    and plainly that no checkpoint is kept; no file is left cut."""
+    model, out = make_model(), tmp_path / "run"
+    proc = _train_under_a_file_limit(fast_overrides(model, out, 40), 12_000)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err
+    first = re.search(r"error: iteration (\d+) failed in phase `logging`: .*metrics.jsonl", err)
+    assert first, err
+    assert "also not written: a checkpoint: writing the checkpoint" in err
+    assert f"also not written: the models in {out}" in err
+    assert f"kept: no checkpoint and no models (none could be written): the {first[1]}" in err
+    assert "summary.json marked failed" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"]["phase"] == "logging" and summary["failed"]["checkpoint"] is None
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, int(first[1])))
+    for line in (out / "samples.jsonl").read_text().splitlines():
+        json.loads(line)  # every line whole
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "memory_plan.json",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "summary.json",
+    ]  # no cut actor/, no empty checkpoints/, no temporary file
+
+
+def test_a_file_limit_before_training_leaves_no_run_folder(tmp_path, make_model, fast_overrides):
+    out = tmp_path / "run"
+    proc = _train_under_a_file_limit(fast_overrides(make_model(), out, 2), 2_000)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write {out / 'config.json'} (File too large)" in proc.stderr
+    assert f"Nothing was trained: the run folder {out} is removed" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_a_summary_that_cannot_be_written_is_not_called_marked(
+    tmp_path, make_model, fast_overrides, reward_spec, monkeypatch, capsys
+):
+    import errno
+
+    import proxima.recipes.ppo as recipe
+
+    def full(path, text):
+        if Path(path).name == "summary.json":
+            raise OSError(errno.ENOSPC, f"cannot write {path} (No space left on device)")
+        recipe_write(path, text)
+
+    recipe_write = recipe.write_atomic
+    monkeypatch.setattr(recipe, "write_atomic", full)
+    out, bad = tmp_path / "run", [f"reward.function={reward_spec('fails_at_call_3')}"]
+    assert main(["train", *fast_overrides(make_model(), out, 4, *bad)]) == 2
+    err = capsys.readouterr().err
+    assert "also not written: summary.json (cannot write" in err
+    assert "no summary.json could be written" in err and "marked failed" not in err
+    assert not (out / "summary.json").exists()
+
+
 # --------------------------------------------------------------------------- start-up checks
 
 
