@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.config.roles import role_plan
 from proxima.data.mixing import MixedPromptLoader, all_items
 from proxima.files import FULL_DISK_HINT, describe_write_error, write_error, write_whole
+from proxima.launch import signum_of
 from proxima.logging import (
     RunLogger,
     format_line,
@@ -559,14 +561,21 @@ class PPORecipe:
         return "\n".join(lines)
 
     def _evaluate_after(self, signals: StopSignals) -> None:
-        if signals.agreed(self.dist).received:  # a signal during the last iteration
+        """The evaluation after the last iteration; a stop signal during the last iteration
+        or during the evaluation skips it: the run is complete, and exits with the signal's
+        status (128 + its number) as a stopped run does."""
+        agreed = signals.agreed(self.dist)
+        if agreed.received:  # a signal during the last iteration
             self._say(f"evaluation after training skipped ({signals.name}); the run is complete")
+            self._stopped(signals.name, int(agreed.received))
             return
         try:
             self.summary["eval_after"] = self.evaluate("after")
             self.logger.log(self.trainer.iteration, _eval_metrics(self.summary["eval_after"]))
-        except KeyboardInterrupt:  # the run is complete: keep it, skip the evaluation
+        except KeyboardInterrupt as err:  # the run is complete: keep it, skip the evaluation
+            signum = signum_of(err)
             self._say("evaluation after training interrupted and skipped; the run is kept")
+            self._stopped(signal.Signals(signum).name, int(signum))
 
     def _keep_result(self) -> bool:
         """The run's result in the run folder (actor/, the critic's), each folder whole or
@@ -642,6 +651,11 @@ def _report(summary: dict, run_dir: Path) -> None:
             "model is model.actor_path, unchanged"
         )
         print(f"error: {diverged['diagnosis']}\n{kept}; run folder: {run_dir}", file=sys.stderr)
+    elif stopped is not None and stopped["iteration"] == summary["config"]["trainer"]["iterations"]:
+        print(
+            f"run folder: {run_dir} ({models}); every iteration was trained, the evaluation "
+            f"after training skipped ({stopped['signal']})"
+        )
     elif stopped is not None:
         print(
             f"stopped at iteration {stopped['iteration']} ({stopped['signal']}); resume with "

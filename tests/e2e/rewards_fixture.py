@@ -98,3 +98,14 @@ def set_is_ones(prompts: list[str], responses: list[str], dataset: list[str]) ->
     """0/1 reward read from the `dataset` column of several prompt files: 1 for the set
     named "ones"."""
     return [float(d == "ones") for d in dataset]
+
+
+def sigterm_at_call_3(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """`fn`, but the third call sends SIGTERM to this process (as a scheduler would)."""
+    import os
+    import signal
+
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return fn(prompts, responses)

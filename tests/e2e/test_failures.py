@@ -558,6 +558,27 @@ def test_an_evaluation_that_fails_keeps_the_iteration_it_followed(
     assert summary["iterations"] == 1 and "eval_before" in summary
 
 
+def test_sigterm_during_the_evaluation_after_training_exits_143(
+    tmp_path, make_model, fast_overrides, reward_spec, prompt_file, capsys
+):
+    """Calls 1, 2, 3 of the reward: the evaluation before, iteration 1's scoring, the
+    evaluation after training, during which SIGTERM arrives: the run is complete and kept,
+    and the exit status says the signal, as a stopped run's does."""
+    out = tmp_path / "run"
+    extra = [
+        f"reward.function={reward_spec('sigterm_at_call_3')}",
+        f"data.eval_path={prompt_file}",
+        "eval.max_prompts=4",
+    ]
+    assert main(["train", *fast_overrides(make_model(), out, 1, *extra)]) == 143
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] == {"signal": "SIGTERM", "iteration": 1, "exit_status": 143}
+    assert "eval_after" not in summary and (out / "actor" / "model.safetensors").is_file()
+    said = capsys.readouterr().out
+    assert "evaluation after training interrupted" in said
+    assert "every iteration was trained, the evaluation after training skipped (SIGTERM)" in said
+
+
 def test_an_evaluation_before_training_that_fails_leaves_nothing(
     tmp_path, make_model, fast_overrides, reward_spec, prompt_file, capsys
 ):
