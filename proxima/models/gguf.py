@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,7 +107,17 @@ def gguf_problem(path: str | Path) -> str | None:
         return str(err)
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    header = read_header(p)
+    try:
+        header = read_header(p)
+    except (ValueError, IndexError, OverflowError, struct.error) as err:
+        # the reader maps the file and cuts it into the arrays its header describes: a cut
+        # file fails in numpy or struct, whichever part it reaches first
+        cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+        return (
+            f"{p} is truncated or damaged: its {p.stat().st_size} bytes do not hold the "
+            f"header and tensors it describes ({cause}). Copy or download the file again "
+            "(a download that stopped early leaves such a file)."
+        )
     arch = header.architecture
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         return (

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import torch
 
-from proxima.models.gguf import GGUFError, export_gguf, import_gguf, is_gguf, load_gguf
+from proxima.models.gguf import (
+    GGUFError,
+    check_gguf,
+    export_gguf,
+    import_gguf,
+    is_gguf,
+    load_gguf,
+)
 
 
 def model_folder(path: str | Path) -> Path:
@@ -34,6 +41,7 @@ def model_folder(path: str | Path) -> Path:
 def load_for_chat(path: str | Path):
     """(model, tokenizer) in float32 from a folder, a run folder or a GGUF file."""
     if is_gguf(path):
+        check_gguf(path, "chat MODEL")  # what import and train check before loading
         return load_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

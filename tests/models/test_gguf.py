@@ -148,6 +148,22 @@ def test_unreadable_files_named(tmp_path):
         G.cached_import(tmp_path / "odd.gguf", "model.actor_path")
 
 
+@pytest.mark.parametrize("keep", [20, 0.5])  # inside the header; inside the tensors
+def test_truncated_files_named_before_loading(llama, tmp_path, keep, capsys):
+    from proxima.cli import main
+
+    whole = G.export_gguf(llama, tmp_path / "whole.gguf", "f32").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: keep if isinstance(keep, int) else int(len(whole) * keep)])
+    assert "cut.gguf is truncated or damaged" in G.gguf_problem(cut)
+    assert "Copy or download the file again" in G.gguf_problem(cut)
+    for argv in (["chat", str(cut), "--prompt", "hi"], ["import", str(cut), "--out", "x"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"`{argv[0]}" in err and "is truncated or damaged" in err
+        assert "Traceback" not in err
+
+
 def test_model_paths_resolve_to_a_cached_import(llama, tmp_path, monkeypatch):
     monkeypatch.setenv(G.CACHE_ENV, str(tmp_path / "cache"))
     file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")
