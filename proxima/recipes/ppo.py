@@ -182,6 +182,16 @@ class PPORecipe:
             load_checkpoint(self.resume, self.trainer)
             self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
+        try:
+            self._start_logging(roles)
+        except BaseException:  # a signal or an error before the first iteration
+            if self.dist.is_main and self.made_run_dir:  # a failed start leaves nothing behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _start_logging(self, roles) -> None:
+        """The plans on the console, the trackers and the run's logger."""
+        cfg = self.cfg
         memory = f"\n{self.memory.describe()}" if self.memory is not None else ""
         loader = self.trainer.loader
         mix = loader.expected_counts() if isinstance(loader, MixedPromptLoader) else None
@@ -197,12 +207,7 @@ class PPORecipe:
         resumed_run = None
         if self.resume is not None and self.resume.parent.name == "checkpoints":
             resumed_run = self.resume.parent.parent
-        try:
-            trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
-        except BaseException:
-            if main and self.made_run_dir:  # a failed start leaves nothing behind
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise
+        trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
         self.logger = RunLogger(
             self.run_dir, tensorboard="tensorboard" in names, enabled=main, trackers=trackers
         )

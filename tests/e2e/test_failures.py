@@ -513,6 +513,24 @@ def test_a_signal_anywhere_in_the_start_up_is_said_the_same_way(
         assert f"aborted: {name} received" in stderr, (point, stderr)
 
 
+def test_a_signal_once_the_run_folder_is_made_leaves_nothing(
+    tmp_path, make_model, fast_overrides, monkeypatch, capsys
+):
+    """SIGINT as the plans are printed (config.json and memory_plan.json are written by
+    then): the run folder goes, as with any start that trains nothing."""
+    import proxima.recipes.ppo as recipe
+    from proxima.launch import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted("SIGINT received", signal.SIGINT)
+
+    monkeypatch.setattr(recipe, "batch_plan", interrupted)
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 2)]) == 130
+    assert "aborted: SIGINT received" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
     import proxima.recipes as recipes
 
