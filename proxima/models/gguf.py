@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from proxima.files import describe_write_error, write_error
+
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
 CACHE_ENV = "PROXIMA_CACHE"  # the cache root; default ~/.cache/proxima
@@ -214,15 +216,28 @@ def import_gguf(path: str | Path, out: str | Path, dtype: torch.dtype = torch.fl
     model, tokenizer = load_gguf(src, dtype)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         _write_folder(model, tokenizer, tmp, src)
         if out.exists():  # the empty folder the user made for it
             out.rmdir()
         tmp.rename(out)
+    except Exception as err:
+        raise _unwritten(out, err) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _unwritten(out: Path, err: Exception) -> Exception:
+    """A failed write of `out` as a GGUFError naming it (a full disk, a file-size limit);
+    any other error as it is."""
+    cause = write_error(err)
+    if cause is None:
+        return err
+    return GGUFError(
+        f"cannot write {out} ({describe_write_error(cause)}); the partial write was removed"
+    )
 
 
 def cache_root() -> Path:
@@ -244,8 +259,16 @@ def cached_import(path: str | Path, key: str = "model path") -> Path:
     together (torchrun) import it once: the others wait on a lock."""
     check_gguf(path, key)
     folder = cached_folder(path)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+    try:  # the lock file is the first write: a cache that cannot be written stops here
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(folder.with_name(folder.name + ".lock"), "w")  # noqa: SIM115
+    except OSError as err:
+        raise GGUFError(
+            f"`{key}`: {path} is imported once into the cache {cache_root()}, which cannot "
+            f"be written ({err.strerror or err}); set {CACHE_ENV} to a writable folder, or "
+            f"import the file yourself (`proxima import {path} --out DIR`) and give DIR."
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "config.json").is_file():
             print(f"`{key}`: importing {path} into {folder} (once; later runs reuse it)")
@@ -421,6 +444,8 @@ def export_gguf(folder: str | Path, out: str | Path, dtype: str = "f16") -> Path
         writer.write_tensors_to_file()
         writer.close()
         tmp.rename(out)
+    except Exception as err:
+        raise _unwritten(out, err) from err
     finally:
         tmp.unlink(missing_ok=True)
     return out

@@ -22,6 +22,7 @@ from proxima.models.gguf import (
     is_gguf,
     load_gguf,
 )
+from proxima.recipes.common import writable_file, writable_place
 
 
 def model_folder(path: str | Path) -> Path:
@@ -102,12 +103,14 @@ def chat(path, prompt=None, system=None, max_new_tokens=256, temperature=0.0, se
 
 
 def import_model(path: str, out: str, dtype: str = "float32") -> Path:
+    writable_place(out, "--out")  # before the work, not after it
     folder = import_gguf(path, out, getattr(torch, dtype))
     print(f"wrote {folder}: a Hugging Face folder (train it with model.actor_path={folder})")
     return folder
 
 
 def export_model(path: str, out: str, dtype: str = "f16") -> Path:
+    writable_file(out, "--gguf")  # before the work, not after it
     file = export_gguf(model_folder(path), out, dtype)
     size = file.stat().st_size / 2**20
     print(f"wrote {file} ({size:.1f} MiB, {dtype}): run it with llama.cpp or Ollama")

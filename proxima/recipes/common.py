@@ -160,6 +160,18 @@ def writable_file(path: str | Path, name: str) -> Path:
     return file
 
 
+def writable_place(path: str | Path, name: str) -> Path:
+    """`path` as a new file or folder that can be written: its folder exists (created with
+    its parents when missing) and takes writes; a ConfigError naming `name` otherwise."""
+    target = Path(path)
+    problem = _folder_problem(target.parent)
+    if problem:
+        raise ConfigError(
+            f"{_named(name, path)}: {problem}; point {name} at a place in a writable folder."
+        )
+    return target
+
+
 def _named(name: str, path: str | Path) -> str:
     """`key`=value for a config key, --flag value for a flag."""
     return f"{name} {path}" if name.startswith("-") else f"{name}={path}"

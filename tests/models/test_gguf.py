@@ -164,6 +164,25 @@ def test_truncated_files_named_before_loading(llama, tmp_path, keep, capsys):
         assert "Traceback" not in err
 
 
+def test_unwritable_destinations_named_before_the_work(llama, tmp_path, monkeypatch, capsys):
+    """A destination under a file (as /sys, or a read-only place, refuses writes), named by
+    its flag or variable before any model loads; a missing folder is created."""
+    from proxima.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")
+    assert main(["export", str(llama), "--gguf", str(blocker / "m.gguf")]) == 2
+    assert f"--gguf {blocker / 'm.gguf'}: {blocker} is a file" in capsys.readouterr().err
+    assert main(["import", str(file), "--out", str(blocker / "m")]) == 2
+    assert f"--out {blocker / 'm'}: {blocker} is a file" in capsys.readouterr().err
+    assert main(["export", str(llama), "--gguf", str(tmp_path / "new" / "m.gguf")]) == 0
+    assert (tmp_path / "new" / "m.gguf").is_file()
+    monkeypatch.setenv(G.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(G.GGUFError, match=f"`model.actor_path`: .*{G.CACHE_ENV} to a writable"):
+        G.cached_import(file, "model.actor_path")
+
+
 def test_model_paths_resolve_to_a_cached_import(llama, tmp_path, monkeypatch):
     monkeypatch.setenv(G.CACHE_ENV, str(tmp_path / "cache"))
     file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")
