@@ -259,11 +259,11 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from proxima.models.loading import generation_config
     from proxima.rollout.engines import engine_class
     from proxima.rollout.plan import plan_scoring
+    from proxima.tasks import check_task, resumed_task_config
 
     cfg = _load(ns, default_example=True)
+    check_task(cfg)  # what `train` refuses of a built-in task
     if cfg.task.name and cfg.trainer.resume_from:  # as `train` resumes a task run
-        from proxima.tasks import resumed_task_config
-
         cfg = resumed_task_config(cfg)
     check_resume(cfg)
     for line in _path_warnings(cfg):

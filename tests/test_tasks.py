@@ -23,6 +23,16 @@ def test_splits_too_large_names_the_keys():
         make_splits(1, {"eval": 50, "train": 60}, seed=0)
 
 
+def test_fewer_demonstrations_than_one_sft_batch_name_the_task_keys(capsys):
+    from proxima.cli import main
+
+    assert main(["config", "task.name=arithmetic", "task.n_sft=16"]) == 2
+    err = capsys.readouterr().err
+    assert "`task.n_sft`=16 demonstrations are fewer than one batch" in err
+    assert "`task.sft_batch_size`=64" in err and "data.train_batch_size" not in err
+    assert main(["config", "task.name=arithmetic", "task.n_sft=16", "task.sft_steps=0"]) == 0
+
+
 def test_reward_is_exact_match():
     out = reward(
         ["1+2=", "9+9=", "5+5=", "0+0="], ["3", " 18 ", "100", ""], answer=["3", "18", "10", "0"]

@@ -24,10 +24,19 @@ def _tasks() -> dict:
     }
 
 
+# the tasks whose preparation warm-starts their model by SFT on task.n_sft demonstrations
+SFT_TASKS = ("arithmetic", "tools")
+
+
 def check_task(cfg: Config) -> None:
-    if cfg.task.name and cfg.task.name not in _tasks():
+    t = cfg.task
+    if t.name and t.name not in _tasks():
+        raise ConfigError(f"Unknown `task.name` {t.name!r}. Built-in tasks: {', '.join(_tasks())}.")
+    if t.name in SFT_TASKS and t.sft_steps and t.n_sft < t.sft_batch_size:
         raise ConfigError(
-            f"Unknown `task.name` {cfg.task.name!r}. Built-in tasks: {', '.join(_tasks())}."
+            f"`task.n_sft`={t.n_sft} demonstrations are fewer than one batch of the task's "
+            f"SFT warm start (`task.sft_batch_size`={t.sft_batch_size}); raise task.n_sft, "
+            "lower task.sft_batch_size, or set task.sft_steps=0 to skip the warm start."
         )
 
 
