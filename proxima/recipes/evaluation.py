@@ -5,6 +5,7 @@ the prompts of `data.eval_path`, greedy and, with `eval.sampled`, sampled; writt
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from proxima.config import Config
 from proxima.models import load_causal_lm, load_tokenizer
@@ -23,7 +24,13 @@ from proxima.trainer.setup import (
 
 
 def evaluate_policy(cfg: Config) -> dict[str, dict]:
-    """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`)."""
+    """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`). A run or
+    checkpoint folder as `model.actor_path` (--model) means its trained policy, actor/, as
+    `proxima chat` and `export` take it."""
+    given = Path(cfg.model.actor_path)
+    if (given / "actor" / "config.json").is_file():
+        cfg = cfg.replace({"model.actor_path": str(given / "actor")})
+        print(f"evaluating the trained policy of {given}: {given / 'actor'}")
     check_model_folders(cfg, "eval")
     check_env(cfg)  # rollout.env: multi-turn episodes with the environment
     check_agent(cfg)  # rollout.agent: episodes played by an agent program
