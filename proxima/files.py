@@ -49,6 +49,7 @@ def write_whole(dest: str | Path, write: Callable[[Path], None]) -> None:
     the same names in `dest` (created if missing), one by one; on any error the temporary
     folder is removed and `dest` keeps what it held. Raises what `write` raised."""
     dest = Path(dest)
+    made = not dest.exists()
     tmp = dest / f".writing.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -56,8 +57,13 @@ def write_whole(dest: str | Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         for entry in sorted(tmp.iterdir()):
             replace(entry, dest / entry.name)
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made:  # the folder made for this write, left as it was: missing
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replace(src: Path, dest: Path) -> None:

@@ -198,6 +198,28 @@ def test_sft_and_eval_errors_name_their_own_keys(tmp_path, make_model, sft_file,
     assert "`data.eval_path`: dataset not found: none.jsonl" in capsys.readouterr().err
 
 
+def test_sft_out_unwritable_or_full_is_named_and_left_without_a_cut_model(
+    tmp_path, make_model, sft_file, capsys
+):
+    import resource
+
+    model, blocker = make_model(), tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["sft", "--model", str(model), "--data", str(sft_file), "--steps", "1"]
+    assert main([*args, "--out", str(blocker / "o")]) == 2  # before the work
+    assert f"`sft.out`={blocker / 'o'}: {blocker} is a file" in capsys.readouterr().err
+
+    def cap() -> None:  # the model (about 70 kB) does not fit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out, env = tmp_path / "o", {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "proxima.cli", *args, "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert f"`sft.out`={out}: the model cannot be written (File too large" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 # --------------------------------------------------------------------------- errors mid-run
 
 
