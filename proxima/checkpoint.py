@@ -91,6 +91,7 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
             "save to a new folder (or delete that one first)."
         )
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    made_parent = main and not folder.parent.exists()
     if main:
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an earlier crash of this pid
         tmp.mkdir(parents=True)
@@ -105,8 +106,9 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
     except BaseException as err:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                tmp.parent.rmdir()  # a checkpoints/ folder made for this one, now empty
+            if made_parent:  # the checkpoints/ folder made for this one, empty again
+                with contextlib.suppress(OSError):
+                    tmp.parent.rmdir()
         cause = write_error(err)
         if cause is None:
             raise
