@@ -540,7 +540,12 @@ class PPORecipe:
             if self.summary_written
             else "no summary.json could be written"
         )
-        if failed["checkpoint"] is not None:
+        if failed["checkpoint"] is not None and failed["phase"] == SAVING:
+            lines.append(
+                f"kept: the checkpoint {failed['checkpoint']}, which holds the trained models "
+                f"(its actor/ is the result), and the run folder {self.run_dir} ({marked})"
+            )
+        elif failed["checkpoint"] is not None:
             lines.append(
                 f"kept: the checkpoint {failed['checkpoint']} and the run folder "
                 f"{self.run_dir} ({marked}); once the cause is fixed, resume with "

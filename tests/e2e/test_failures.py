@@ -368,6 +368,27 @@ def test_a_summary_that_cannot_be_written_is_not_called_marked(
     assert not (out / "summary.json").exists()
 
 
+def test_a_result_that_cannot_be_written_points_at_the_checkpoint_holding_it(
+    tmp_path, make_model, fast_overrides, monkeypatch, capsys
+):
+    import errno
+
+    import proxima.recipes.ppo as recipe
+
+    def full(dest, write):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recipe, "write_whole", full)
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 2)]) == 2
+    err = capsys.readouterr().err
+    final = out / "checkpoints" / "iter_2"
+    assert "the result of iteration 2 could not be written: OSError: cannot write the models" in err
+    assert f"kept: the checkpoint {final}, which holds the trained models" in err
+    assert "Traceback" not in err and (final / "actor" / "model.safetensors").is_file()
+    assert json.loads((out / "summary.json").read_text())["failed"]["checkpoint"] == str(final)
+
+
 # --------------------------------------------------------------------------- start-up checks
 
 
