@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from proxima.config import Config, fixed_keys
-from proxima.files import FULL_DISK_HINT, write_error, write_whole
+from proxima.files import FULL_DISK_HINT, pid_running, write_error, write_whole
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
@@ -138,16 +138,6 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_orphans(folder: str | Path) -> list[Path]:
     """Delete the `.iter_N.tmp-PID` folders in `folder` that a killed checkpoint write left
     behind (their process is gone; a live writer's folder is left alone). Returns them."""
@@ -157,7 +147,7 @@ def remove_orphans(folder: str | Path) -> list[Path]:
     removed = []
     for child in folder.iterdir():
         match = re.fullmatch(r"\.iter_\d+\.tmp-(\d+)", child.name)
-        if match and child.is_dir() and not _pid_running(int(match.group(1))):
+        if match and child.is_dir() and not pid_running(int(match.group(1))):
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed

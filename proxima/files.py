@@ -50,6 +50,10 @@ def write_whole(dest: str | Path, write: Callable[[Path], None]) -> None:
     folder is removed and `dest` keeps what it held. Raises what `write` raised."""
     dest = Path(dest)
     made = not dest.exists()
+    for left in dest.glob(".writing.tmp-*"):  # a killed write's (its process is gone)
+        pid = left.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not pid_running(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
     tmp = dest / f".writing.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -82,3 +86,14 @@ def replace(src: Path, dest: Path) -> None:
             os.replace(old, dest)  # put the old one back
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def pid_running(pid: int) -> bool:
+    """Whether process `pid` is alive (a temporary folder named after it is in use)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

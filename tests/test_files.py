@@ -30,6 +30,7 @@ def test_write_whole_replaces_folders_and_keeps_the_old_ones_on_an_error(tmp_pat
         write_whole(tmp_path, fails)
     assert (tmp_path / "actor" / "config.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor"]  # no temporary left
+    (tmp_path / ".writing.tmp-999999999").mkdir()  # a killed write's: no such process
     write_whole(tmp_path, write)
     assert (tmp_path / "actor" / "config.json").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor"]
