@@ -575,6 +575,8 @@ def test_a_signal_once_the_run_folder_is_made_leaves_nothing(
 
 
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    import errno
+
     import proxima.recipes as recipes
 
     def broken(cfg, run_dir):
@@ -587,6 +589,15 @@ def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "the warm start broke" in err and f"removed {out}" in err
     assert not out.exists()
+
+    def full(cfg, run_dir):  # a full disk as the task writes its data: the folder named
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recipes, "prepare_task", full)
+    assert main(["train", f"trainer.output_dir={out}", "trainer.threads=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"the task `arithmetic` could not write its data and model into {out / 'task'}" in err
+    assert "(No space left on device; a full disk" in err and not out.exists()
 
 
 def test_eval_checks_the_positions_too(tmp_path, prompt_file, reward_spec, capsys):
