@@ -183,6 +183,22 @@ def test_unwritable_destinations_named_before_the_work(llama, tmp_path, monkeypa
         G.cached_import(file, "model.actor_path")
 
 
+def test_a_full_disk_during_export_names_the_file_and_leaves_none(llama, tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:  # the GGUF file of the tiny llama is larger than 4 kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "m.gguf"
+    argv = [sys.executable, "-m", "proxima.cli", "export", str(llama), "--gguf", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write {out} (File too large; a full disk" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no cut file, no temporary one
+
+
 def test_model_paths_resolve_to_a_cached_import(llama, tmp_path, monkeypatch):
     monkeypatch.setenv(G.CACHE_ENV, str(tmp_path / "cache"))
     file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")
