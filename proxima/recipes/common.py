@@ -46,7 +46,8 @@ def fresh_out(path: str, name: str = "--out") -> Path:
 
 def save_model(model, tokenizer, out: Path, name: str = "--out") -> None:
     """`model` and `tokenizer` as the Hugging Face folder `out`, each file whole
-    (`files.write_whole`); a write that fails (a full disk) names `name` and the folder."""
+    (`files.write_whole`); a write that fails (a full disk) names `name` (the key or flag
+    that set `out`, if any) and the folder."""
 
     def write(tmp: Path) -> None:
         with quiet_transformers():
@@ -60,8 +61,8 @@ def save_model(model, tokenizer, out: Path, name: str = "--out") -> None:
         if cause is None:
             raise
         raise OSError(
-            f"{_named(name, out)}: the model cannot be written ({describe_write_error(cause)}); "
-            "the partial write was removed"
+            f"{_named(name, out) if name else out}: the model cannot be written "
+            f"({describe_write_error(cause)}); the partial write was removed"
         ) from err
 
 
