@@ -23,6 +23,7 @@ prompts, samples, shuffles and optimizer steps): every random stream and counter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from proxima.config import Config, fixed_keys
+from proxima.files import FULL_DISK_HINT, pid_running, write_error, write_whole
 
 STATE_FILE = "state.pt"
 META_FILE = "checkpoint.json"
@@ -89,6 +91,7 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
             "save to a new folder (or delete that one first)."
         )
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    made_parent = main and not folder.parent.exists()
     if main:
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an earlier crash of this pid
         tmp.mkdir(parents=True)
@@ -103,14 +106,18 @@ def save_checkpoint(folder: str | Path, trainer, extra: dict | None = None) -> P
     except BaseException as err:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, (OSError, RuntimeError)):
-            where = getattr(err, "filename", None) or what
-            raise CheckpointWriteError(
-                f"writing the checkpoint {folder} failed at {where} ({type(err).__name__}: "
-                f"{err}); a full disk or a file-size limit (ulimit -f) is the usual cause. "
-                "The partial checkpoint was removed; the earlier checkpoints are intact."
-            ) from err
-        raise
+            if made_parent:  # the checkpoints/ folder made for this one, empty again
+                with contextlib.suppress(OSError):
+                    tmp.parent.rmdir()
+        cause = write_error(err)
+        if cause is None:
+            raise
+        where = getattr(cause, "filename", None) or what
+        raise CheckpointWriteError(
+            f"writing the checkpoint {folder} failed at {where} ({type(err).__name__}: "
+            f"{err}); {FULL_DISK_HINT}. The partial checkpoint was removed; the earlier "
+            "checkpoints are intact."
+        ) from err
     return folder
 
 
@@ -131,16 +138,6 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_orphans(folder: str | Path) -> list[Path]:
     """Delete the `.iter_N.tmp-PID` folders in `folder` that a killed checkpoint write left
     behind (their process is gone; a live writer's folder is left alone). Returns them."""
@@ -150,7 +147,7 @@ def remove_orphans(folder: str | Path) -> list[Path]:
     removed = []
     for child in folder.iterdir():
         match = re.fullmatch(r"\.iter_\d+\.tmp-(\d+)", child.name)
-        if match and child.is_dir() and not _pid_running(int(match.group(1))):
+        if match and child.is_dir() and not pid_running(int(match.group(1))):
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed
@@ -185,10 +182,14 @@ def model_folders(folder: str | Path) -> list[str]:
 
 def copy_models(folder: str | Path, dest: str | Path) -> list[str]:
     """Copy a checkpoint's model folders into `dest` (a run folder, where they are the run's
-    result); returns the names copied."""
+    result), each whole or not at all (`files.write_whole`); returns the names copied."""
     copied = model_folders(folder)
-    for name in copied:
-        shutil.copytree(Path(folder) / name, Path(dest) / name, dirs_exist_ok=True)
+
+    def write(tmp: Path) -> None:
+        for name in copied:
+            shutil.copytree(Path(folder) / name, tmp / name)
+
+    write_whole(dest, write)
     return copied
 
 

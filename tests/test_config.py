@@ -314,6 +314,18 @@ def test_values_checked_before_anything_loads(override, message):
         load_config(None, BASE + ([override] if isinstance(override, str) else list(override)))
 
 
+def test_weights_in_exponent_form_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e-1 (no dot) as a string, on the command line and in a file alike."""
+    files = "data.train_path=[a.jsonl, b.jsonl]"
+    c = load_config(None, [*BASE, files, "data.train_weights=[1e-1, 1]"])
+    assert c.data.train_weights == [0.1, 1.0]
+    yaml_file = tmp_path / "w.yaml"
+    yaml_file.write_text("data:\n  train_weights: [1e-1, 1]\n")
+    assert load_config(yaml_file, [*BASE, files]).data.train_weights == [0.1, 1.0]
+    with pytest.raises(ConfigError, match=r"`data.train_weights\[1\]` must be a number, got 'x'"):
+        load_config(None, [*BASE, files, "data.train_weights=[1, x]"])
+
+
 def test_rollout_engine_keys():
     c = load_config(
         None,

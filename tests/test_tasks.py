@@ -1,5 +1,7 @@
 """The built-in arithmetic task: splits, verifier, SFT stopping rule."""
 
+import re
+
 import pytest
 
 from proxima.data import SFTDataset
@@ -21,6 +23,16 @@ def test_splits_are_disjoint_sized_and_seeded():
 def test_splits_too_large_names_the_keys():
     with pytest.raises(ValueError, match=r"task.n_eval \+ task.n_sft \+ task.n_train"):
         make_splits(1, {"eval": 50, "train": 60}, seed=0)
+
+
+def test_fewer_demonstrations_than_one_sft_batch_name_the_task_keys(capsys):
+    from proxima.cli import main
+
+    assert main(["config", "task.name=arithmetic", "task.n_sft=16"]) == 2
+    err = capsys.readouterr().err
+    assert "`task.n_sft`=16 demonstrations are fewer than one batch" in err
+    assert "`task.sft_batch_size`=64" in err and "data.train_batch_size" not in err
+    assert main(["config", "task.name=arithmetic", "task.n_sft=16", "task.sft_steps=0"]) == 0
 
 
 def test_reward_is_exact_match():
@@ -79,3 +91,19 @@ def test_default_example_pipeline_runs_small(tmp_path):
         assert summary[key]["n"] == 32 and 0.0 <= summary[key]["accuracy"] <= 1.0
     assert set(summary["phase_seconds"]) >= {"generate", "score", "update"}
     assert summary["config"]["model"]["actor_path"].endswith("task/sft")
+
+
+def test_sft_says_its_progress_in_a_log_file(monkeypatch, capsys):
+    """Without a terminal (stderr captured here, as in a log file) the bar is hidden; a
+    line says the step and loss at the first step and then every LINE_EVERY_S seconds."""
+    from proxima.trainer import sft
+
+    tok = build_char_tokenizer(ALPHABET)
+    model = build_tiny_model("llama", tok, size="nano")
+    records = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(20)]
+    data = SFTDataset(records, tok, max_length=16)
+    sft_train(model, tok, data, steps=3, lr=1e-3, batch_size=4)
+    assert re.findall(r"sft step (\d)/3 \| loss [\d.]+ \| \d+ s", capsys.readouterr().out) == ["1"]
+    monkeypatch.setattr(sft, "LINE_EVERY_S", 0.0)
+    sft_train(model, tok, data, steps=3, lr=1e-3, batch_size=4)
+    assert re.findall(r"sft step (\d)/3", capsys.readouterr().out) == ["1", "2", "3"]

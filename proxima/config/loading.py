@@ -75,8 +75,11 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if value is None:
             return ""
         raise ConfigError(f"`{where}` must be a string, got {value!r}. Quote it in YAML.")
-    if typ is list and not isinstance(value, list):
+    if (typ is list or typing.get_origin(typ) is list) and not isinstance(value, list):
         raise ConfigError(f"`{where}` must be a list like [1, 2], got {value!r}.")
+    if typing.get_origin(typ) is list:  # each item checked as its own value is
+        (item,) = typing.get_args(typ)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
 
 

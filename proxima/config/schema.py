@@ -75,7 +75,11 @@ class EvalConfig:
         "score of 1 counts as correct), per data_source when the prompts have that column.",
     )
     batch_size: int = _f(128, "Prompts per evaluation generate call.")
-    out: str = _f("", "`proxima eval`: also write the results as JSON to this file.")
+    out: str = _f(
+        "",
+        "`proxima eval`: also write the results as JSON to this file (a .jsonl file: JSON "
+        "lines, one per evaluation mode).",
+    )
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ class DataConfig:
         "each named by its file (a `dataset` column every record carries).",
         fixed=True,
     )
-    train_weights: list = _f(
+    train_weights: list[float] = _f(
         [],
         "With several data.train_path files: each one's share of a batch ([0.7, 0.3], "
         "normalised); empty = in proportion to their sizes. May change on resume.",

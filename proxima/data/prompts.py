@@ -203,7 +203,7 @@ class PromptDataset:
         return self.items[index]
 
 
-def _unknown_pieces(text: str, tokenizer: Any) -> list[str]:
+def unknown_pieces(text: str, tokenizer: Any) -> list[str]:
     """The parts of `text` the tokenizer encodes as its unknown token: from the offsets of a
     fast tokenizer, else the characters that alone encode as it."""
     unk = tokenizer.unk_token_id
@@ -219,7 +219,7 @@ def _warn_unknown(items: list[PromptItem], total: int, tokenizer: Any, source: s
     """One warning per data set: how many prompts hold unknown characters, and some of them."""
     pieces: dict[str, None] = {}
     for item in items[:20]:
-        pieces.update(dict.fromkeys(p for p in _unknown_pieces(item.text, tokenizer) if p))
+        pieces.update(dict.fromkeys(p for p in unknown_pieces(item.text, tokenizer) if p))
     shown = ", ".join(repr(p) for p in list(pieces)[:8]) or "not located"
     more = ", ..." if len(pieces) > 8 else ""
     where = f"{source}: " if source else ""

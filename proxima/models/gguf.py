@@ -21,10 +21,13 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from proxima.files import describe_write_error, write_error
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
@@ -106,7 +109,17 @@ def gguf_problem(path: str | Path) -> str | None:
         return str(err)
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    header = read_header(p)
+    try:
+        header = read_header(p)
+    except (ValueError, IndexError, OverflowError, struct.error) as err:
+        # the reader maps the file and cuts it into the arrays its header describes: a cut
+        # file fails in numpy or struct, whichever part it reaches first
+        cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+        return (
+            f"{p} is truncated or damaged: its {p.stat().st_size} bytes do not hold the "
+            f"header and tensors it describes ({cause}). Copy or download the file again "
+            "(a download that stopped early leaves such a file)."
+        )
     arch = header.architecture
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         return (
@@ -203,15 +216,28 @@ def import_gguf(path: str | Path, out: str | Path, dtype: torch.dtype = torch.fl
     model, tokenizer = load_gguf(src, dtype)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         _write_folder(model, tokenizer, tmp, src)
         if out.exists():  # the empty folder the user made for it
             out.rmdir()
         tmp.rename(out)
+    except Exception as err:
+        raise _unwritten(out, err) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _unwritten(out: Path, err: Exception) -> Exception:
+    """A failed write of `out` as a GGUFError naming it (a full disk, a file-size limit);
+    any other error as it is."""
+    cause = write_error(err)
+    if cause is None:
+        return err
+    return GGUFError(
+        f"cannot write {out} ({describe_write_error(cause)}); the partial write was removed"
+    )
 
 
 def cache_root() -> Path:
@@ -233,8 +259,16 @@ def cached_import(path: str | Path, key: str = "model path") -> Path:
     together (torchrun) import it once: the others wait on a lock."""
     check_gguf(path, key)
     folder = cached_folder(path)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+    try:  # the lock file is the first write: a cache that cannot be written stops here
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(folder.with_name(folder.name + ".lock"), "w")  # noqa: SIM115
+    except OSError as err:
+        raise GGUFError(
+            f"`{key}`: {path} is imported once into the cache {cache_root()}, which cannot "
+            f"be written ({err.strerror or err}); set {CACHE_ENV} to a writable folder, or "
+            f"import the file yourself (`proxima import {path} --out DIR`) and give DIR."
+        ) from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (folder / "config.json").is_file():
             print(f"`{key}`: importing {path} into {folder} (once; later runs reuse it)")
@@ -410,6 +444,8 @@ def export_gguf(folder: str | Path, out: str | Path, dtype: str = "f16") -> Path
         writer.write_tensors_to_file()
         writer.close()
         tmp.rename(out)
+    except Exception as err:
+        raise _unwritten(out, err) from err
     finally:
         tmp.unlink(missing_ok=True)
     return out

@@ -165,6 +165,10 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     folder = _check_folder(path, "tokenizer", needs="")
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     tokenizer.padding_side = "left"  # generation continues from the right edge
+    # proxima checks every prompt against data.max_prompt_length and the model's positions,
+    # naming the keys; the tokenizer's own "indexing errors" warning (against its
+    # model_max_length, which need not be the model's) is marked as already given
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(

@@ -14,6 +14,7 @@ import shutil
 import sys
 
 from proxima.config import Config
+from proxima.files import describe_write_error, write_error
 from proxima.recipes.common import new_run_dir, start_dist
 from proxima.recipes.ppo import PPORecipe
 from proxima.tasks import (
@@ -49,10 +50,19 @@ def train(cfg: Config) -> dict:
         print(f"run folder: {run_dir}")
         try:
             prepared = (run_dir, *prepare_task(cfg, run_dir))
-        except BaseException:  # an error or Ctrl-C in the warm start: no half-prepared folder
+        except (
+            BaseException
+        ) as err:  # an error or Ctrl-C in the warm start: no half-prepared folder
             shutil.rmtree(run_dir, ignore_errors=True)
             print(f"removed {run_dir}: the task's preparation did not finish", file=sys.stderr)
-            raise
+            cause = write_error(err)
+            if cause is None:
+                raise
+            raise OSError(
+                f"the task `{cfg.task.name}` could not write its data and model into "
+                f"{run_dir / 'task'} ({describe_write_error(cause)}). Free space under "
+                "`trainer.output_dir` or point it at another disk."
+            ) from err
     run_dir, cfg, info = dist.broadcast_object(prepared)
     return PPORecipe(cfg, dist, run_dir, summary={"task": info}).run()
 

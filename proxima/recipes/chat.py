@@ -10,11 +10,22 @@ Hugging Face folder, a run folder (its `actor/`) or a GGUF file.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
-from proxima.models.gguf import GGUFError, export_gguf, import_gguf, is_gguf, load_gguf
+from proxima.config import ConfigError
+from proxima.data.prompts import UnknownCharactersWarning, unknown_pieces
+from proxima.models.gguf import (
+    GGUFError,
+    check_gguf,
+    export_gguf,
+    import_gguf,
+    is_gguf,
+    load_gguf,
+)
+from proxima.recipes.common import writable_file, writable_place
 
 
 def model_folder(path: str | Path) -> Path:
@@ -34,6 +45,7 @@ def model_folder(path: str | Path) -> Path:
 def load_for_chat(path: str | Path):
     """(model, tokenizer) in float32 from a folder, a run folder or a GGUF file."""
     if is_gguf(path):
+        check_gguf(path, "chat MODEL")  # what import and train check before loading
         return load_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,6 +70,7 @@ def answer(model, tokenizer, prompt: str, system=None, max_new_tokens=256, tempe
     """The model's answer to `prompt`, printed to stdout as it is generated, and returned."""
     from transformers import TextStreamer
 
+    _warn_unknown(tokenizer, prompt)
     ids = prompt_ids(tokenizer, prompt, system)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     sampling = {"temperature": temperature} if temperature > 0 else {}
@@ -75,7 +88,41 @@ def answer(model, tokenizer, prompt: str, system=None, max_new_tokens=256, tempe
     return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
+def _warn_unknown(tokenizer, prompt: str) -> None:
+    """A warning when the tokenizer has no token for some of the prompt's characters: the
+    model would read its unknown token instead, silently."""
+    if tokenizer.unk_token_id is None:
+        return
+    pieces = [p for p in dict.fromkeys(unknown_pieces(prompt, tokenizer)) if p]
+    if pieces:
+        shown = ", ".join(repr(p) for p in pieces[:8])
+        warnings.warn(
+            UnknownCharactersWarning(
+                f"the prompt holds characters the tokenizer has no token for ({shown}); "
+                f"the model reads {tokenizer.unk_token!r} in their place"
+            ),
+            stacklevel=3,
+        )
+
+
+def check_options(prompt: str | None, max_new_tokens: int, temperature: float) -> None:
+    """The flags of `chat`, checked before the model loads."""
+    if prompt is not None and not prompt.strip():
+        raise ConfigError(
+            "--prompt is empty: give the text to answer, or leave --prompt out to type "
+            "prompts one per line."
+        )
+    if not temperature >= 0:  # also NaN
+        raise ConfigError(
+            f"--temperature {temperature}: must be 0 (greedy: the likeliest token each "
+            "step) or above (sampling; 0.7 is common)."
+        )
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens}: must be at least 1.")
+
+
 def chat(path, prompt=None, system=None, max_new_tokens=256, temperature=0.0, seed=0) -> int:
+    check_options(prompt, max_new_tokens, temperature)
     torch.manual_seed(seed)
     model, tokenizer = load_for_chat(path)
     if prompt is not None:
@@ -94,12 +141,14 @@ def chat(path, prompt=None, system=None, max_new_tokens=256, temperature=0.0, se
 
 
 def import_model(path: str, out: str, dtype: str = "float32") -> Path:
+    writable_place(out, "--out")  # before the work, not after it
     folder = import_gguf(path, out, getattr(torch, dtype))
     print(f"wrote {folder}: a Hugging Face folder (train it with model.actor_path={folder})")
     return folder
 
 
 def export_model(path: str, out: str, dtype: str = "f16") -> Path:
+    writable_file(out, "--gguf")  # before the work, not after it
     file = export_gguf(model_folder(path), out, dtype)
     size = file.stat().st_size / 2**20
     print(f"wrote {file} ({size:.1f} MiB, {dtype}): run it with llama.cpp or Ollama")

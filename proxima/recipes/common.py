@@ -15,6 +15,8 @@ import torch
 from proxima import launch
 from proxima.checkpoint import remove_orphans
 from proxima.config import Config, ConfigError
+from proxima.files import describe_write_error, write_error, write_whole
+from proxima.models.loading import quiet_transformers
 from proxima.rng import seed_everything
 from proxima.trainer.dist import Dist
 from proxima.trainer.dist import init as init_dist
@@ -29,12 +31,39 @@ def process_setup(cfg: Config) -> torch.device:
     return resolve_device(cfg.model.device)
 
 
-def fresh_out(path: str) -> Path:
-    """An output folder that holds no model yet: nothing already written is overwritten."""
+def fresh_out(path: str, name: str = "--out") -> Path:
+    """An output folder that holds no model yet (nothing already written is overwritten)
+    and can be written: checked before the work, named by `name`."""
     out = Path(path)
     if (out / "config.json").exists():
         raise FileExistsError(f"{out} already holds a model (config.json); choose another --out.")
+    if not out.is_dir():
+        writable_place(out, name)
+    else:
+        writable_folder(out, name)
     return out
+
+
+def save_model(model, tokenizer, out: Path, name: str = "--out") -> None:
+    """`model` and `tokenizer` as the Hugging Face folder `out`, each file whole
+    (`files.write_whole`); a write that fails (a full disk) names `name` (the key or flag
+    that set `out`, if any) and the folder."""
+
+    def write(tmp: Path) -> None:
+        with quiet_transformers():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+
+    try:
+        write_whole(out, write)
+    except Exception as err:
+        cause = write_error(err)
+        if cause is None:
+            raise
+        raise OSError(
+            f"{_named(name, out) if name else out}: the model cannot be written "
+            f"({describe_write_error(cause)}); the partial write was removed"
+        ) from err
 
 
 def start_dist(cfg: Config) -> tuple[Dist, torch.device]:
@@ -158,6 +187,18 @@ def writable_file(path: str | Path, name: str) -> Path:
     if problem:
         raise ConfigError(f"{_named(name, path)}: {problem}.")
     return file
+
+
+def writable_place(path: str | Path, name: str) -> Path:
+    """`path` as a new file or folder that can be written: its folder exists (created with
+    its parents when missing) and takes writes; a ConfigError naming `name` otherwise."""
+    target = Path(path)
+    problem = _folder_problem(target.parent)
+    if problem:
+        raise ConfigError(
+            f"{_named(name, path)}: {problem}; point {name} at a place in a writable folder."
+        )
+    return target
 
 
 def _named(name: str, path: str | Path) -> str:

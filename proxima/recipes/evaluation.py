@@ -1,12 +1,14 @@
 """`proxima eval`: the mean reward (and accuracy, for a 0/1 reward) of `model.actor_path` on
 the prompts of `data.eval_path`, greedy and, with `eval.sampled`, sampled; written to
-`eval.out` as JSON when set."""
+`eval.out` as JSON when set (JSON lines for a .jsonl file)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from proxima.config import Config
+from proxima.logging import write_atomic
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.agent import check_agent
@@ -23,7 +25,13 @@ from proxima.trainer.setup import (
 
 
 def evaluate_policy(cfg: Config) -> dict[str, dict]:
-    """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`)."""
+    """{"greedy": results, "sampled": results} (see `trainer.evaluate.evaluate`). A run or
+    checkpoint folder as `model.actor_path` (--model) means its trained policy, actor/, as
+    `proxima chat` and `export` take it."""
+    given = Path(cfg.model.actor_path)
+    if (given / "actor" / "config.json").is_file():
+        cfg = cfg.replace({"model.actor_path": str(given / "actor")})
+        print(f"evaluating the trained policy of {given}: {given / 'actor'}")
     check_model_folders(cfg, "eval")
     check_env(cfg)  # rollout.env: multi-turn episodes with the environment
     check_agent(cfg)  # rollout.agent: episodes played by an agent program
@@ -39,5 +47,13 @@ def evaluate_policy(cfg: Config) -> dict[str, dict]:
     results = evaluate_modes(engine, tok, items, reward, cfg, device)
     print("\n".join(describe(results)))
     if out is not None:
-        out.write_text(json.dumps(results, indent=2))
+        write_atomic(out, _results_text(results, out))
     return results
+
+
+def _results_text(results: dict[str, dict], out: Path) -> str:
+    """The results as one JSON document, or for a `.jsonl` file as JSON lines: one line per
+    evaluation mode, `{"mode": "greedy", "mean_reward": ..., "samples": [...]}`."""
+    if out.suffix != ".jsonl":
+        return json.dumps(results, indent=2)
+    return "".join(json.dumps({"mode": mode, **res}) + "\n" for mode, res in results.items())

@@ -49,7 +49,7 @@ from proxima.models import (
     reward_model_scores,
     score_normalization,
 )
-from proxima.recipes.common import new_run_dir, process_setup
+from proxima.recipes.common import new_run_dir, process_setup, save_model
 from proxima.recipes.dpo import dpo as train_dpo
 from proxima.recipes.ppo import PPORecipe
 from proxima.recipes.rm import reward_model
@@ -253,8 +253,7 @@ class Pipeline:
             device=self.device,
         )
         self.sft_dir = self.run_dir / "sft"
-        model.save_pretrained(self.sft_dir)
-        self.tok.save_pretrained(self.sft_dir)
+        save_model(model, self.tok, self.sft_dir, name="")
         self.result["sft_final_loss"] = losses[-1]
         print(f"sft: {len(losses)} steps, final loss {losses[-1]:.4f}; saved to {self.sft_dir}")
 

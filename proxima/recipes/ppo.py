@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ from proxima.config import Config, ConfigError, batch_plan, check_sources
 from proxima.config.roles import role_plan
 from proxima.config.run import run_plan
 from proxima.data.mixing import MixedPromptLoader, all_items
+from proxima.files import FULL_DISK_HINT, describe_write_error, write_error, write_whole
+from proxima.launch import signum_of
 from proxima.logging import (
     RunLogger,
     format_line,
@@ -74,6 +77,7 @@ from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, 
 
 # phases of a failure that leave the iteration complete (nothing to undo)
 AFTER_THE_STEP = ("evaluation before training", "evaluation", "logging", "checkpoint")
+SAVING = "saving the models"  # the phase of a run whose result could not be written
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
     "env/return": "return",
@@ -132,6 +136,8 @@ class PPORecipe:
         self.made_run_dir = False  # this recipe created the run folder (a task did not)
         self.failure: tuple[Exception, int, str] | None = None  # error, iteration, phase
         self.drift = DriftMonitor(cfg)  # warnings of degenerate answers, in the summary
+        self.unwritten: list[str] = []  # what a failed run could not write, said at the end
+        self.summary_written = False
 
     def run(self) -> dict:
         """setup, train, finish; returns the summary (also written to summary.json)."""
@@ -181,6 +187,16 @@ class PPORecipe:
             load_checkpoint(self.resume, self.trainer)
             self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
+        try:
+            self._start_logging(roles)
+        except BaseException:  # a signal or an error before the first iteration
+            if self.dist.is_main and self.made_run_dir:  # a failed start leaves nothing behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _start_logging(self, roles) -> None:
+        """The plans on the console, the trackers and the run's logger."""
+        cfg = self.cfg
         memory = f"\n{self.memory.describe()}" if self.memory is not None else ""
         loader = self.trainer.loader
         mix = loader.expected_counts() if isinstance(loader, MixedPromptLoader) else None
@@ -197,12 +213,7 @@ class PPORecipe:
         resumed_run = None
         if self.resume is not None and self.resume.parent.name == "checkpoints":
             resumed_run = self.resume.parent.parent
-        try:
-            trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
-        except BaseException:
-            if main and self.made_run_dir:  # a failed start leaves nothing behind
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise
+        trackers = open_trackers(cfg, self.run_dir, resumed_run) if main else []
         self.logger = RunLogger(
             self.run_dir, tensorboard="tensorboard" in names, enabled=main, trackers=trackers
         )
@@ -248,9 +259,26 @@ class PPORecipe:
             **self.summary,
         }
         if main:
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-            if self.memory is not None:
-                self.memory.write(self.run_dir / "memory_plan.json")
+            self._write_start_files()
+
+    def _write_start_files(self) -> None:
+        """config.json and memory_plan.json, each whole (`write_atomic`); a run folder this
+        recipe made that cannot hold them is removed: nothing was trained."""
+        files = {"config.json": json.dumps(self.cfg.to_dict(), indent=2)}
+        if self.memory is not None:
+            files["memory_plan.json"] = json.dumps(self.memory.to_dict(), indent=2)
+        try:
+            for name, text in files.items():
+                write_atomic(self.run_dir / name, text)
+        except OSError as err:
+            if self.made_run_dir:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            what = "is removed" if self.made_run_dir else "keeps what it held"
+            raise OSError(
+                f"{err.strerror or err}; {FULL_DISK_HINT}. Nothing was trained: the run "
+                f"folder {self.run_dir} {what}. Free space under `trainer.output_dir` or "
+                "point it at another disk."
+            ) from err
 
     # ------------------------------------------------------------------ train
 
@@ -401,23 +429,19 @@ class PPORecipe:
     def finish(self, reason: str | None, signals: StopSignals) -> dict:
         """What the end of the run leaves: a checkpoint when stopped or failed, the
         evaluation after, the result models, summary.json, curves.png and the last lines on
-        the console. A failed run then raises `RunFailed`."""
+        the console. A failed run (also one whose result could not be written) then raises
+        `RunFailed`."""
         trainer, summary = self.trainer, self.summary
+        if reason == "signal":
+            reason = self._checkpoint_on_signal(signals)
         if reason == "diverged":
             summary["diverged"] = self.divergence.to_dict()
         elif reason == "failed":
             summary["failed"] = self._keep_after_failure()
-        elif reason == "signal":
-            if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
-                self._checkpoint()
-            summary["stopped"] = {
-                "signal": signals.name,
-                "iteration": trainer.iteration,
-                "exit_status": 128 + int(signals.received),
-            }
-        elif self.eval_items:
+        elif reason is None and self.eval_items:
             self._evaluate_after(signals)
-        self._keep_result()
+        if not self._keep_result() and "failed" not in summary:
+            summary["failed"] = self._keep_after_failure()
         summary["drift_warnings"] = [w.to_dict() for w in self.drift.warnings]
         summary.update(
             config=self.cfg.to_dict(),
@@ -428,7 +452,7 @@ class PPORecipe:
         if self.dist.is_main:
             self._write_outputs()
         self.dist.barrier()  # no rank leaves before the files are written
-        if reason == "failed":
+        if "failed" in summary:
             trained = trainer.iteration > self.first_iteration
             litter = self.made_run_dir and not trained and summary["failed"]["checkpoint"] is None
             if litter and self.dist.is_main:  # a run that trained nothing leaves no folder
@@ -437,11 +461,32 @@ class PPORecipe:
             raise RunFailed(self._failure_message(removed=litter), summary) from self.failure[0]
         return summary
 
+    def _checkpoint_on_signal(self, signals: StopSignals) -> str:
+        """A checkpoint of the iteration a stop signal ended (unless one exists) and
+        summary["stopped"]; "failed" when the checkpoint cannot be written."""
+        trainer = self.trainer
+        if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
+            try:
+                self._checkpoint()
+            except CheckpointWriteError as err:
+                self.failure = (err, trainer.iteration, "checkpoint")
+                return "failed"
+        self._stopped(signals.name, int(signals.received))
+        return "signal"
+
+    def _stopped(self, name: str, signum: int) -> None:
+        self.summary["stopped"] = {
+            "signal": name,
+            "iteration": self.trainer.iteration,
+            "exit_status": 128 + signum,
+        }
+
     def _write_outputs(self) -> None:
         """summary.json, curves.png and the last lines; a write that fails (a full disk) is
         said, not raised: the console still tells what happened."""
         try:
             write_atomic(self.run_dir / "summary.json", json.dumps(self.summary, indent=2))
+            self.summary_written = True
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.is_file() and metrics.stat().st_size:
                 plot_metrics(metrics, self.run_dir / "curves.png", self._plot_keys())
@@ -453,7 +498,10 @@ class PPORecipe:
             if any(k.startswith("pass@") for run in curves.values() for k in run):
                 plot_pass_at_k(curves, self.run_dir / "pass_at_k.png")
         except OSError as err:
-            print(f"warning: could not write summary.json / curves.png ({err})", file=sys.stderr)
+            what = "curves.png" if self.summary_written else "summary.json"
+            self.unwritten.append(f"{what} ({describe_write_error(err)})")
+            if self.failure is None:
+                self._say(f"warning: could not write {self.unwritten[-1]}")
         images = [self.run_dir / "curves.png", self.run_dir / "pass_at_k.png"]
         self.logger.finish(self.summary, images)  # to the trackers (trainer.loggers)
         if self.failure is None:
@@ -474,19 +522,19 @@ class PPORecipe:
         err, iteration, phase = self.failure
         trainer = self.trainer
         # after the step (evaluation, logs, checkpoint) the iteration is complete as it is
-        complete = phase in AFTER_THE_STEP
+        complete = phase in AFTER_THE_STEP or phase == SAVING
         undone = complete or trainer.undo_iteration()
         progressed = trainer.iteration > self.first_iteration
         kept = self.resume
-        if undone and progressed and phase != "checkpoint":
+        if undone and progressed and phase not in ("checkpoint", SAVING):
             try:
                 if not (self.run_dir / "checkpoints" / f"iter_{trainer.iteration}").is_dir():
                     self._checkpoint()
             except CheckpointWriteError as write_err:
-                self._say(f"warning: {write_err}")
+                self.unwritten.append(f"a checkpoint: {write_err}")
         found = list_checkpoints(self.run_dir / "checkpoints")
         kept = found[-1] if found else kept
-        self.kept_models = undone and progressed
+        self.kept_models = undone and progressed and phase != SAVING
         return {
             "iteration": iteration,
             "phase": phase,
@@ -495,64 +543,109 @@ class PPORecipe:
         }
 
     def _failure_message(self, removed: bool) -> str:
+        """The first error, then what else could not be written, then plainly what is kept
+        and how to go on."""
         failed = self.summary["failed"]
         text = f"iteration {failed['iteration']} failed in phase `{failed['phase']}`"
         if failed["phase"] == "evaluation before training":
             text = "the evaluation before training failed"
-        text = f"{text}: {failed['error']}"
-        if failed["checkpoint"] is not None:
-            return (
-                f"{text}\nkept: the checkpoint {failed['checkpoint']} and the run folder "
-                f"{self.run_dir} (summary.json marked failed); once the cause is fixed, "
-                f"resume with `proxima train trainer.resume_from={failed['checkpoint']}`"
+        if failed["phase"] == SAVING:
+            text = f"the result of iteration {failed['iteration']} could not be written"
+        lines = [f"{text}: {failed['error']}"]
+        lines += [f"also not written: {what}" for what in self.unwritten]
+        marked = (
+            "summary.json marked failed"
+            if self.summary_written
+            else "no summary.json could be written"
+        )
+        if failed["checkpoint"] is not None and failed["phase"] == SAVING:
+            lines.append(
+                f"kept: the checkpoint {failed['checkpoint']}, which holds the trained models "
+                f"(its actor/ is the result), and the run folder {self.run_dir} ({marked})"
             )
-        if self.kept_models:
-            return (
-                f"{text}\nkept: the models of iteration {self.trainer.iteration} in "
-                f"{self.run_dir} (actor/, the critic's; summary.json marked failed); no "
-                f"checkpoint could be written, so a new run starts from them "
-                f"(model.actor_path={self.run_dir}/actor)"
+        elif failed["checkpoint"] is not None:
+            lines.append(
+                f"kept: the checkpoint {failed['checkpoint']} and the run folder "
+                f"{self.run_dir} ({marked}); once the cause is fixed, resume with "
+                f"`proxima train trainer.resume_from={failed['checkpoint']}`"
             )
-        if removed:
-            return f"{text}\nnothing was trained yet: the run folder {self.run_dir} is removed"
-        return f"{text}\nnothing was trained yet; the run folder is {self.run_dir}"
+        elif self.kept_models:
+            lines.append(
+                f"kept: the models of iteration {self.trainer.iteration} in "
+                f"{self.run_dir} (actor/, the critic's; {marked}); no checkpoint could be "
+                f"written, so a new run starts from them (model.actor_path={self.run_dir}/actor)"
+            )
+        elif removed:
+            lines.append(f"nothing was trained yet: the run folder {self.run_dir} is removed")
+        elif self.trainer.iteration > self.first_iteration:
+            lines.append(
+                f"kept: no checkpoint and no models (none could be written): the "
+                f"{self.trainer.iteration} iterations trained are lost; the run folder "
+                f"{self.run_dir} keeps the lines of metrics.jsonl and samples.jsonl that were "
+                f"written whole ({marked}). Free space, then start the run again"
+            )
+        else:
+            lines.append(f"nothing was trained yet; the run folder is {self.run_dir}")
+        return "\n".join(lines)
 
     def _evaluate_after(self, signals: StopSignals) -> None:
-        if signals.agreed(self.dist).received:  # a signal during the last iteration
+        """The evaluation after the last iteration; a stop signal during the last iteration
+        or during the evaluation skips it: the run is complete, and exits with the signal's
+        status (128 + its number) as a stopped run does."""
+        agreed = signals.agreed(self.dist)
+        if agreed.received:  # a signal during the last iteration
             self._say(f"evaluation after training skipped ({signals.name}); the run is complete")
+            self._stopped(signals.name, int(agreed.received))
             return
         try:
             self.summary["eval_after"] = self.evaluate("after")
             self.logger.log(self.trainer.iteration, _eval_metrics(self.summary["eval_after"]))
-        except KeyboardInterrupt:  # the run is complete: keep it, skip the evaluation
+        except KeyboardInterrupt as err:  # the run is complete: keep it, skip the evaluation
+            signum = signum_of(err)
             self._say("evaluation after training interrupted and skipped; the run is kept")
+            self._stopped(signal.Signals(signum).name, int(signum))
 
-    def _keep_result(self) -> None:
-        """The run's result in the run folder (actor/, the critic's): the trained models, or
-        after a divergence the last good checkpoint's (the diverged weights are not kept),
-        or after a failure the models of the last completed iteration (or none)."""
+    def _keep_result(self) -> bool:
+        """The run's result in the run folder (actor/, the critic's), each folder whole or
+        the one before it kept (`files.write_whole`): the trained models, or after a
+        divergence the last good checkpoint's (the diverged weights are not kept), or after a
+        failure the models of the last completed iteration (or none). False when they could
+        not be written (a full disk): then the checkpoint is the result."""
         diverged, failed = self.summary.get("diverged"), self.summary.get("failed")
-        if failed is not None:
-            if self.kept_models:
-                try:
-                    self.trainer.save_models(self.run_dir)
-                except OSError as err:
-                    self.kept_models = False
-                    self._say(f"warning: the models could not be written ({err})")
-            return
-        if diverged is None:
-            self.trainer.save_models(self.run_dir)  # the value model too: kept, not thrown away
-            return
-        if not self.dist.is_main:
-            return
-        good = [
-            c
-            for c in [self.resume, *list_checkpoints(self.run_dir / "checkpoints")]
-            if c is not None and checkpoint_iteration(c) <= diverged["last_good_iteration"]
-        ]
-        diverged["result"] = str(good[-1]) if good else None
-        if good:
-            copy_models(good[-1], self.run_dir)
+        try:
+            if failed is None and diverged is None:
+                self._save_models()  # the value model too: kept, not thrown away
+            elif failed is not None and self.kept_models:
+                self._save_models()
+            elif diverged is not None and self.dist.is_main:
+                good = [
+                    c
+                    for c in [self.resume, *list_checkpoints(self.run_dir / "checkpoints")]
+                    if c is not None and checkpoint_iteration(c) <= diverged["last_good_iteration"]
+                ]
+                diverged["result"] = str(good[-1]) if good else None
+                if good:
+                    copy_models(good[-1], self.run_dir)
+        except Exception as err:
+            cause = write_error(err)
+            if cause is None:
+                raise
+            self.kept_models = False
+            what = f"the models in {self.run_dir} ({describe_write_error(cause)})"
+            if self.failure is not None:
+                self.unwritten.append(what)
+                return True
+            self.failure = (OSError(f"cannot write {what}"), self.trainer.iteration, SAVING)
+            return False
+        return True
+
+    def _save_models(self) -> None:
+        """The trained models into the run folder; every rank takes part (FSDP2 gathers the
+        shards), the main one writes."""
+        if self.dist.is_main:
+            write_whole(self.run_dir, self.trainer.save_models)
+        else:
+            self.trainer.save_models(self.run_dir)
 
     def _say(self, text: str) -> None:
         """Print on the main process only (one console for the whole job)."""
@@ -586,6 +679,11 @@ def _report(summary: dict, run_dir: Path) -> None:
             "model is model.actor_path, unchanged"
         )
         print(f"error: {diverged['diagnosis']}\n{kept}; run folder: {run_dir}", file=sys.stderr)
+    elif stopped is not None and stopped["iteration"] == summary["config"]["trainer"]["iterations"]:
+        print(
+            f"run folder: {run_dir} ({models}); every iteration was trained, the evaluation "
+            f"after training skipped ({stopped['signal']})"
+        )
     elif stopped is not None:
         print(
             f"stopped at iteration {stopped['iteration']} ({stopped['signal']}); resume with "

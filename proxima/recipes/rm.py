@@ -11,9 +11,9 @@ from proxima.data import load_records
 from proxima.data.preferences import PreferenceDataset
 from proxima.launch import Interrupted, signum_of
 from proxima.logging import write_atomic
-from proxima.models import init_reward_model, load_tokenizer, quiet_transformers
+from proxima.models import init_reward_model, load_tokenizer
 from proxima.models.loading import SCORE_NORMALIZATION
-from proxima.recipes.common import fresh_out, process_setup
+from proxima.recipes.common import fresh_out, process_setup, save_model
 from proxima.trainer.rm import CURVES, rm_train, score_normalization
 from proxima.trainer.setup import check_model_folders, with_key
 
@@ -34,7 +34,7 @@ def _pairs(cfg: Config, tok, key: str, path: str) -> PreferenceDataset:
 def reward_model(cfg: Config) -> dict:
     """Train and save the reward model; returns the summary written to rm_summary.json."""
     r = cfg.rm
-    out = fresh_out(r.out)
+    out = fresh_out(r.out, "`rm.out`")
     check_model_folders(cfg, "rm")
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
@@ -65,9 +65,7 @@ def reward_model(cfg: Config) -> dict:
         norm = score_normalization(model, train, tok.pad_token_id, device)
         setattr(model.config, SCORE_NORMALIZATION, norm)
         res["normalization"] = norm
-    with quiet_transformers():
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
+    save_model(model, tok, out, "`rm.out`")
     evals = {k: v for k, v in res.items() if k not in CURVES}
     summary = {"config": cfg.to_dict(), "pairs": len(train)}
     summary.update(dropped=train.num_dropped, eval_pairs=len(held) if held else 0, **evals)

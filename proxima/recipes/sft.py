@@ -6,14 +6,14 @@ from __future__ import annotations
 from proxima.config import Config
 from proxima.launch import Interrupted, signum_of
 from proxima.models import load_causal_lm, load_tokenizer
-from proxima.recipes.common import fresh_out, process_setup
+from proxima.recipes.common import fresh_out, process_setup, save_model
 from proxima.trainer.setup import check_enough, check_model_folders, load_sft, with_key
 from proxima.trainer.sft import sft_train
 
 
 def sft(cfg: Config) -> dict:
     """Fine-tune and save; returns {"out", "steps", "final_loss"}."""
-    out = fresh_out(cfg.sft.out)
+    out = fresh_out(cfg.sft.out, "`sft.out`")
     check_model_folders(cfg, "sft")
     device = process_setup(cfg)
     tok = load_tokenizer(cfg.model.actor_path)
@@ -38,7 +38,6 @@ def sft(cfg: Config) -> dict:
             "model is saved only at the end",
             signum_of(err),
         ) from None
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_model(model, tok, out, "`sft.out`")
     print(f"sft: {s.steps} steps, final loss {losses[-1]:.4f}; saved to {out}")
     return {"out": str(out), "steps": len(losses), "final_loss": losses[-1]}

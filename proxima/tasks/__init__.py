@@ -48,18 +48,33 @@ def _tasks() -> dict[str, Task]:
     }
 
 
+# the tasks whose preparation warm-starts their model by SFT on task.n_sft demonstrations
+SFT_TASKS = ("arithmetic", "tools")
+
+
 def uses_own_data(cfg: Config) -> bool:
     """The run names its own prompts: its task (if any) prepares nothing."""
     return bool(cfg.task.name and cfg.data.train_path and not cfg.trainer.resume_from)
 
 
 def check_task(cfg: Config) -> None:
-    """Before any work: the task exists, and every path the user gave it is one it uses."""
-    if not cfg.task.name:
+    """Before any work: the task exists, its warm start has a batch of demonstrations, and
+    every path the user gave it is one it uses."""
+    t = cfg.task
+    if not t.name:
         return
-    if cfg.task.name not in _tasks():
+    if t.name not in _tasks():
+        raise ConfigError(f"Unknown `task.name` {t.name!r}. Built-in tasks: {', '.join(_tasks())}.")
+    if (
+        t.name in SFT_TASKS
+        and t.sft_steps
+        and t.n_sft < t.sft_batch_size
+        and not uses_own_data(cfg)
+    ):
         raise ConfigError(
-            f"Unknown `task.name` {cfg.task.name!r}. Built-in tasks: {', '.join(_tasks())}."
+            f"`task.n_sft`={t.n_sft} demonstrations are fewer than one batch of the task's "
+            f"SFT warm start (`task.sft_batch_size`={t.sft_batch_size}); raise task.n_sft, "
+            "lower task.sft_batch_size, or set task.sft_steps=0 to skip the warm start."
         )
     if cfg.trainer.resume_from:  # the checkpoint names the paths (`resumed_task_config`)
         return

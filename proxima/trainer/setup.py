@@ -65,16 +65,23 @@ def autocast(cfg: Config, device: torch.device):
     return nullcontext()
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """`model.device`: auto (CUDA when visible), cpu, cuda or cuda:N. Under torchrun, `cuda`
-    and auto mean this process's GPU, cuda:LOCAL_RANK."""
+def resolve_device(name: str, local_rank: int = 0, key: str = "model.device") -> torch.device:
+    """`model.device` (or the config `key` that names it): auto (CUDA when visible), cpu,
+    cuda or cuda:N. Under torchrun, `cuda` and auto mean this process's GPU, cuda:LOCAL_RANK."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # not a device string torch knows
+        device = None
+    mps = device is not None and device.type == "mps" and torch.backends.mps.is_available()
+    if device is None or (device.type not in ("cpu", "cuda") and not mps):
         raise ValueError(
-            f"`model.device`={name} but no CUDA device is visible. Use model.device=cpu (or auto)."
+            f"`{key}`={name} is not a device this machine has for proxima: use "
+            "auto (CUDA when visible, else the CPU), cpu, cuda or cuda:N."
         )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`{key}`={name} but no CUDA device is visible. Use {key}=cpu (or auto).")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", local_rank)
     return device

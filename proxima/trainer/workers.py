@@ -281,7 +281,7 @@ class Workers:
             )
         names = trainer.cfg.rollout.devices
         self.devices = (
-            [resolve_device(d, trainer.dist.local_rank) for d in names]
+            [resolve_device(d, trainer.dist.local_rank, "rollout.devices") for d in names]
             if names
             else [trainer.device]
         )

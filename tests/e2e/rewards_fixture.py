@@ -104,3 +104,14 @@ def repeats_one_char(prompts: list[str], responses: list[str], **_: list) -> lis
     """Pays a response for saying one character over and over: its most frequent character's
     count / 6 (the runs' rollout.max_response_length)."""
     return [max((r.count(c) for c in set(r.strip())), default=0) / 6 for r in responses]
+
+
+def sigterm_at_call_3(prompts: list[str], responses: list[str], **_: list) -> list[float]:
+    """`fn`, but the third call sends SIGTERM to this process (as a scheduler would)."""
+    import os
+    import signal
+
+    CALLS["n"] += 1
+    if CALLS["n"] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return fn(prompts, responses)

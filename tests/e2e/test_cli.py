@@ -136,6 +136,22 @@ def test_eval_prints_accuracy(tmp_path, make_model, prompt_file, reward_spec, ca
     assert result["accuracy"] == 0.5 and result["n"] == 20
 
 
+def test_eval_takes_a_run_folder_and_writes_json_lines(
+    tmp_path, make_model, fast_overrides, prompt_file, reward_spec, capsys
+):
+    """--model RUN evaluates the run's actor/, as chat and export take a run folder; an
+    --out ending in .jsonl gets one JSON line per evaluation mode."""
+    run = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), run, 1)]) == 0
+    out = tmp_path / "eval.jsonl"
+    flags = ["--data", str(prompt_file), "--reward", reward_spec("prompt_starts_with_1")]
+    flags += ["--max-prompts", "4", "--max-new-tokens", "2", "--device", "cpu", "--out", str(out)]
+    assert main(["eval", "--model", str(run), *flags, "eval.sampled=true"]) == 0
+    assert f"evaluating the trained policy of {run}: {run / 'actor'}" in capsys.readouterr().out
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["mode"] for r in lines] == ["greedy", "sampled"] and lines[0]["n"] == 4
+
+
 def test_eval_needs_exactly_one_reward(make_model, prompt_file, capsys):
     init = make_model("llama")
     assert main(["eval", "--model", str(init), "--data", str(prompt_file)]) == 2

@@ -198,6 +198,28 @@ def test_sft_and_eval_errors_name_their_own_keys(tmp_path, make_model, sft_file,
     assert "`data.eval_path`: dataset not found: none.jsonl" in capsys.readouterr().err
 
 
+def test_sft_out_unwritable_or_full_is_named_and_left_without_a_cut_model(
+    tmp_path, make_model, sft_file, capsys
+):
+    import resource
+
+    model, blocker = make_model(), tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["sft", "--model", str(model), "--data", str(sft_file), "--steps", "1"]
+    assert main([*args, "--out", str(blocker / "o")]) == 2  # before the work
+    assert f"`sft.out`={blocker / 'o'}: {blocker} is a file" in capsys.readouterr().err
+
+    def cap() -> None:  # the model (about 70 kB) does not fit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out, env = tmp_path / "o", {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "proxima.cli", *args, "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert f"`sft.out`={out}: the model cannot be written (File too large" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 # --------------------------------------------------------------------------- errors mid-run
 
 
@@ -271,6 +293,100 @@ def test_checkpoint_write_failing_on_a_full_disk_is_named(tmp_path, make_model, 
     assert "Traceback" not in proc.stderr
     assert not list((out / "checkpoints").glob("*iter_2*"))  # the partial write removed
     assert json.loads((out / "summary.json").read_text())["failed"]["phase"] == "checkpoint"
+
+
+def _train_under_a_file_limit(argv: list[str], limit: int) -> subprocess.CompletedProcess:
+    import resource
+
+    def cap() -> None:  # Python ignores SIGXFSZ: a write past the limit raises EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    argv = [sys.executable, "-m", "proxima.cli", "train", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=cap)
+
+
+def test_a_file_limit_at_any_point_keeps_every_file_whole_and_says_what_is_kept(
+    tmp_path, make_model, fast_overrides
+):
+    """`ulimit -f 12` (kB): no model (about 70 kB) fits, metrics.jsonl fills up after a few
+    iterations. The first error is said with its file, then what else could not be written
+    and plainly that no checkpoint is kept; no file is left cut."""
+    model, out = make_model(), tmp_path / "run"
+    proc = _train_under_a_file_limit(fast_overrides(model, out, 40), 12_000)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err
+    first = re.search(r"error: iteration (\d+) failed in phase `logging`: .*metrics.jsonl", err)
+    assert first, err
+    assert "also not written: a checkpoint: writing the checkpoint" in err
+    assert f"also not written: the models in {out}" in err
+    assert f"kept: no checkpoint and no models (none could be written): the {first[1]}" in err
+    assert "summary.json marked failed" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"]["phase"] == "logging" and summary["failed"]["checkpoint"] is None
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, int(first[1])))
+    for line in (out / "samples.jsonl").read_text().splitlines():
+        json.loads(line)  # every line whole
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "memory_plan.json",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "summary.json",
+    ]  # no cut actor/, no empty checkpoints/, no temporary file
+
+
+def test_a_file_limit_before_training_leaves_no_run_folder(tmp_path, make_model, fast_overrides):
+    out = tmp_path / "run"
+    proc = _train_under_a_file_limit(fast_overrides(make_model(), out, 2), 2_000)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write {out / 'config.json'} (File too large)" in proc.stderr
+    assert f"Nothing was trained: the run folder {out} is removed" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_a_summary_that_cannot_be_written_is_not_called_marked(
+    tmp_path, make_model, fast_overrides, reward_spec, monkeypatch, capsys
+):
+    import errno
+
+    import proxima.recipes.ppo as recipe
+
+    def full(path, text):
+        if Path(path).name == "summary.json":
+            raise OSError(errno.ENOSPC, f"cannot write {path} (No space left on device)")
+        recipe_write(path, text)
+
+    recipe_write = recipe.write_atomic
+    monkeypatch.setattr(recipe, "write_atomic", full)
+    out, bad = tmp_path / "run", [f"reward.function={reward_spec('fails_at_call_3')}"]
+    assert main(["train", *fast_overrides(make_model(), out, 4, *bad)]) == 2
+    err = capsys.readouterr().err
+    assert "also not written: summary.json (cannot write" in err
+    assert "no summary.json could be written" in err and "marked failed" not in err
+    assert not (out / "summary.json").exists()
+
+
+def test_a_result_that_cannot_be_written_points_at_the_checkpoint_holding_it(
+    tmp_path, make_model, fast_overrides, monkeypatch, capsys
+):
+    import errno
+
+    import proxima.recipes.ppo as recipe
+
+    def full(dest, write):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recipe, "write_whole", full)
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 2)]) == 2
+    err = capsys.readouterr().err
+    final = out / "checkpoints" / "iter_2"
+    assert "the result of iteration 2 could not be written: OSError: cannot write the models" in err
+    assert f"kept: the checkpoint {final}, which holds the trained models" in err
+    assert "Traceback" not in err and (final / "actor" / "model.safetensors").is_file()
+    assert json.loads((out / "summary.json").read_text())["failed"]["checkpoint"] == str(final)
 
 
 # --------------------------------------------------------------------------- start-up checks
@@ -440,7 +556,27 @@ def test_a_signal_anywhere_in_the_start_up_is_said_the_same_way(
         assert f"aborted: {name} received" in stderr, (point, stderr)
 
 
+def test_a_signal_once_the_run_folder_is_made_leaves_nothing(
+    tmp_path, make_model, fast_overrides, monkeypatch, capsys
+):
+    """SIGINT as the plans are printed (config.json and memory_plan.json are written by
+    then): the run folder goes, as with any start that trains nothing."""
+    import proxima.recipes.ppo as recipe
+    from proxima.launch import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted("SIGINT received", signal.SIGINT)
+
+    monkeypatch.setattr(recipe, "batch_plan", interrupted)
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides(make_model(), out, 2)]) == 130
+    assert "aborted: SIGINT received" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, capsys):
+    import errno
+
     import proxima.recipes as recipes
 
     def broken(cfg, run_dir):
@@ -453,6 +589,15 @@ def test_a_failed_task_preparation_leaves_no_run_folder(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "the warm start broke" in err and f"removed {out}" in err
     assert not out.exists()
+
+    def full(cfg, run_dir):  # a full disk as the task writes its data: the folder named
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(recipes, "prepare_task", full)
+    assert main(["train", f"trainer.output_dir={out}", "trainer.threads=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"the task `arithmetic` could not write its data and model into {out / 'task'}" in err
+    assert "(No space left on device; a full disk" in err and not out.exists()
 
 
 def test_eval_checks_the_positions_too(tmp_path, prompt_file, reward_spec, capsys):
@@ -483,6 +628,27 @@ def test_an_evaluation_that_fails_keeps_the_iteration_it_followed(
     assert f"kept: the checkpoint {out / 'checkpoints' / 'iter_1'}" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["iterations"] == 1 and "eval_before" in summary
+
+
+def test_sigterm_during_the_evaluation_after_training_exits_143(
+    tmp_path, make_model, fast_overrides, reward_spec, prompt_file, capsys
+):
+    """Calls 1, 2, 3 of the reward: the evaluation before, iteration 1's scoring, the
+    evaluation after training, during which SIGTERM arrives: the run is complete and kept,
+    and the exit status says the signal, as a stopped run's does."""
+    out = tmp_path / "run"
+    extra = [
+        f"reward.function={reward_spec('sigterm_at_call_3')}",
+        f"data.eval_path={prompt_file}",
+        "eval.max_prompts=4",
+    ]
+    assert main(["train", *fast_overrides(make_model(), out, 1, *extra)]) == 143
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped"] == {"signal": "SIGTERM", "iteration": 1, "exit_status": 143}
+    assert "eval_after" not in summary and (out / "actor" / "model.safetensors").is_file()
+    said = capsys.readouterr().out
+    assert "evaluation after training interrupted" in said
+    assert "every iteration was trained, the evaluation after training skipped (SIGTERM)" in said
 
 
 def test_an_evaluation_before_training_that_fails_leaves_nothing(

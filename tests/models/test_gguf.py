@@ -148,6 +148,57 @@ def test_unreadable_files_named(tmp_path):
         G.cached_import(tmp_path / "odd.gguf", "model.actor_path")
 
 
+@pytest.mark.parametrize("keep", [20, 0.5])  # inside the header; inside the tensors
+def test_truncated_files_named_before_loading(llama, tmp_path, keep, capsys):
+    from proxima.cli import main
+
+    whole = G.export_gguf(llama, tmp_path / "whole.gguf", "f32").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: keep if isinstance(keep, int) else int(len(whole) * keep)])
+    assert "cut.gguf is truncated or damaged" in G.gguf_problem(cut)
+    assert "Copy or download the file again" in G.gguf_problem(cut)
+    for argv in (["chat", str(cut), "--prompt", "hi"], ["import", str(cut), "--out", "x"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"`{argv[0]}" in err and "is truncated or damaged" in err
+        assert "Traceback" not in err
+
+
+def test_unwritable_destinations_named_before_the_work(llama, tmp_path, monkeypatch, capsys):
+    """A destination under a file (as /sys, or a read-only place, refuses writes), named by
+    its flag or variable before any model loads; a missing folder is created."""
+    from proxima.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")
+    assert main(["export", str(llama), "--gguf", str(blocker / "m.gguf")]) == 2
+    assert f"--gguf {blocker / 'm.gguf'}: {blocker} is a file" in capsys.readouterr().err
+    assert main(["import", str(file), "--out", str(blocker / "m")]) == 2
+    assert f"--out {blocker / 'm'}: {blocker} is a file" in capsys.readouterr().err
+    assert main(["export", str(llama), "--gguf", str(tmp_path / "new" / "m.gguf")]) == 0
+    assert (tmp_path / "new" / "m.gguf").is_file()
+    monkeypatch.setenv(G.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(G.GGUFError, match=f"`model.actor_path`: .*{G.CACHE_ENV} to a writable"):
+        G.cached_import(file, "model.actor_path")
+
+
+def test_a_full_disk_during_export_names_the_file_and_leaves_none(llama, tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:  # the GGUF file of the tiny llama is larger than 4 kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "m.gguf"
+    argv = [sys.executable, "-m", "proxima.cli", "export", str(llama), "--gguf", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write {out} (File too large; a full disk" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no cut file, no temporary one
+
+
 def test_model_paths_resolve_to_a_cached_import(llama, tmp_path, monkeypatch):
     monkeypatch.setenv(G.CACHE_ENV, str(tmp_path / "cache"))
     file = G.export_gguf(llama, tmp_path / "m.gguf", "f32")

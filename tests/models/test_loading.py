@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForTokenClassification
+from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from proxima.algos import last_token_index
 from proxima.models import (
@@ -362,3 +362,21 @@ def test_a_run_folder_or_a_reward_model_is_not_a_policy(tmp_path):
     assert folder_problem(rm) is None  # a sound folder: as reward.model_path it is right
     with pytest.raises(ValueError, match=f"model folder {rm} holds a LlamaForSequenceClass"):
         load_causal_lm(rm)
+
+
+def test_a_long_text_gets_no_indexing_errors_warning_from_the_tokenizer(tmp_path, caplog):
+    """proxima checks lengths itself, naming its keys; transformers' own warning is not
+    shown on top."""
+    from transformers.utils import logging as hf_logging
+
+    tok = build_char_tokenizer(ALPHABET)
+    tok.model_max_length = 8
+    tok.save_pretrained(tmp_path)
+    hf_logging.enable_propagation()  # its records to caplog
+    try:
+        assert len(load_tokenizer(tmp_path)("1+" * 20)["input_ids"]) > 8
+        assert "indexing errors" not in caplog.text
+        assert len(AutoTokenizer.from_pretrained(tmp_path)("1+" * 20)["input_ids"]) > 8
+        assert "indexing errors" in caplog.text  # the test sees the warning where it is given
+    finally:
+        hf_logging.disable_propagation()

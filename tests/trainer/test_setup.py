@@ -143,3 +143,12 @@ def test_a_tokenizer_far_smaller_than_the_embedding_table_is_warned_about(tmp_pa
         if warns:
             assert "has 16 tokens for 100 embedding rows" in str(gaps[0].message)
             assert "sample 84 ids that decode to no text" in str(gaps[0].message)
+
+
+@pytest.mark.parametrize("name", ["foo", "xpu", "mps", "cuda:x"])
+def test_a_device_proxima_cannot_use_is_named_by_its_key(name):
+    if name == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has an Apple GPU")
+    with pytest.raises(ValueError, match=rf"`rollout.devices`={name} is not a device .* cpu, cuda"):
+        setup.resolve_device(name, key="rollout.devices")
+    assert setup.resolve_device("cpu") == torch.device("cpu")
