@@ -249,7 +249,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
     from proxima.recipes import train
-    from proxima.trainer.guard import EXIT_DIVERGED
+    from proxima.trainer.health import EXIT_DIVERGED
 
     summary = train(_load(ns, default_example=True))
     if not launch.is_main_process():

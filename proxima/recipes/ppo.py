@@ -59,21 +59,19 @@ from proxima.trackers import check_trackers, open_trackers, selected
 from proxima.trainer.dist import Dist
 from proxima.trainer.drift import DriftMonitor
 from proxima.trainer.evaluate import describe, evaluate_modes
-from proxima.trainer.guard import (
+from proxima.trainer.health import (
     HealthMonitor,
     NonFiniteOutputsError,
-    PhaseWatch,
     RunFailed,
-    SaveSchedule,
-    StopSignals,
     failed_shares,
     non_finite_divergence,
-    should_stop,
 )
 from proxima.trainer.memory import check_memory, plan_memory
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
+from proxima.trainer.progress import PhaseWatch, SaveSchedule
 from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, resolve_device
+from proxima.trainer.signals import StopSignals, should_stop
 
 # phases of a failure that leave the iteration complete (nothing to undo)
 AFTER_THE_STEP = ("evaluation before training", "evaluation", "logging", "checkpoint")

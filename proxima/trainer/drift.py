@@ -12,7 +12,7 @@ without one there is no `drift/ref_logprob`). The entropy is the update's `actor
 `START_ITERATIONS` iterations) and returns a `DriftWarning` once per kind when a metric
 stays past its `guard.drift_*` threshold for `PERSIST` iterations in a row: what
 collapsed, the figures, and the likely fix. It warns; it never stops the run (the
-`HealthMonitor` of `trainer.guard` stops diverged ones). A resumed run measures its start
+`HealthMonitor` of `trainer.health` stops diverged ones). A resumed run measures its start
 afresh.
 """
 

@@ -51,7 +51,7 @@ from proxima.trainer.advantages import (
 )
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.drift import batch_drift
-from proxima.trainer.guard import NonFiniteOutputsError
+from proxima.trainer.health import NonFiniteOutputsError
 from proxima.trainer.offload import Offload, reward_models, wants_offload
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.samplers import OnPolicy, build_sampler
@@ -67,7 +67,7 @@ EV_MIN_VAR = 1e-8
 class PhaseTimer:
     """Wall seconds per phase, for this iteration (`last`, summed over the phase's runs
     since `new_iteration`: dynamic sampling generates several times) and summed over the
-    run. A `listener` (e.g. guard.PhaseWatch) is told when a phase starts and ends, to show
+    run. A `listener` (e.g. progress.PhaseWatch) is told when a phase starts and ends, to show
     it while it runs. With a `residency` (model.offload: `trainer.offload.Offload`), what a
     phase needs is moved onto the device before it starts, timed as the phase `offload`."""
 

@@ -36,7 +36,7 @@ from proxima.rollout.collect import (
     select_groups,
 )
 from proxima.rollout.episodes import episode_stats
-from proxima.trainer.guard import NonFiniteOutputsError
+from proxima.trainer.health import NonFiniteOutputsError
 from proxima.trainer.workers import Request, RolloutWorkerError, Workers
 
 Batch = tuple[Rollout, dict[str, float]]

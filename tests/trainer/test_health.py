@@ -1,52 +1,15 @@
-"""Run guards: stop signals, the health checks that stop a diverged run, the weight guard
-of the optimizer step, the checkpoint schedule, the phase display, orphaned checkpoint
-folders."""
+"""The health checks that stop a diverged run, and the weight guard of the optimizer step."""
 
 from __future__ import annotations
-
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from proxima.checkpoint import remove_orphans
 from proxima.config import Config
-from proxima.recipes.common import remove_orphans_near
-from proxima.trainer.guard import (
-    HealthMonitor,
-    NonFiniteOutputsError,
-    PhaseWatch,
-    SaveSchedule,
-    StopSignals,
-    non_finite_divergence,
-    should_stop,
-)
+from proxima.trainer.health import HealthMonitor, NonFiniteOutputsError, non_finite_divergence
 from proxima.trainer.optim import NonFiniteWeightsError, TrainedRole, optimizer_step
 
 HEALTHY = {"score": 0.2, "kl": 0.4, "response_length": 4.0, "actor/entropy": 2.0}
-
-
-# --------------------------------------------------------------------------- signals
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_first_signal_asks_to_stop_second_aborts(sig, capfd):
-    before = signal.getsignal(sig)
-    with StopSignals() as signals:
-        assert should_stop(signals, None) is None
-        os.kill(os.getpid(), sig)
-        assert signals.received == sig and signals.name == signal.Signals(sig).name
-        assert should_stop(signals, None) == "signal"
-        assert "received: finishing this iteration" in capfd.readouterr().err
-        with pytest.raises(KeyboardInterrupt, match="aborted at once"):
-            os.kill(os.getpid(), sig)
-    assert signal.getsignal(sig) is before  # the previous handler is back
-
-
-# --------------------------------------------------------------------------- health
 
 
 def _observe(monitor: HealthMonitor, rows: list[dict]):
@@ -112,9 +75,6 @@ def test_non_finite_weights_and_outputs_name_the_role_and_the_fix():
     assert div.last_good == 5 and div.metric == "actor/outputs"  # update 6 broke them
 
 
-# --------------------------------------------------------------------------- weights
-
-
 def _pushed_to_overflow(layer: torch.nn.Linear) -> None:
     """Weights at 3.3e38 and a gradient of -1 on each: Adam's first step (betas 0.9, 0.95)
     adds lr / (1 - 0.9) x 0.1 (-1) / 1 x (-1) = lr; with lr = 3e37 that is 3.6e38, above
@@ -142,79 +102,3 @@ def test_trained_role_names_itself_in_the_weight_error():
     with pytest.raises(NonFiniteWeightsError) as err:
         role.step()
     assert err.value.role == "critic"
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def test_save_schedule_by_iterations_and_by_minutes():
-    now = [0.0]
-    cfg = Config().replace({"trainer.iterations": 10, "trainer.save_every": 4})
-    by_count = SaveSchedule(cfg.trainer, clock=lambda: now[0])
-    assert [i for i in range(1, 11) if by_count.due(i)] == [4, 8, 10]  # and the last one
-    timed = SaveSchedule(
-        cfg.replace({"trainer.save_every": 0, "trainer.save_every_minutes": 2.0}).trainer,
-        clock=lambda: now[0],
-    )
-    now[0] = 119.0
-    assert not timed.due(1)
-    now[0] = 120.0  # 2 minutes since the start
-    assert timed.due(2)
-    timed.saved()
-    now[0] = 200.0
-    assert not timed.due(3) and timed.due(10)
-
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_orphaned_checkpoint_folders_are_removed(tmp_path):
-    dead, alive = _dead_pid(), os.getpid()
-    root = tmp_path / "run" / "checkpoints"
-    for name in (f".iter_5.tmp-{dead}", f".iter_6.tmp-{alive}", "iter_4"):
-        (root / name).mkdir(parents=True)
-    assert remove_orphans(root) == [root / f".iter_5.tmp-{dead}"]
-    assert sorted(p.name for p in root.iterdir()) == [f".iter_6.tmp-{alive}", "iter_4"]
-    # at the start of a run: in the runs at trainer.output_dir and its -N siblings only
-    for run in ("run-2", "run-x", "other"):
-        (tmp_path / run / "checkpoints" / f".iter_1.tmp-{dead}").mkdir(parents=True)
-    remove_orphans_near(tmp_path / "run")
-    assert not (tmp_path / "run-2" / "checkpoints" / f".iter_1.tmp-{dead}").exists()
-    assert (tmp_path / "run-x" / "checkpoints" / f".iter_1.tmp-{dead}").exists()
-    assert (tmp_path / "other" / "checkpoints" / f".iter_1.tmp-{dead}").exists()
-
-
-# --------------------------------------------------------------------------- phases
-
-
-class FakeBar:
-    def __init__(self) -> None:
-        self.postfix: list[str] = []
-        self.lines: list[str] = []
-
-    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
-        self.postfix.append(text)
-
-    def write(self, line: str) -> None:
-        self.lines.append(line)
-
-
-def test_phase_watch_shows_the_running_phase_and_names_a_slow_one():
-    import time
-
-    bar = FakeBar()
-    watch = PhaseWatch(bar, lambda: 7, slow_s=0.05)
-    watch.start("generate")
-    watch.end("generate", 0.01)
-    watch.start("reward")
-    time.sleep(0.3)  # a slow reward function
-    watch.end("reward", 0.3)
-    watch.close()
-    assert bar.postfix == ["generate...", "generate 0.0s", "reward...", "reward 0.3s"]
-    assert bar.lines == [
-        "iteration 7: phase `reward` has been running for more than 0.05 s (its time is "
-        "logged as time/reward)"
-    ]

@@ -1,32 +1,22 @@
-"""Run guards: nothing lost on Ctrl-C, divergence caught, slow phases shown.
+"""A run's health: divergence caught, errors that stop a run named.
 
-- `StopSignals`: the first SIGINT or SIGTERM (what a cluster scheduler sends before it kills
-  a job) asks the loop to stop once the current iteration is done; the loop then writes a
-  checkpoint and the summary. A second signal aborts at once (KeyboardInterrupt).
 - `HealthMonitor`: each iteration's metrics are checked for a collapse (entropy near 0, a KL
   runaway, the response length collapsing); `guard.patience` consecutive unhealthy
   iterations stop the run with a `Divergence` naming the metric, the iteration and the
-  likely fix. Weights or outputs that are not finite stop it at once.
-- `SaveSchedule`: when a periodic checkpoint is due (every N iterations and/or minutes).
-- `PhaseWatch`: the phase running now, in the progress bar, and a line when one is slow.
-
+  likely fix. Weights or outputs that are not finite stop it at once
+  (`non_finite_divergence`). Answers that degenerate without diverging are
+  `trainer.drift`'s: it warns, it never stops a run.
 - `RunFailed`: an error that struck mid-run, raised once the run has kept what it could
   (a checkpoint of the last completed iteration, the summary, the resume command).
 
-The loop (recipes/ppo.py) asks `should_stop`, which reads only the stop signal and the
-metrics; the metrics are the same on every rank, so a multi-process run can agree on it.
+The metrics are the same on every rank, so a multi-process run agrees on a divergence.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from dataclasses import dataclass
 
-from proxima.config import Config, TrainerConfig
-from proxima.launch import Interrupted
+from proxima.config import Config
 from proxima.trainer.optim import NonFiniteWeightsError
 
 EXIT_DIVERGED = 3  # `proxima train`'s exit status for a diverged run (2: a user error)
@@ -49,60 +39,6 @@ class NonFiniteOutputsError(RuntimeError):
     def __init__(self, message: str, role: str = "actor") -> None:
         super().__init__(message)
         self.role = role
-
-
-# --------------------------------------------------------------------------- signals
-
-
-class StopSignals:
-    """Context manager: SIGINT / SIGTERM set `received` (the first one); a second raises
-    KeyboardInterrupt. Handlers are installed only in the main thread and restored on exit."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, object] = {}
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received else ""
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def agreed(self, dist) -> StopSignals:
-        """The signal as every rank of a torchrun job sees it: a signal on any rank stops
-        them all, at the same iteration (a collective: every rank calls it at the same
-        point of the loop)."""
-        if dist.active:
-            seen = [s for s in dist.all_gather_object(self.received) if s is not None]
-            if self.received is None and seen:
-                self.received = seen[0]
-        return self
-
-    def _handle(self, signum: int, frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.received is not None:
-            raise Interrupted(f"second {name}: aborted at once", signum)
-        self.received = signum
-        # os.write, not print: the signal may arrive while the main thread is printing
-        os.write(
-            2,
-            f"\n{name} received: finishing this iteration, then writing a checkpoint and the "
-            "summary (send it again to abort at once)\n".encode(),
-        )
-
-
-# --------------------------------------------------------------------------- divergence
 
 
 @dataclass
@@ -292,72 +228,3 @@ def _skipped_steps(cfg: Config, m: dict[str, float]) -> list[Finding]:
                 )
             )
     return out
-
-
-def should_stop(signals: StopSignals, divergence: Divergence | None) -> str | None:
-    """Why the loop stops before trainer.iterations: "signal", "diverged" or None. Decided
-    only from the signal and from metrics, which are identical on every rank."""
-    if divergence is not None:
-        return "diverged"
-    if signals.received:
-        return "signal"
-    return None
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-class SaveSchedule:
-    """A periodic checkpoint is due every `save_every` iterations, and once
-    `save_every_minutes` have passed since the last one; always at the last iteration."""
-
-    def __init__(self, t: TrainerConfig, clock=time.monotonic) -> None:
-        self.t, self.clock = t, clock
-        self.last = clock()
-
-    def due(self, iteration: int) -> bool:
-        t = self.t
-        if iteration >= t.iterations or (t.save_every and iteration % t.save_every == 0):
-            return True
-        return bool(t.save_every_minutes) and self.clock() - self.last >= 60 * t.save_every_minutes
-
-    def saved(self) -> None:
-        self.last = self.clock()
-
-
-# --------------------------------------------------------------------------- phases
-
-SLOW_PHASE_S = 30.0
-
-
-class PhaseWatch:
-    """Listener of the trainer's PhaseTimer: the running phase in the progress bar's postfix,
-    and a line when a phase runs longer than `slow_s` (from a timer thread, so a phase that
-    hangs, e.g. a slow reward function, is named while it runs). `iteration()` is the
-    iteration being run, for that line."""
-
-    def __init__(self, bar, iteration=lambda: 1, slow_s: float = SLOW_PHASE_S) -> None:
-        self.bar, self.iteration, self.slow_s = bar, iteration, slow_s
-        self._timer: threading.Timer | None = None
-
-    def start(self, name: str) -> None:
-        self.bar.set_postfix_str(f"{name}...", refresh=True)
-        self._timer = threading.Timer(self.slow_s, self._slow, args=(name, self.iteration()))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _slow(self, name: str, iteration: int) -> None:
-        self.bar.write(
-            f"iteration {iteration}: phase `{name}` has been running for more than "
-            f"{self.slow_s:g} s (its time is logged as time/{name})"
-        )
-
-    def end(self, name: str, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.bar.set_postfix_str(f"{name} {seconds:.1f}s", refresh=False)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
