@@ -4,9 +4,9 @@ In: transformers reads a GGUF file (llama.cpp's single-file format) through the 
 package and dequantises its tensors; `import_gguf` writes the result as a plain Hugging Face
 folder (safetensors, tokenizer with its chat template, generation config), so that every
 later run loads a folder. A file without a chat template gets its architecture's turn format
-where proxima knows it (`TURN_FORMATS`: Gemma 3). A model path that names a `.gguf` file is imported once into a
-cache folder (`cached_import`, `resolve_gguf_paths`) and the run reads that folder: every
-check and loader downstream sees an ordinary folder.
+where proxima knows it (`TURN_FORMATS`: Gemma 3). A model path that names a `.gguf` file is
+imported once into a cache folder (`cached_import`, `resolve_gguf_paths`) and the run reads
+that folder: every check and loader downstream sees an ordinary folder.
 
 Out: `export_gguf` writes a Llama-architecture folder (a trained actor) as an f16 or f32 GGUF
 file for llama.cpp and Ollama. The layout is llama.cpp's: tensor names `blk.N.attn_q` ...,
