@@ -3,9 +3,10 @@
 In: transformers reads a GGUF file (llama.cpp's single-file format) through the `gguf`
 package and dequantises its tensors; `import_gguf` writes the result as a plain Hugging Face
 folder (safetensors, tokenizer with its chat template, generation config), so that every
-later run loads a folder. A model path that names a `.gguf` file is imported once into a
-cache folder (`cached_import`, `resolve_gguf_paths`) and the run reads that folder: every
-check and loader downstream sees an ordinary folder.
+later run loads a folder. A file without a chat template gets its architecture's turn format
+where proxima knows it (`TURN_FORMATS`: Gemma 3). A model path that names a `.gguf` file is
+imported once into a cache folder (`cached_import`, `resolve_gguf_paths`) and the run reads
+that folder: every check and loader downstream sees an ordinary folder.
 
 Out: `export_gguf` writes a Llama-architecture folder (a trained actor) as an f16 or f32 GGUF
 file for llama.cpp and Ollama. The layout is llama.cpp's: tensor names `blk.N.attn_q` ...,
@@ -150,6 +151,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
 
     p = Path(path)
     folder, name = str(p.parent), p.name
+    architecture = read_header(p).architecture
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     settings = loaded.config.to_dict()
@@ -166,7 +168,42 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32):
         raise GGUFError(f"{p}: the GGUF file gave no values for {', '.join(missing[:5])}")
     model.generation_config = loaded.generation_config
     model.eval()
-    return model, _fit_tokenizer(tokenizer, config.vocab_size)
+    tokenizer = _fit_tokenizer(tokenizer, config.vocab_size)
+    _add_turn_format(model, tokenizer, architecture)
+    return model, tokenizer
+
+
+# Gemma's turn format (https://ai.google.dev/gemma/docs/core/prompt-structure): a turn is
+# `<start_of_turn>ROLE\n...<end_of_turn>\n` with the roles `user` and `model`; Gemma has no
+# system role, so a system message opens the first user turn, followed by a blank line.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(prefix='') %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{% set ns.prefix = m['content'] + '\n\n' %}"
+    "{% else %}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
+    "{{ ns.prefix + m['content'] | trim + '<end_of_turn>\n' }}"
+    "{% set ns.prefix = '' %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+# architecture -> (chat template, the token that ends a turn), for GGUF files that carry no
+# template of their own (llama.cpp's converter copies one only when the source folder has it)
+TURN_FORMATS = {"gemma3": (GEMMA_CHAT_TEMPLATE, "<end_of_turn>")}
+
+
+def _add_turn_format(model, tokenizer, architecture: str) -> None:
+    """Give a tokenizer without a chat template its architecture's turn format, and make the
+    model's generation stop at the end of a turn as well as at EOS (an answer ends with the
+    turn, not with the document)."""
+    if tokenizer.chat_template or architecture not in TURN_FORMATS:
+        return
+    template, end_of_turn = TURN_FORMATS[architecture]
+    tokenizer.chat_template = template
+    end = tokenizer.convert_tokens_to_ids(end_of_turn)
+    gen = model.generation_config
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    gen.eos_token_id = [i for i in eos if i is not None] + [end]
 
 
 def _fit_tokenizer(tokenizer, vocab_size: int):
@@ -404,8 +441,9 @@ def tokenizer_metadata(tokenizer) -> dict:
 def _llama_config_problem(config) -> str | None:
     if config.model_type != "llama":
         return (
-            f"GGUF export writes llama-architecture models; this one is `{config.model_type}`. "
-            "Export it with llama.cpp's own converter (convert_hf_to_gguf.py) instead."
+            f"GGUF export writes llama-architecture models (SmolLM2, Llama 2 and 3, proxima's "
+            f"tiny models); this one is `{config.model_type}`. Export it with llama.cpp's own "
+            "converter (convert_hf_to_gguf.py) instead."
         )
     for name in ("attention_bias", "mlp_bias"):
         if getattr(config, name, False):
@@ -420,18 +458,18 @@ def export_gguf(folder: str | Path, out: str | Path, dtype: str = "f16") -> Path
     """Write the Llama folder `folder` (a model and its tokenizer) as the GGUF file `out`:
     2-d weights in `dtype` (f16 or f32), 1-d ones in f32. Refuses an existing `out`."""
     gguf = _require_gguf()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, out = Path(folder), Path(out)
     if dtype not in EXPORT_TYPES:
         raise GGUFError(f"--type {dtype}: GGUF export writes one of {', '.join(EXPORT_TYPES)}")
     if out.exists():
         raise GGUFError(f"{out} exists; choose another file name (nothing is overwritten).")
+    problem = _llama_config_problem(AutoConfig.from_pretrained(folder))
+    if problem:  # before the weights load: a refusal costs nothing
+        raise GGUFError(f"{folder}: {problem}")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     config = model.config
-    problem = _llama_config_problem(config)
-    if problem:
-        raise GGUFError(f"{folder}: {problem}")
     meta = tokenizer_metadata(AutoTokenizer.from_pretrained(folder))
     writer = gguf.GGUFWriter(None, "llama")
     _write_llama_metadata(writer, config, meta, dtype)

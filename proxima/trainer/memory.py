@@ -248,7 +248,8 @@ def saved_activation_bytes(
     """Bytes autograd keeps for the backward pass of one training micro-batch: the model's
     forward over rows x length tokens (a causal LM's logits for the last response + 1
     positions, divided by the temperature, and their log-softmax as the policy loss takes
-    it; a value model's values), traced on fake tensors. Each saved storage counted once."""
+    it; a value model's values), traced on fake tensors. Each saved storage counted once; the
+    model's parameters and buffers, which autograd saves by reference, not at all."""
     return _saved_bytes(
         folder, kind, rows, length, response, checkpointing, bf16, float(temperature)
     )
@@ -262,14 +263,20 @@ def _saved_bytes(folder, kind, rows, length, response, checkpointing, bf16, temp
 
     config = _hf_config(folder, kind)
     seen: dict[int, int] = {}
+    held: set[int] = set()  # the model's own storages: counted as its weights already
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        seen[storage._cdata] = storage.nbytes()
+        if storage._cdata not in held:
+            seen[storage._cdata] = storage.nbytes()
         return t
 
     with FakeTensorMode(), quiet_transformers():
         model = _auto_class(kind).from_config(config)
+        # a linear layer saves its weight for the input's gradient, the tied output head the
+        # whole embedding matrix (at a 262k vocabulary, most of a small model's weights):
+        # autograd keeps a reference, not a copy
+        held.update(t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers()))
         if checkpointing:
             checkpoint_activations(model)  # as the run checkpoints its trained models
         model.train()

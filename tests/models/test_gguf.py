@@ -98,6 +98,45 @@ def test_export_refuses(llama, tmp_path):
         G.export_gguf(llama, tmp_path / "q.gguf", "q4_0")
 
 
+def test_export_refuses_another_architecture_before_loading_it(tmp_path):
+    """A Gemma 3 folder holding only its config.json: refused from the config alone, naming the
+    architecture and what is written, before any weight is read."""
+    from transformers import Gemma3TextConfig
+
+    Gemma3TextConfig(num_hidden_layers=2, hidden_size=64, vocab_size=128).save_pretrained(tmp_path)
+    with pytest.raises(G.GGUFError, match=r"llama-architecture models \(SmolLM2.*`gemma3_text`"):
+        G.export_gguf(tmp_path, tmp_path / "g.gguf")
+    assert not (tmp_path / "g.gguf").exists()
+
+
+def test_turn_format_for_a_file_without_a_chat_template(llama):
+    """A Gemma file without a template gets Gemma's turns; its generation stops at a turn's
+    end as well as at EOS. A tokenizer with a template of its own keeps it."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(llama)
+    tok.add_tokens(["<start_of_turn>", "<end_of_turn>"], special_tokens=True)
+    tok.bos_token = "<start_of_turn>"  # any special token: the template writes bos_token first
+    tok.chat_template = None
+    model = type("M", (), {"generation_config": GenerationConfig(eos_token_id=1)})()
+    G._add_turn_format(model, tok, "gemma3")
+    messages = [
+        {"role": "system", "content": "S."},
+        {"role": "user", "content": " a \n"},
+        {"role": "assistant", "content": "b"},
+    ]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == (
+        "<start_of_turn><start_of_turn>user\nS.\n\na<end_of_turn>\n"
+        "<start_of_turn>model\nb<end_of_turn>\n<start_of_turn>model\n"
+    )
+    assert model.generation_config.eos_token_id == [1, tok.convert_tokens_to_ids("<end_of_turn>")]
+    kept = "{{ messages[0]['content'] }}"
+    tok.chat_template = kept
+    G._add_turn_format(model, tok, "gemma3")
+    assert tok.chat_template == kept
+
+
 def test_character_tokenizer_exports(tmp_path):
     """proxima's character tokenizer (a BPE without merges) numbers its tokens the same in
     the file: the default example's actor can be exported."""
