@@ -1,5 +1,5 @@
 """Phase 1 for agent programs (`rollout.agent`): the user's own function plays each episode
-against an OpenAI-compatible endpoint over the policy (`rollout.openai_server`), and its calls
+against an OpenAI-compatible endpoint over the policy (`rollout.endpoint`), and its calls
 become one training row per episode.
 
 The function, `fn(base_url, row) -> reward or None` (sync, or `async def`), is called once
@@ -43,9 +43,10 @@ from proxima import plugins
 from proxima.config import Config, ConfigError, RolloutConfig
 from proxima.data import PromptItem
 from proxima.guarded import Outcome, run_all
+from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
+from proxima.rollout.endpoint.server import PolicyServer
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import Episode, episode_rows, prompt_record
-from proxima.rollout.openai_server import Call, Choice, EpisodeLog, PolicyServer
 from proxima.rollout.types import Generation, Sampling
 
 

@@ -17,9 +17,10 @@ from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer
 from proxima.rollout.agent import chain_of_calls, load_agent_fn
 from proxima.rollout.collect import generate_rollout
+from proxima.rollout.endpoint.records import Call, Choice
+from proxima.rollout.endpoint.tool_calls import parse_tool_calls
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
-from proxima.rollout.openai_server import Call, Choice, parse_tool_calls
 
 pytest.importorskip("openai")  # the `agent` extra: the agents below are written against it
 
