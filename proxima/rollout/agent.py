@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import inspect
 import math
 import threading
@@ -44,7 +45,6 @@ from proxima.config import Config, ConfigError, RolloutConfig
 from proxima.data import PromptItem
 from proxima.guarded import Outcome, run_all
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
-from proxima.rollout.endpoint.server import PolicyServer
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import Episode, episode_rows, prompt_record
 from proxima.rollout.types import Generation, Sampling
@@ -76,10 +76,21 @@ def _takes_url_and_row(obj) -> bool:
     return True
 
 
+# what the endpoint serves with, installed by the `agent` extra
+ENDPOINT_PACKAGES = ("openai",)
+
+
 def check_agent(cfg: Config) -> None:
-    """Start-up: the function `rollout.agent.fn` names imports and is callable."""
+    """Start-up: the endpoint's packages are installed, and the function
+    `rollout.agent.fn` names imports and is callable."""
     if not cfg.rollout.agent.fn:
         return
+    missing = [p for p in ENDPOINT_PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ConfigError(
+            f"`rollout.agent` serves the policy with {', '.join(missing)}, not installed here; "
+            "install the `agent` extra: pip install 'proxima[agent]'."
+        )
     load_agent_fn(cfg.rollout.agent.fn)
 
 
@@ -94,6 +105,10 @@ def play_agent_episodes(
     """One episode per item (repeat an item for several samples), each call sampled as
     `sampling` says (its budget the default max_tokens): the rows as a `Generation` (see
     the module's docstring) and each episode's record (its calls, end, return)."""
+    # imported here, not with this module: the endpoint needs the `agent` extra, and a run
+    # without rollout.agent imports this module all the same
+    from proxima.rollout.endpoint.server import PolicyServer
+
     fn, a = load_agent_fn(cfg.agent.fn), cfg.agent
     with PolicyServer(tokenizer, sampling, a) as server:
         logs = [server.open_episode() for _ in items]
@@ -119,7 +134,7 @@ def play_agent_episodes(
     return gen, [e.record() for e in episodes]
 
 
-def _play(fn, server: PolicyServer, log: EpisodeLog, row: dict) -> float | None:
+def _play(fn, server, log: EpisodeLog, row: dict) -> float | None:
     """One episode: the function's reward, checked (None or a finite number)."""
     server.started(log)
     try:

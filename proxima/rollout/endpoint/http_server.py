@@ -4,7 +4,6 @@ each request in a thread of its own (stdlib `ThreadingHTTPServer` on a free port
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,8 +59,8 @@ def _handler(policy) -> type[BaseHTTPRequestHandler]:
                 refused = RequestError(400, f"the request failed: {type(err).__name__}: {err}")
                 self._send(400, schema.error_body(refused))
 
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
+        def _send(self, status: int, payload) -> None:
+            data = schema.encode(payload)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

@@ -1,7 +1,12 @@
 """The OpenAI API's request and reply bodies, as the endpoint reads and writes them: the
 fields of a request checked one by one (each refusal a `RequestError` naming the field), the
-replies of chat and completions built from a recorded `Call` and its decoded text, the
-API's JSON errors."""
+replies of chat and completions built from a recorded `Call` and its decoded text as the
+`openai` package's own types (`ChatCompletion`, `Completion`: the schema the client parses,
+kept by the package that defines it), the API's JSON errors.
+
+Requests are read by hand: the package types a request's parameters as TypedDicts for the
+client to write, not as models to validate, and a refusal here names the field and what it
+must be."""
 
 from __future__ import annotations
 
@@ -10,6 +15,13 @@ import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+
+from openai.types import Completion, CompletionChoice, CompletionUsage, Model
+from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
+from openai.types.completion_choice import Logprobs
+from pydantic import BaseModel
 
 from proxima.rollout.endpoint.records import Call
 from proxima.rollout.endpoint.tool_calls import template_tool_call
@@ -118,35 +130,36 @@ def number(body: dict, name: str, default: float, low: float, high: float) -> fl
 
 def chat_reply(
     call: Call, decoded: list[Decoded], tool_calls: list[list[dict]], name: str, body: dict
-) -> dict:
+) -> ChatCompletion:
     """A chat.completion of `call`: each choice's content (None when empty), its tool calls
     (finish_reason "tool_calls" then) and, when asked, its tokens' log-probs."""
     choices = []
     for i, (c, d, tools) in enumerate(zip(call.choices, decoded, tool_calls, strict=True)):
-        message: dict = {"role": "assistant", "content": d.text or None}
-        if tools:
-            message["tool_calls"] = tools
+        # tool_calls only when there are some: a reply without carries no such key
+        called = {"tool_calls": tools} if tools else {}
+        message = ChatCompletionMessage(role="assistant", content=d.text or None, **called)
         logprobs = None
         if body.get("logprobs"):
-            logprobs = {
-                "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            logprobs = ChoiceLogprobs(
+                content=[
+                    ChatCompletionTokenLogprob(
+                        token=t, logprob=lp, bytes=list(t.encode()), top_logprobs=[]
+                    )
                     for t, lp in zip(d.tokens, c.logprobs, strict=True)
                 ]
-            }
+            )
+        finish = "tool_calls" if tools else c.finish
         choices.append(
-            {
-                "index": i,
-                "message": message,
-                "finish_reason": "tool_calls" if tools else c.finish,
-                "logprobs": logprobs,
-                "token_ids": c.ids,
-            }
+            ChatChoice(
+                index=i, message=message, finish_reason=finish, logprobs=logprobs, token_ids=c.ids
+            )
         )
-    return {"object": "chat.completion", **_head(f"chatcmpl-{name}", call), "choices": choices}
+    return ChatCompletion(
+        object="chat.completion", choices=choices, **_head(f"chatcmpl-{name}", call)
+    )
 
 
-def completion_reply(call: Call, decoded: list[Decoded], name: str, body: dict) -> dict:
+def completion_reply(call: Call, decoded: list[Decoded], name: str, body: dict) -> Completion:
     """A text_completion of `call`: each choice's text and, when asked, its tokens with
     their log-probs and text offsets (no top alternatives)."""
     choices = []
@@ -154,44 +167,47 @@ def completion_reply(call: Call, decoded: list[Decoded], name: str, body: dict) 
         logprobs = None
         if body.get("logprobs") is not None:
             offsets = [sum(len(t) for t in d.tokens[:k]) for k in range(len(d.tokens))]
-            logprobs = {
-                "tokens": d.tokens,
-                "token_logprobs": c.logprobs,
-                "top_logprobs": None,
-                "text_offset": offsets,
-            }
+            logprobs = Logprobs(
+                tokens=d.tokens, token_logprobs=c.logprobs, top_logprobs=None, text_offset=offsets
+            )
         choices.append(
-            {
-                "index": i,
-                "text": d.text,
-                "finish_reason": c.finish,
-                "logprobs": logprobs,
-                "token_ids": c.ids,
-            }
+            CompletionChoice(
+                index=i, text=d.text, finish_reason=c.finish, logprobs=logprobs, token_ids=c.ids
+            )
         )
-    return {"object": "text_completion", **_head(f"cmpl-{name}", call), "choices": choices}
+    return Completion(object="text_completion", choices=choices, **_head(f"cmpl-{name}", call))
 
 
 def _head(id: str, call: Call) -> dict:
     """The fields every reply has; `prompt_token_ids` (and each choice's `token_ids`) as
-    vLLM's server gives them on request, for an agent that wants the ids."""
+    vLLM's server gives them on request, for an agent that wants the ids (the openai types
+    keep fields they do not name, and so does the client that reads them)."""
     sampled = sum(len(c.ids) for c in call.choices)
+    usage = CompletionUsage(
+        prompt_tokens=len(call.prompt_ids),
+        completion_tokens=sampled,
+        total_tokens=len(call.prompt_ids) + sampled,
+    )
     return {
         "id": id,
         "created": int(time.time()),
         "model": MODEL_NAME,
-        "usage": {
-            "prompt_tokens": len(call.prompt_ids),
-            "completion_tokens": sampled,
-            "total_tokens": len(call.prompt_ids) + sampled,
-        },
+        "usage": usage,
         "prompt_token_ids": call.prompt_ids,
     }
 
 
 def model_list() -> dict:
-    model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "proxima"}
-    return {"object": "list", "data": [model]}
+    model = Model(id=MODEL_NAME, object="model", created=0, owned_by="proxima")
+    return {"object": "list", "data": [model.model_dump(exclude_unset=True)]}
+
+
+def encode(reply: BaseModel | dict) -> bytes:
+    """A reply's JSON: an openai type with only the fields set (the API's optional fields
+    left out, as today's servers do), a dict as it is."""
+    if isinstance(reply, BaseModel):
+        return reply.model_dump_json(exclude_unset=True).encode()
+    return json.dumps(reply).encode()
 
 
 def error_body(err: RequestError) -> dict:

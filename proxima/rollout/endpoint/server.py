@@ -9,6 +9,7 @@ import threading
 import time
 
 import torch
+from pydantic import BaseModel
 
 from proxima.config import AgentConfig
 from proxima.data import render_prompt, tokenize_text
@@ -66,7 +67,7 @@ class PolicyServer:
         """Generate the episodes' requests while `more()` or requests wait (`Dispatcher.run`)."""
         self.dispatcher.run(engine, device, more)
 
-    def answer(self, episode_id: int, route: str, body: dict) -> dict:
+    def answer(self, episode_id: int, route: str, body: dict) -> BaseModel:
         """The reply to one request (called in the request's thread); RequestError when it
         is refused."""
         episode = self.episodes.get(episode_id)
@@ -132,7 +133,7 @@ class PolicyServer:
             _non_empty(tokenize_text(prompt, self.tokenizer)) if isinstance(prompt, str) else prompt
         )
 
-    def _reply(self, episode: EpisodeLog, call: Call, body: dict, chat: bool) -> dict:
+    def _reply(self, episode: EpisodeLog, call: Call, body: dict, chat: bool) -> BaseModel:
         stop, number = schema.stop_strings(body), len(episode.calls)
         decoded = [
             self._decoded(c, stop, bool(body.get("logprobs") is not None)) for c in call.choices
