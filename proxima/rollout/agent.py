@@ -77,7 +77,7 @@ def _takes_url_and_row(obj) -> bool:
 
 
 # what the endpoint serves with, installed by the `agent` extra
-ENDPOINT_PACKAGES = ("openai",)
+ENDPOINT_PACKAGES = ("openai", "starlette", "uvicorn")
 
 
 def check_agent(cfg: Config) -> None:

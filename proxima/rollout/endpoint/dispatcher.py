@@ -20,7 +20,7 @@ import torch
 from proxima.config import AgentConfig
 from proxima.data import PromptItem, collate_prompts
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
-from proxima.rollout.endpoint.schema import RequestError
+from proxima.rollout.endpoint.schema import RequestError, episode_ended
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import first_stop
 from proxima.rollout.types import Sampling
@@ -48,14 +48,6 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     call: Call | None = None
     error: RequestError | None = None
-
-
-def ended(episode: EpisodeLog) -> RequestError:
-    return RequestError(
-        410,
-        f"episode {episode.id} has ended (rollout.agent.timeout_s, or its function returned)",
-        "episode_ended",
-    )
 
 
 class Dispatcher:
@@ -96,7 +88,7 @@ class Dispatcher:
         with self.lock:
             episode = pending.episode
             if episode.ended or time.monotonic() > episode.deadline:
-                raise ended(episode)
+                raise episode_ended(episode.id)
             episode.requests += 1
             if episode.requests > self.agent.max_calls:
                 raise RequestError(
@@ -150,7 +142,7 @@ class Dispatcher:
         now, keep = time.monotonic(), []
         for p in self.pending:
             if p.episode.ended or now > p.episode.deadline:
-                p.error = ended(p.episode)
+                p.error = episode_ended(p.episode.id)
                 p.done.set()
             else:
                 keep.append(p)

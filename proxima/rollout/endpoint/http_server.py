@@ -1,70 +1,124 @@
-"""The endpoint's HTTP side: routes `/episode/<id>/v1/...` to the policy server's `answer`,
-each request in a thread of its own (stdlib `ThreadingHTTPServer` on a free port of
-127.0.0.1), refusals as the API's JSON errors."""
+"""The endpoint's HTTP side: one server per process (Starlette on uvicorn, `proxima.asgi`,
+on a free port of 127.0.0.1), started at the first rollout that needs it and stopped at
+exit, routing `/episode/<id>/v1/...` to the policy server that opened the episode.
+
+Episode ids are unique in the process, so the server outlives each rollout: a request of an
+episode whose rollout has ended (a late agent function keeps running in its thread) is
+answered 410, as one that ended within the rollout is, rather than finding the port closed.
+Each request is answered in a worker thread (`PolicyServer.answer` tokenizes and waits for
+the dispatcher); the event loop only reads and writes."""
 
 from __future__ import annotations
 
-import re
+import atexit
+import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxima import asgi
 from proxima.rollout.endpoint import schema
-from proxima.rollout.endpoint.schema import RequestError
+from proxima.rollout.endpoint.schema import RequestError, episode_ended
 
-ROUTE = re.compile(r"^/episode/(\d+)/v1/(chat/completions|completions|models)/?$")
-
-
-class EndpointHTTPServer:
-    """Serves `policy.answer(episode_id, route, body)` from `start()` to `stop()`."""
-
-    def __init__(self, policy) -> None:
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(policy))
-        self.http.daemon_threads = True
-        self.port = self.http.server_address[1]
-
-    def start(self) -> None:
-        threading.Thread(target=self.http.serve_forever, name="policy server", daemon=True).start()
-
-    def stop(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
+# requests answered at once, each holding a worker thread while it waits for the engine:
+# as many as the episodes' open calls (anyio's default of 40 would queue the calls of a
+# wide rollout behind each other)
+THREADS = 1024
+# an agent's own work between two calls (a tool, a sandbox) may take minutes: its pooled
+# connection is kept open that long, since the server closing it races the next request
+KEEP_ALIVE_S = 3600
 
 
-def _handler(policy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: the openai client reuses connections
+class EndpointHTTP:
+    """The process's endpoint: hands out episode ids (`open`), routes their requests to the
+    policy server that opened them, and forgets them when it closes (`close`)."""
 
-        def log_message(self, *args) -> None:  # quiet: a request per model call
-            pass
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: dict[int, object] = {}  # episode id -> its policy server
+        self.opened = 0  # ids handed out so far
+        self.limiter: anyio.CapacityLimiter | None = None
+        self.served = asgi.Served(
+            self._app(), asgi.listen("127.0.0.1", 0), "agent endpoint", KEEP_ALIVE_S
+        )
+        self.port = self.served.port
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            m = ROUTE.match(self.path)
-            if m and m[2] == "models":
-                self._send(200, schema.model_list())
-            else:
-                error = RequestError(404, f"no route {self.path}", "not_found")
-                self._send(404, schema.error_body(error))
+    def open(self, policy) -> int:
+        with self.lock:
+            self.live[self.opened] = policy
+            self.opened += 1
+            return self.opened - 1
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            m = ROUTE.match(self.path)
-            try:
-                if not m or m[2] == "models":
-                    raise RequestError(404, f"no route POST {self.path}", "not_found")
-                self._send(200, policy.answer(int(m[1]), m[2], schema.parse_body(raw)))
-            except RequestError as err:
-                self._send(err.status, schema.error_body(err))
-            except Exception as err:  # noqa: BLE001 - e.g. a chat template that raises
-                refused = RequestError(400, f"the request failed: {type(err).__name__}: {err}")
-                self._send(400, schema.error_body(refused))
+    def close(self, ids) -> None:
+        with self.lock:
+            for i in ids:
+                self.live.pop(i, None)
 
-        def _send(self, status: int, payload) -> None:
-            data = schema.encode(payload)
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def _app(self) -> Starlette:
+        base = "/episode/{episode:int}/v1"
+        return Starlette(
+            routes=[
+                Route(f"{base}/models", self._models, methods=["GET"]),
+                Route(f"{base}/chat/completions", self._post, methods=["POST"]),
+                Route(f"{base}/completions", self._post, methods=["POST"]),
+            ],
+            exception_handlers={HTTPException: self._no_route},
+        )
 
-    return Handler
+    async def _models(self, request: Request) -> Response:
+        return _json(200, schema.model_list())
+
+    async def _post(self, request: Request) -> Response:
+        episode = request.path_params["episode"]
+        route = request.url.path.split("/v1/", 1)[1].rstrip("/")
+        try:
+            with self.lock:
+                policy = self.live.get(episode)
+                if policy is None:
+                    raise episode_ended(episode) if episode < self.opened else _unknown(episode)
+            body = schema.parse_body(await request.body())
+            self.limiter = self.limiter or anyio.CapacityLimiter(THREADS)
+            reply = await anyio.to_thread.run_sync(
+                policy.answer, episode, route, body, limiter=self.limiter
+            )
+            return _json(200, reply)
+        except RequestError as err:
+            return _json(err.status, schema.error_body(err))
+        except Exception as err:  # noqa: BLE001 - e.g. a chat template that raises
+            refused = RequestError(400, f"the request failed: {type(err).__name__}: {err}")
+            return _json(400, schema.error_body(refused))
+
+    async def _no_route(self, request: Request, exc: HTTPException) -> Response:
+        error = RequestError(exc.status_code, f"no route {request.method} {request.url.path}")
+        error.code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+        return _json(exc.status_code, schema.error_body(error))
+
+
+def _unknown(episode: int) -> RequestError:
+    return RequestError(404, f"no episode {episode} in this rollout", "not_found")
+
+
+def _json(status: int, reply) -> Response:
+    return Response(schema.encode(reply), status, media_type="application/json")
+
+
+_shared: tuple[int, EndpointHTTP] | None = None  # (the process id, its endpoint)
+_shared_lock = threading.Lock()
+
+
+def shared() -> EndpointHTTP:
+    """This process's endpoint, serving from its first call until exit. A process forked
+    from one that served has no serving thread: it starts its own."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared[0] != os.getpid():
+            endpoint = EndpointHTTP()
+            endpoint.served.start()
+            atexit.register(endpoint.served.stop)
+            _shared = (os.getpid(), endpoint)
+        return _shared[1]

@@ -38,6 +38,14 @@ class RequestError(Exception):
         self.status, self.code = status, code
 
 
+def episode_ended(episode_id: int) -> RequestError:
+    return RequestError(
+        410,
+        f"episode {episode_id} has ended (rollout.agent.timeout_s, or its function returned)",
+        "episode_ended",
+    )
+
+
 @dataclass(frozen=True)
 class Decoded:
     """A choice as text: what the API returns (`text`) and each sampled token's string."""

@@ -1,7 +1,7 @@
-"""`PolicyServer`: the endpoint of one rollout. It opens the episodes, answers each request
-in the request's own thread (the prompt rendered and tokenized, checked against the
-episode's limits, queued for the `Dispatcher`, waited for, the reply decoded) and serves
-them over HTTP from `__enter__` to `__exit__`."""
+"""`PolicyServer`: the endpoint of one rollout. It opens the episodes on the process's HTTP
+server (`http_server.shared`) and answers each of their requests in the request's worker
+thread: the prompt rendered and tokenized, checked against the episode's limits, queued for
+the `Dispatcher`, waited for, the reply decoded."""
 
 from __future__ import annotations
 
@@ -13,18 +13,17 @@ from pydantic import BaseModel
 
 from proxima.config import AgentConfig
 from proxima.data import render_prompt, tokenize_text
-from proxima.rollout.endpoint import schema
-from proxima.rollout.endpoint.dispatcher import Dispatcher, Pending, SamplingKey, ended
-from proxima.rollout.endpoint.http_server import EndpointHTTPServer
+from proxima.rollout.endpoint import http_server, schema
+from proxima.rollout.endpoint.dispatcher import Dispatcher, Pending, SamplingKey
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
-from proxima.rollout.endpoint.schema import Decoded, RequestError
+from proxima.rollout.endpoint.schema import Decoded, RequestError, episode_ended
 from proxima.rollout.endpoint.tool_calls import parse_tool_calls
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.types import Sampling
 
 
 class PolicyServer:
-    """The endpoint of one rollout (a context manager: serving from `__enter__` to `__exit__`).
+    """The endpoint of one rollout (a context manager: its episodes answered until `__exit__`).
     `sampling` is the rollout's (stop ids, default budget, temperature, greedy, values);
     `agent` the limits (`rollout.agent`)."""
 
@@ -35,27 +34,28 @@ class PolicyServer:
         # fail ("Already borrowed", huggingface/tokenizers#537), so one thread at a time
         self.text_lock = threading.Lock()
         self.dispatcher = Dispatcher(tokenizer, sampling, agent, self.text_lock)
-        self.http = EndpointHTTPServer(self)
+        self.http = http_server.shared()
 
     @property
     def port(self) -> int:
         return self.http.port
 
     def __enter__(self) -> PolicyServer:
-        self.http.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.http.stop()
+        """The rollout is over: its waiting requests refused, its episodes' later ones
+        answered 410 by the process's endpoint."""
         self.dispatcher.end(self.episodes.values())
+        self.http.close(self.episodes)
 
     def base_url(self, episode: EpisodeLog) -> str:
         return f"http://127.0.0.1:{self.port}/episode/{episode.id}/v1"
 
     def open_episode(self) -> EpisodeLog:
-        with self.dispatcher.lock:
-            e = self.episodes[len(self.episodes)] = EpisodeLog(len(self.episodes))
-            return e
+        e = EpisodeLog(self.http.open(self))
+        self.episodes[e.id] = e
+        return e
 
     def started(self, episode: EpisodeLog) -> None:
         self.dispatcher.started(episode)
@@ -80,7 +80,7 @@ class PolicyServer:
         self.dispatcher.submit(pending)
         left = episode.deadline - time.monotonic()
         if not pending.done.wait(None if left == float("inf") else max(0.0, left) + 1.0):
-            raise ended(episode)
+            raise episode_ended(episode.id)
         if pending.error is not None:
             raise pending.error
         with self.text_lock:
