@@ -50,8 +50,13 @@ def running(server):
 
 @contextlib.contextmanager
 def reward_server(fn, workers=4):
-    with running(RewardServer(FunctionReward(fn, "exact"), "127.0.0.1", 0, workers)) as url:
-        yield url
+    """`proxima serve-reward`'s server for `fn`, serving in a thread for the block; its URL."""
+    server = RewardServer(FunctionReward(fn, "exact"), "127.0.0.1", 0, workers)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 class _Quiet(ThreadingHTTPServer):
