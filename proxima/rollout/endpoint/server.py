@@ -68,11 +68,9 @@ class PolicyServer:
         self.dispatcher.run(engine, device, more)
 
     def answer(self, episode_id: int, route: str, body: dict) -> BaseModel:
-        """The reply to one request (called in the request's thread); RequestError when it
-        is refused."""
-        episode = self.episodes.get(episode_id)
-        if episode is None:
-            raise RequestError(404, f"no episode {episode_id} in this rollout", "not_found")
+        """The reply to one request of one of this rollout's episodes (called in the
+        request's worker thread); RequestError when it is refused."""
+        episode = self.episodes[episode_id]
         chat = route == "chat/completions"
         with self.text_lock:
             prompt_ids = self._chat_prompt(body) if chat else self._completion_prompt(body)
@@ -134,10 +132,11 @@ class PolicyServer:
         )
 
     def _reply(self, episode: EpisodeLog, call: Call, body: dict, chat: bool) -> BaseModel:
+        """The API's reply to `call`: its choices decoded, a chat reply's tool calls parsed
+        out of its text when the request offered tools."""
         stop, number = schema.stop_strings(body), len(episode.calls)
-        decoded = [
-            self._decoded(c, stop, bool(body.get("logprobs") is not None)) for c in call.choices
-        ]
+        with_tokens = body.get("logprobs") is not None
+        decoded = [self._decoded(c, stop, with_tokens) for c in call.choices]
         name = f"{episode.id}-{number}"
         if not chat:
             return schema.completion_reply(call, decoded, name, body)
@@ -157,10 +156,10 @@ class PolicyServer:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         found = [text.index(s) for s in stop if s in text]
         text = text[: min(found)] if found else text
+        if not tokens:
+            return Decoded(text, [])
         decode = self.tokenizer.decode
-        return Decoded(
-            text, [decode([i], skip_special_tokens=False) for i in choice.ids] if tokens else []
-        )
+        return Decoded(text, [decode([i], skip_special_tokens=False) for i in choice.ids])
 
 
 def _non_empty(ids: list[int]) -> list[int]:
