@@ -7,8 +7,10 @@ attributed to its episode whatever client library makes it. One job per module:
 
 - `server`: `PolicyServer`, the endpoint of one rollout: its episodes, and each request
   answered in the request's thread (prompt -> ids -> queued -> waited for -> reply).
-- `http_server`: the HTTP side: routes, a thread per request, the API's JSON errors.
-- `schema`: the API's request fields checked, its replies built, its errors.
+- `http_server`: the HTTP side, one per process (Starlette on uvicorn): routes each
+  episode's requests to its rollout's policy server, answers the API's JSON errors.
+- `schema`: the API's request fields checked, its replies built as the `openai` package's
+  types, its errors.
 - `tool_calls`: tool calls parsed out of a reply, and written back for the chat template.
 - `dispatcher`: the one caller of the engine, batching the queued requests.
 - `records`: what a call records (`Call`, `Choice`, `EpisodeLog`): the training rows of
