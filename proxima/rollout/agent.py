@@ -107,7 +107,7 @@ def play_agent_episodes(
     the module's docstring) and each episode's record (its calls, end, return)."""
     # imported here, not with this module: the endpoint needs the `agent` extra, and a run
     # without rollout.agent imports this module all the same
-    from proxima.rollout.endpoint.server import PolicyServer
+    from proxima.rollout.endpoint.policy_server import PolicyServer
 
     fn, a = load_agent_fn(cfg.agent.fn), cfg.agent
     with PolicyServer(tokenizer, sampling, a) as server:

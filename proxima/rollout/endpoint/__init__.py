@@ -5,9 +5,9 @@ call recorded in token ids.
 Each episode has its own base URL, `http://127.0.0.1:PORT/episode/<id>/v1`, so a call is
 attributed to its episode whatever client library makes it. One job per module:
 
-- `server`: `PolicyServer`, the endpoint of one rollout: its episodes, and each request
+- `policy_server`: `PolicyServer`, the endpoint of one rollout: its episodes, and each request
   answered in the request's thread (prompt -> ids -> queued -> waited for -> reply).
-- `http_server`: the HTTP side, one per process (Starlette on uvicorn): routes each
+- `app`: the HTTP side, one per process (Starlette on uvicorn): routes each
   episode's requests to its rollout's policy server, answers the API's JSON errors.
 - `schema`: the API's request fields checked, its replies built as the `openai` package's
   types, its errors.

@@ -1,4 +1,4 @@
-"""The agent endpoint's HTTP side (`rollout.endpoint.http_server`) with a stand-in policy
+"""The agent endpoint's HTTP side (`rollout.endpoint.app`) with a stand-in policy
 server: episode ids routed to the rollout that opened them, the API's JSON errors for an
 unknown episode, an ended rollout's episode, a wrong method or path; its socket named TCP
 so that its connections send without Nagle's delay."""
@@ -14,7 +14,7 @@ pytest.importorskip("uvicorn")  # the `agent` extra
 httpx = pytest.importorskip("httpx")
 
 from proxima import asgi  # noqa: E402
-from proxima.rollout.endpoint import http_server  # noqa: E402
+from proxima.rollout.endpoint import app  # noqa: E402
 from proxima.rollout.endpoint.schema import RequestError  # noqa: E402
 
 
@@ -28,8 +28,8 @@ class Echo:
 
 
 def test_requests_reach_the_rollout_that_opened_the_episode():
-    endpoint = http_server.shared()
-    assert http_server.shared() is endpoint  # one per process
+    endpoint = app.shared()
+    assert app.shared() is endpoint  # one per process
     first, second = Echo(), Echo()
     a, b = endpoint.open(first), endpoint.open(second)
     url = f"http://127.0.0.1:{endpoint.port}/episode"

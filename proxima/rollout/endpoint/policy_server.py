@@ -1,5 +1,5 @@
 """`PolicyServer`: the endpoint of one rollout. It opens the episodes on the process's HTTP
-server (`http_server.shared`) and answers each of their requests in the request's worker
+server (`app.shared`) and answers each of their requests in the request's worker
 thread: the prompt rendered and tokenized, checked against the episode's limits, queued for
 the `Dispatcher`, waited for, the reply decoded."""
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from proxima.config import AgentConfig
 from proxima.data import render_prompt, tokenize_text
-from proxima.rollout.endpoint import http_server, schema
+from proxima.rollout.endpoint import app, schema
 from proxima.rollout.endpoint.dispatcher import Dispatcher, Pending, SamplingKey
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
 from proxima.rollout.endpoint.schema import Decoded, RequestError, episode_ended
@@ -34,7 +34,7 @@ class PolicyServer:
         # fail ("Already borrowed", huggingface/tokenizers#537), so one thread at a time
         self.text_lock = threading.Lock()
         self.dispatcher = Dispatcher(tokenizer, sampling, agent, self.text_lock)
-        self.http = http_server.shared()
+        self.http = app.shared()
 
     @property
     def port(self) -> int:
