@@ -1,12 +1,10 @@
-"""ASGI apps (Starlette) served by uvicorn on a socket bound here: in a thread of this
-process (`Served`: the agent endpoint), or in the foreground until Ctrl-C or SIGTERM
-(`serve_until_stopped`: `proxima serve-reward`).
+"""An ASGI app (Starlette) served by uvicorn in a thread of this process (`Served`: the agent
+endpoint), on a socket bound here (`listen`).
 
-The socket is bound here rather than by uvicorn so that the caller knows its port (port 0:
-a free one) before serving starts and names a port in use in its own words. It is created
-with its protocol named (IPPROTO_TCP): asyncio sets TCP_NODELAY on the connections of such
-a socket only, and without it each reply's body waits for the client's delayed ACK of its
-headers (about 40 ms per request on Linux)."""
+The socket is bound here rather than by uvicorn so that its port (port 0: a free one) is
+known before serving starts, and created with its protocol named (IPPROTO_TCP): asyncio sets
+TCP_NODELAY on the connections of such a socket only, and without it each reply's body
+waits for the client's delayed ACK of its headers (about 40 ms per request on Linux)."""
 
 from __future__ import annotations
 
@@ -31,21 +29,21 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket:
     return sock
 
 
-def _server(app, keep_alive_s: int) -> uvicorn.Server:
-    # quiet: a line per request is a line per model call or reward batch; the apps print
-    # their own errors
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=keep_alive_s
-    )
-    return uvicorn.Server(config)
-
-
 class Served:
     """`app` served on `sock` by uvicorn in a daemon thread, from `start()` to `stop()`."""
 
     def __init__(self, app, sock: socket.socket, name: str, keep_alive_s: int = 5) -> None:
         self.sock, self.name = sock, name
-        self.server = _server(app, keep_alive_s)
+        # quiet: a line per request would be a line per model call; the app answers its
+        # own errors
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=keep_alive_s,
+        )
+        self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
 
     @property
@@ -71,12 +69,3 @@ class Served:
             self.thread.join(STOP_S)
             self.thread = None
         self.sock.close()
-
-
-def serve_until_stopped(app, sock: socket.socket) -> None:
-    """Serve `app` on `sock` in this (the main) thread until Ctrl-C or SIGTERM: uvicorn
-    stops gracefully on either, then raises it again here (KeyboardInterrupt for Ctrl-C)."""
-    try:
-        _server(app, keep_alive_s=5).run(sockets=[sock])
-    finally:
-        sock.close()

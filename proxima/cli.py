@@ -381,13 +381,7 @@ def cmd_pipeline(ns: argparse.Namespace) -> int:
 
 def cmd_serve_reward(ns: argparse.Namespace) -> int:
     """Serve a reward function over HTTP until Ctrl-C (proxima/rewards/server.py)."""
-    try:
-        from proxima.rewards.server import serve
-    except ModuleNotFoundError as err:  # the server's packages are an extra
-        raise RuntimeError(
-            f"`proxima serve-reward` serves with {err.name}, not installed here: "
-            "pip install 'proxima[serve]'"
-        ) from None
+    from proxima.rewards.server import serve
 
     serve(ns.function, host=ns.host, port=ns.port, workers=ns.workers)
     return 0

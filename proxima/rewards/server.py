@@ -14,37 +14,31 @@ another path, 405 for another method, 411 without a Content-Length, 500 when the
 raises or returns unusable scores (the message is :class:`FunctionReward`'s: the exception,
 the first failing sample's prompt and response). A client retries 5xx, never 4xx.
 
-The server is a Starlette app on uvicorn (:mod:`proxima.asgi`). The function is called by
-:class:`FunctionReward` (so an ``async def`` function works, and scores are checked as in
-training) on a worker thread, for up to ``workers`` requests at once: with ``workers > 1``
-the function must be thread-safe. Requests beyond ``workers`` wait for a free worker.
+The function is called by :class:`FunctionReward` (so an ``async def`` function works, and
+scores are checked as in training), on up to ``workers`` requests at once, each in a thread
+of a fixed pool: with ``workers > 1`` the function must be thread-safe. Requests beyond
+``workers`` wait in the listen queue.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-import anyio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
-from proxima import asgi
 from proxima.rewards.function import FunctionReward, RewardError
 
 MAX_BODY = 256 * 1024 * 1024  # bytes of one request, a guard against a wrong Content-Length
-BACKLOG = 128  # connections waiting to be accepted
 
 
-class RewardServer:
-    """``source`` served over HTTP (Starlette on uvicorn, :mod:`proxima.asgi`), scoring on
-    up to ``workers`` threads at once. Binds at construction (port 0: a free one,
-    ``server.url`` says which; OSError when it cannot); ``serve()`` serves in this thread
-    until Ctrl-C or SIGTERM, or ``start()`` in a thread until ``stop()``."""
+class RewardServer(HTTPServer):
+    """An HTTP server scoring with ``source`` on a pool of ``workers`` threads. Bind with
+    port 0 for a free port (``server.url`` says which); ``serve_forever()`` serves,
+    ``shutdown()`` (from another thread) and ``server_close()`` stop."""
+
+    request_queue_size = 128  # connections waiting for a worker
 
     def __init__(
         self, source: FunctionReward, host: str = "127.0.0.1", port: int = 8000, workers: int = 4
@@ -53,91 +47,37 @@ class RewardServer:
             raise ValueError(f"--workers {workers}: give at least 1 worker thread.")
         self.source = source
         self.workers = workers
-        self.limiter: anyio.CapacityLimiter | None = None  # made in the event loop
-        self.sock = asgi.listen(host, port, BACKLOG)
-        self.app = Starlette(
-            routes=[Route("/{path:path}", self._route, methods=["GET", "POST"])],
-            exception_handlers={HTTPException: self._refused_method},
-        )
-        self.served = asgi.Served(self.app, self.sock, "reward server")
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="reward-worker")
+        super().__init__((host, port), _Handler)  # binds: server_close() on failure
 
     @property
     def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
+        host, port = self.server_address[:2]
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         return f"http://{host}:{port}"
 
-    def serve(self) -> None:
-        asgi.serve_until_stopped(self.app, self.sock)
+    def process_request(self, request, client_address) -> None:
+        self._pool.submit(self._work, request, client_address)
 
-    def start(self) -> None:
-        self.served.start()
-
-    def stop(self) -> None:
-        self.served.stop()
-
-    async def _route(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/")
-        if request.method == "GET" and path == "/health":
-            return self._answer(request, 200, {"ok": True, "function": self.source.name})
-        if request.method == "GET" and path == "/score":
-            return self._answer(request, 405, {"error": "/score takes POST with a JSON body"})
-        if path != "/score":
-            return self._answer(
-                request, 404, {"error": f"no {_target(request)}; POST /score or GET /health"}
-            )
-        return await self._score(request)
-
-    async def _score(self, request: Request) -> Response:
-        """``POST /score``: the body checked, then scored on a worker thread."""
-        length = request.headers.get("content-length")
-        if length is None or not length.isdigit():
-            error = "send a Content-Length header with the JSON body"
-            return self._answer(request, 411, {"error": error})
-        if int(length) > MAX_BODY:
-            error = f"body of {length} bytes; send at most {MAX_BODY}"
-            return self._answer(request, 413, {"error": error})
+    def _work(self, request, client_address) -> None:
         try:
-            payload = json.loads(await request.body())
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            return self._answer(request, 400, {"error": f"the body is not JSON ({exc})"})
-        try:
-            prompts, responses, columns = parse_request(payload)
-        except ValueError as exc:
-            return self._answer(request, 400, {"error": str(exc)})
-        self.limiter = self.limiter or anyio.CapacityLimiter(self.workers)
-        try:
-            scores = await anyio.to_thread.run_sync(
-                self.source, prompts, responses, columns, limiter=self.limiter
-            )
-        except RewardError as exc:
-            return self._answer(request, 500, {"error": str(exc)})
-        except Exception as exc:  # a bug of the server's own: still an answer, not a hang-up
-            return self._answer(request, 500, {"error": f"{type(exc).__name__}: {exc}"})
-        return self._answer(request, 200, {"scores": scores.tolist()})
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
 
-    async def _refused_method(self, request: Request, exc: HTTPException) -> Response:
-        error = f"{request.method} is not served; POST /score or GET /health"
-        return self._answer(request, exc.status_code, {"error": error})
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (it timed out) is one line, not a traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):
+            print(f"client {client_address[0]} went away: {error}", file=sys.stderr, flush=True)
+        else:
+            super().handle_error(request, client_address)
 
-    def _answer(self, request: Request, status: int, payload: dict[str, Any]) -> Response:
-        """The JSON answer; an error is also printed, one line (the server is quiet per
-        request otherwise)."""
-        if status >= 400:
-            client = request.client.host if request.client else "?"
-            print(
-                f"{request.method} {_target(request)} from {client} -> {status}: "
-                f"{payload.get('error')}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return JSONResponse(payload, status)
-
-
-def _target(request: Request) -> str:
-    """The request's path and query, as the client wrote them."""
-    query = request.url.query
-    return request.url.path + (f"?{query}" if query else "")
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def parse_request(payload: Any) -> tuple[list[str], list[str], dict[str, list[Any]]]:
@@ -172,6 +112,69 @@ def parse_request(payload: Any) -> tuple[list[str], list[str], dict[str, list[An
     return prompts, responses, columns
 
 
+class _Handler(BaseHTTPRequestHandler):
+    server: RewardServer
+    server_version = "proxima-reward/1"
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/") == "/health":
+            self._answer(200, {"ok": True, "function": self.server.source.name})
+        elif self.path.split("?")[0].rstrip("/") == "/score":
+            self._answer(405, {"error": "/score takes POST with a JSON body"})
+        else:
+            self._answer(404, {"error": f"no {self.path}; POST /score or GET /health"})
+
+    def do_POST(self) -> None:
+        if self.path.split("?")[0].rstrip("/") != "/score":
+            self._answer(404, {"error": f"no {self.path}; POST /score or GET /health"})
+            return
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self._answer(411, {"error": "send a Content-Length header with the JSON body"})
+            return
+        if int(length) > MAX_BODY:
+            self._answer(413, {"error": f"body of {length} bytes; send at most {MAX_BODY}"})
+            return
+        body = self.rfile.read(int(length))
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            self._answer(400, {"error": f"the body is not JSON ({exc})"})
+            return
+        try:
+            prompts, responses, columns = parse_request(payload)
+        except ValueError as exc:
+            self._answer(400, {"error": str(exc)})
+            return
+        try:
+            scores = self.server.source(prompts, responses, columns)
+        except RewardError as exc:
+            self._answer(500, {"error": str(exc)})
+            return
+        except Exception as exc:  # a bug of the server's own: still an answer, not a hang-up
+            self._answer(500, {"error": f"{type(exc).__name__}: {exc}"})
+            return
+        self._answer(200, {"scores": scores.tolist()})
+
+    def _answer(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        if status >= 400:
+            print(
+                f"{self.command} {self.path} from {self.client_address[0]} -> {status}: "
+                f"{payload.get('error')}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet per request: the errors are printed by `_answer`."""
+
+
 def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, workers: int = 4) -> None:
     """Load the function of ``spec``, serve it until Ctrl-C (or SIGTERM), then stop cleanly."""
     source = FunctionReward.from_spec(spec)
@@ -188,8 +191,9 @@ def serve(spec: str, host: str = "127.0.0.1", port: int = 8000, workers: int = 4
         flush=True,
     )
     try:
-        server.serve()
-    except KeyboardInterrupt:  # uvicorn stopped gracefully, then raised the signal again
+        server.serve_forever()
+    except KeyboardInterrupt:
         print("stopped", flush=True)
     finally:
+        server.server_close()
         source.close()

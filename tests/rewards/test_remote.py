@@ -50,13 +50,8 @@ def running(server):
 
 @contextlib.contextmanager
 def reward_server(fn, workers=4):
-    """`proxima serve-reward`'s server for `fn`, serving in a thread for the block; its URL."""
-    server = RewardServer(FunctionReward(fn, "exact"), "127.0.0.1", 0, workers)
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with running(RewardServer(FunctionReward(fn, "exact"), "127.0.0.1", 0, workers)) as url:
+        yield url
 
 
 class _Quiet(ThreadingHTTPServer):
