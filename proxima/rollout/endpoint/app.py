@@ -94,9 +94,11 @@ class EndpointHTTP:
             return _json(400, schema.error_body(refused))
 
     async def _no_route(self, request: Request, exc: HTTPException) -> Response:
-        error = RequestError(exc.status_code, f"no route {request.method} {request.url.path}")
-        error.code = "not_found" if exc.status_code == 404 else "method_not_allowed"
-        return _json(exc.status_code, schema.error_body(error))
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed"
+        message = f"no route {request.method} {request.url.path}"
+        return _json(
+            exc.status_code, schema.error_body(RequestError(exc.status_code, message, code))
+        )
 
 
 def _unknown(episode: int) -> RequestError:
