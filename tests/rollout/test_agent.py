@@ -298,6 +298,20 @@ def test_config_checks(tmp_path):
         load_agent_fn(spec("nope"))
 
 
+def test_a_missing_endpoint_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from proxima.rollout.agent import check_agent
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else found(name)
+    )
+    cfg = Config().replace({"rollout.agent.fn": spec("one_chat")})
+    with pytest.raises(ConfigError, match=r"with uvicorn, not installed here; .*proxima\[agent\]"):
+        check_agent(cfg)
+
+
 def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(setup):  # noqa: F811
     """The hf engine on a nano model (test_episodes_engines' `setup`): three completions each
     continuing the ids so far and an observation; the merged row's engine log-probs equal
