@@ -1,5 +1,5 @@
 """Phase 1 for agent programs (`rollout.agent`): the user's own function plays each episode
-against an OpenAI-compatible endpoint over the policy (`rollout.openai_server`), and its calls
+against an OpenAI-compatible endpoint over the policy (`rollout.endpoint`), and its calls
 become one training row per episode.
 
 The function, `fn(base_url, row) -> reward or None` (sync, or `async def`), is called once
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import inspect
 import math
 import threading
@@ -43,9 +44,9 @@ from proxima import plugins
 from proxima.config import Config, ConfigError, RolloutConfig
 from proxima.data import PromptItem
 from proxima.guarded import Outcome, run_all
+from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import Episode, episode_rows, prompt_record
-from proxima.rollout.openai_server import Call, Choice, EpisodeLog, PolicyServer
 from proxima.rollout.types import Generation, Sampling
 
 
@@ -75,10 +76,21 @@ def _takes_url_and_row(obj) -> bool:
     return True
 
 
+# what the endpoint serves with, installed by the `agent` extra
+ENDPOINT_PACKAGES = ("openai", "starlette", "uvicorn")
+
+
 def check_agent(cfg: Config) -> None:
-    """Start-up: the function `rollout.agent.fn` names imports and is callable."""
+    """Start-up: the endpoint's packages are installed, and the function
+    `rollout.agent.fn` names imports and is callable."""
     if not cfg.rollout.agent.fn:
         return
+    missing = [p for p in ENDPOINT_PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ConfigError(
+            f"`rollout.agent` serves the policy with {', '.join(missing)}, not installed here; "
+            "install the `agent` extra: pip install 'proxima[agent]'."
+        )
     load_agent_fn(cfg.rollout.agent.fn)
 
 
@@ -93,6 +105,10 @@ def play_agent_episodes(
     """One episode per item (repeat an item for several samples), each call sampled as
     `sampling` says (its budget the default max_tokens): the rows as a `Generation` (see
     the module's docstring) and each episode's record (its calls, end, return)."""
+    # imported here, not with this module: the endpoint needs the `agent` extra, and a run
+    # without rollout.agent imports this module all the same
+    from proxima.rollout.endpoint.policy_server import PolicyServer
+
     fn, a = load_agent_fn(cfg.agent.fn), cfg.agent
     with PolicyServer(tokenizer, sampling, a) as server:
         logs = [server.open_episode() for _ in items]
@@ -118,7 +134,7 @@ def play_agent_episodes(
     return gen, [e.record() for e in episodes]
 
 
-def _play(fn, server: PolicyServer, log: EpisodeLog, row: dict) -> float | None:
+def _play(fn, server, log: EpisodeLog, row: dict) -> float | None:
     """One episode: the function's reward, checked (None or a finite number)."""
     server.started(log)
     try:

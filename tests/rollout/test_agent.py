@@ -17,9 +17,10 @@ from proxima.data import PromptItem
 from proxima.models import build_char_tokenizer
 from proxima.rollout.agent import chain_of_calls, load_agent_fn
 from proxima.rollout.collect import generate_rollout
+from proxima.rollout.endpoint.records import Call, Choice
+from proxima.rollout.endpoint.tool_calls import parse_tool_calls
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
-from proxima.rollout.openai_server import Call, Choice, parse_tool_calls
 
 pytest.importorskip("openai")  # the `agent` extra: the agents below are written against it
 
@@ -295,6 +296,20 @@ def test_config_checks(tmp_path):
         load_agent_fn(spec("takes_one"))
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         load_agent_fn(spec("nope"))
+
+
+def test_a_missing_endpoint_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from proxima.rollout.agent import check_agent
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else found(name)
+    )
+    cfg = Config().replace({"rollout.agent.fn": spec("one_chat")})
+    with pytest.raises(ConfigError, match=r"with uvicorn, not installed here; .*proxima\[agent\]"):
+        check_agent(cfg)
 
 
 def test_sampled_rows_logprobs_equal_the_trainer_on_a_real_model(setup):  # noqa: F811
