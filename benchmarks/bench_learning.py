@@ -15,7 +15,7 @@ import argparse
 import json
 import statistics
 
-from proxima.cli import builtin_config, default_config_path
+from proxima.cli.args import builtin_config, default_config_path
 from proxima.config import load_config
 from proxima.recipes import train
 

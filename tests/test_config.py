@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxima.cli import default_config_path
+from proxima.cli.args import default_config_path
 from proxima.config import Config, ConfigError, batch_plan, describe_fields, load_config
 from proxima.config.roles import trained_sections
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxima.cli import builtin_config, main
+from proxima.cli import main
+from proxima.cli.args import builtin_config
 from proxima.config import ConfigError, load_config
 from proxima.tasks import check_task, own_data_config, uses_own_data
 from proxima.tasks import instructions as instructions_task

@@ -65,7 +65,8 @@ def test_default_example_pipeline_runs_small(tmp_path):
     evaluation before/after, PPO) on a small budget; the full run is `make run`."""
     import json
 
-    from proxima.cli import default_config_path, main
+    from proxima.cli import main
+    from proxima.cli.args import default_config_path
 
     out = tmp_path / "run"
     code = main(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxima.cli import default_config_path
+from proxima.cli.args import default_config_path
 from proxima.config import load_config
 from proxima.recipes import train
 

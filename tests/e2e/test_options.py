@@ -154,7 +154,7 @@ def test_dapo_recipe_options_train(fast_overrides, make_model, tmp_path):
 
 
 def test_shipped_dapo_config_is_found_by_name():
-    from proxima.cli import builtin_config
+    from proxima.cli.args import builtin_config
     from proxima.config import load_config
 
     cfg = load_config(builtin_config("dapo"))

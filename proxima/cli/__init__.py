@@ -4,233 +4,23 @@ export | chat`."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
-import threading
 import warnings
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from proxima import launch
-from proxima.launch import Interrupted, signum_of
-from proxima.plugins import split_spec
-
-DEFAULT_EXAMPLE = "arithmetic.yaml"
-PIPELINE_EXAMPLE = "pipeline.yaml"  # `proxima pipeline`'s base config: the preference task
-
-
-def default_config_path() -> Path:
-    return Path(str(resources.files("proxima") / "configs" / DEFAULT_EXAMPLE))
-
-
-def builtin_config(name: str) -> str:
-    """`name` itself when it is a file; else a config shipped with proxima by that name
-    (`dapo` or `dapo.yaml`: proxima/configs/dapo.yaml), when there is one."""
-    if Path(name).is_file():
-        return name
-    shipped = default_config_path().parent / (name if name.endswith(".yaml") else name + ".yaml")
-    return str(shipped) if "/" not in name and shipped.is_file() else name
-
-
-# Flags of `sft`, `rm`, `dpo` and `eval`: short names of config keys, nothing more (no defaults of
-# their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
-FLAGS: dict[str, dict[str, str]] = {
-    "sft": {
-        "--model": "model.actor_path",
-        "--data": "data.sft_path",
-        "--out": "sft.out",
-        "--steps": "sft.steps",
-        "--lr": "sft.lr",
-        "--batch-size": "sft.batch_size",
-        "--max-length": "sft.max_length",
-        "--prompt-key": "data.prompt_key",
-        "--response-key": "data.response_key",
-        "--seed": "trainer.seed",
-        "--device": "model.device",
-        "--threads": "trainer.threads",
-    },
-    "rm": {
-        "--model": "model.actor_path",
-        "--data": "rm.train_path",
-        "--eval-data": "rm.eval_path",
-        "--out": "rm.out",
-        "--steps": "rm.steps",
-        "--lr": "rm.lr",
-        "--batch-size": "rm.batch_size",
-        "--max-length": "rm.max_length",
-        "--overlong": "rm.overlong",
-        "--prompt-key": "data.prompt_key",
-        "--chosen-key": "rm.chosen_key",
-        "--rejected-key": "rm.rejected_key",
-        "--margin-key": "rm.margin_key",
-        "--seed": "trainer.seed",
-        "--device": "model.device",
-        "--threads": "trainer.threads",
-    },
-    "dpo": {
-        "--model": "model.actor_path",
-        "--data": "dpo.train_path",
-        "--eval-data": "dpo.eval_path",
-        "--out": "dpo.out",
-        "--epochs": "dpo.epochs",
-        "--lr": "dpo.lr",
-        "--beta": "dpo.beta",
-        "--loss-type": "dpo.loss_type",
-        "--batch-size": "dpo.batch_size",
-        "--max-length": "dpo.max_length",
-        "--overlong": "dpo.overlong",
-        "--prompt-key": "data.prompt_key",
-        "--chosen-key": "dpo.chosen_key",
-        "--rejected-key": "dpo.rejected_key",
-        "--seed": "trainer.seed",
-        "--device": "model.device",
-        "--threads": "trainer.threads",
-    },
-    "eval": {
-        "--model": "model.actor_path",
-        "--data": "data.eval_path",
-        "--reward": "reward.function",
-        "--reward-model": "reward.model_path",
-        "--prompt-key": "data.prompt_key",
-        "--max-new-tokens": "rollout.max_response_length",
-        "--temperature": "rollout.temperature",
-        "--max-prompts": "eval.max_prompts",
-        "--sampled": "eval.sampled",
-        "--out": "eval.out",
-        "--device": "model.device",
-        "--threads": "trainer.threads",
-    },
-}
-SWITCHES = {"--sampled"}  # flags that take no value: they set their key to true
-
-
-def _check_order(args: list[str], command: str) -> None:
-    """Only the first argument may be a YAML file: a later one would be read as an override
-    without `=`, so say where it belongs."""
-    from proxima.config import ConfigError
-
-    for arg in args[1:]:
-        if "=" in arg:
-            continue
-        if Path(arg).suffix.lower() not in (".yaml", ".yml") and not Path(arg).is_file():
-            raise ConfigError(
-                f"`{arg}` is not of the form section.key=value (only the first argument may "
-                f"be a YAML config file: `proxima {command} [CONFIG.yaml] [key=value ...]`)."
-            )
-        if "=" not in args[0]:
-            raise ConfigError(
-                f"`{arg}`: a command reads one YAML file, and `{args[0]}` is it; merge the "
-                "two files, or give the second one's keys as key=value overrides."
-            )
-        overrides = " ".join(a for a in args if "=" in a)
-        raise ConfigError(
-            f"`{arg}` comes after the key=value overrides: the YAML file must come first, "
-            f"e.g. `proxima {command} {arg} {overrides}`."
-        )
-
-
-def _split_config_args(
-    args: list[str], default_example: bool, command: str = "train"
-) -> tuple[str | None, list[str]]:
-    """`[CONFIG.yaml] [key=value ...]`.
-
-    Without a YAML file `proxima train` starts from the built-in default example, unless the
-    overrides name your own model (`model.actor_path=...`) or a checkpoint to resume (then
-    its saved config is the base, see `_resume_base`): then, as for every other command
-    but `pipeline`, from the plain defaults. `proxima pipeline` always starts from its
-    built-in config unless given a YAML file.
-    """
-    _check_order(args, command)
-    if args and "=" not in args[0]:
-        return builtin_config(args[0]), args[1:]
-    if command == "pipeline":  # its tiny-model settings suit a user's prompts too
-        return builtin_config(PIPELINE_EXAMPLE), args
-    named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
-    if not default_example or named:
-        return None, args
-    return str(default_config_path()), args
-
-
-def _resume_base(path: str | None, overrides: list[str]) -> dict | None:
-    """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config (and
-    `proxima config` shows it)."""
-    if path is not None:
-        return None
-    resume = [a.split("=", 1)[1] for a in overrides if a.startswith("trainer.resume_from=")]
-    if not resume:
-        return None
-    from proxima.checkpoint import find_checkpoint, read_meta
-
-    return read_meta(find_checkpoint(resume[-1]))["config"]
-
-
-def _load(ns: argparse.Namespace, default_example: bool = False):
-    """The command's config: YAML and/or `key=value` overrides, the command's flags as
-    overrides after them; validated for the command."""
-    from proxima.config import load_config
-
-    overrides = list(ns.args)
-    for flag, key in FLAGS.get(ns.command, {}).items():
-        value = getattr(ns, flag[2:].replace("-", "_"))
-        if value is not None and value is not False:
-            overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
-    path, overrides = _split_config_args(overrides, default_example, ns.command)
-    base = _resume_base(path, overrides) if ns.command in ("train", "config") else None
-    label = path or ("the checkpoint's saved config" if base else "defaults")
-    if (ns.command == "train" or base) and launch.is_main_process():
-        print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
-    cfg = load_config(path, overrides, base=base, command=ns.command)
-    if ns.command == "config":  # checks only: `_path_warnings` reads each GGUF file's header
-        return cfg
-    from proxima.models.gguf import resolve_gguf_paths
-
-    return resolve_gguf_paths(cfg)  # a .gguf model path: its imported folder
-
-
-# The paths `proxima config` checks: a run reads each one that is set.
-_PATH_KEYS = (
-    "model.actor_path",
-    "model.reference_path",
-    "model.critic_path",
-    "data.train_path",
-    "data.eval_path",
-    "data.sft_path",
-    "reward.model_path",
+from proxima.cli.args import (
+    FLAGS,
+    SWITCHES,
+    path_warnings,
 )
-
-
-def _path_warnings(cfg) -> list[str]:
-    """A line per set path that does not exist (and for an actor folder that is not a
-    policy): `proxima config` still prints the config, since a path may be created later."""
-    lines = []
-    for key in _PATH_KEYS:
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        for path in value if isinstance(value, list) else [value]:  # data: one file or several
-            if path and not Path(path).exists():
-                lines.append(f"`{key}`: {path} does not exist")
-    spec = cfg.reward.function
-    if ":" in spec:  # a spec without one is named by the config check
-        file, _, is_file = split_spec(spec, "`reward.function`")
-        if is_file and not Path(file).is_file():
-            lines.append(f"`reward.function`: {file} does not exist (the file of {spec})")
-    from proxima.models.folders import policy_folder_problem
-    from proxima.models.gguf import gguf_keys, gguf_problem
-
-    gguf_paths = gguf_keys(cfg)
-    for key, path in gguf_paths.items():
-        problem = gguf_problem(path) if Path(path).exists() else None
-        if problem:
-            lines.append(f"`{key}`: {problem}")
-    actor = cfg.model.actor_path
-    problem = policy_folder_problem(actor) if actor and actor not in gguf_paths.values() else None
-    if problem:
-        lines.append(f"`model.actor_path`: {actor} {problem}")
-    return lines
+from proxima.cli.args import load as load_args
+from proxima.cli.signals import STACK, import_holding_signals, interrupt_on
+from proxima.launch import Interrupted, signum_of
 
 
 def held_out_line(summary: dict) -> str | None:
@@ -251,7 +41,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from proxima.recipes import train
     from proxima.trainer.health import EXIT_DIVERGED
 
-    summary = train(_load(ns, default_example=True))
+    summary = train(load_args(ns, default_example=True))
     if not launch.is_main_process():
         return 0
     line = held_out_line(summary)
@@ -281,12 +71,12 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from proxima.rollout.plan import plan_scoring
     from proxima.tasks import check_task, resumed_task_config
 
-    cfg = _load(ns, default_example=True)
+    cfg = load_args(ns, default_example=True)
     check_task(cfg)  # as `train` refuses a path its task would not use
     if cfg.task.name and cfg.trainer.resume_from:  # as `train` resumes a task run
         cfg = resumed_task_config(cfg)
     check_resume(cfg)
-    for line in _path_warnings(cfg):
+    for line in path_warnings(cfg):
         print(f"warning: {line}", file=sys.stderr)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     print(batch_plan(cfg))
@@ -349,35 +139,35 @@ def cmd_init_model(ns: argparse.Namespace) -> int:
 def cmd_sft(ns: argparse.Namespace) -> int:
     from proxima.recipes.sft import sft
 
-    sft(_load(ns))
+    sft(load_args(ns))
     return 0
 
 
 def cmd_rm(ns: argparse.Namespace) -> int:
     from proxima.recipes.rm import reward_model
 
-    reward_model(_load(ns))
+    reward_model(load_args(ns))
     return 0
 
 
 def cmd_dpo(ns: argparse.Namespace) -> int:
     from proxima.recipes.dpo import dpo
 
-    dpo(_load(ns))
+    dpo(load_args(ns))
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
     from proxima.recipes.evaluation import evaluate_policy
 
-    evaluate_policy(_load(ns))
+    evaluate_policy(load_args(ns))
     return 0
 
 
 def cmd_pipeline(ns: argparse.Namespace) -> int:
     from proxima.recipes.pipeline import pipeline
 
-    pipeline(_load(ns))
+    pipeline(load_args(ns))
     return 0
 
 
@@ -541,10 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
     if extra:
         ns.args = [*ns.args, *extra]
-    previous = {s: _interrupt_on(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: interrupt_on(s) for s in (signal.SIGINT, signal.SIGTERM)}
     finished = False
     try:
-        held = _import_holding_signals(STACK)
+        held = import_holding_signals(STACK)
         if held is not None:  # said like a signal at any other point of the start-up
             raise Interrupted(f"{signal.Signals(held).name} received", held)
         from transformers.utils import logging as hf_logging
@@ -571,43 +361,6 @@ def main(argv: list[str] | None = None) -> int:
         shutdown(finished)
 
 
-# the stack every command imports first, with SIGINT and SIGTERM held back: a signal that
-# lands inside torch's or transformers' import machinery surfaces as another error there
-# (an ImportError, "SystemError: bad call flags"), not as the interruption it is
-STACK = ("torch", "transformers", "transformers.modeling_utils")
-
-
-def _import_holding_signals(modules: tuple[str, ...]) -> int | None:
-    """Import `modules` with SIGINT and SIGTERM held back; the first signal that came
-    meanwhile (its number), or None."""
-    got: list[int] = []
-    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
-    held = {
-        s: signal.signal(s, lambda n, f: got.append(n))
-        for s in (signal.SIGINT, signal.SIGTERM)
-        if main
-    }
-    try:
-        for name in modules:
-            importlib.import_module(name)
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    return got[0] if got else None
-
-
-def _interrupt_on(signum: int):
-    """Turn `signum` into `Interrupted` for this command (main thread only); returns the
-    handler it replaced (None when it could not install one)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handle(received: int, frame) -> None:  # outside the training loop (it has its own)
-        raise Interrupted(f"{signal.Signals(received).name} received", received)
-
-    return signal.signal(signum, handle)
-
-
 def run() -> None:
     """The `proxima` command: on tcmalloc where it is installed (`proxima.allocator`), then
     `main` with the command line."""
@@ -624,7 +377,3 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
     a name of its own, not the source line that raised it (PROXIMA_DEBUG=1 shows that)."""
     kind = "" if category in (UserWarning, Warning) else f" ({category.__name__})"
     return f"warning: {message}{kind}\n"
-
-
-if __name__ == "__main__":
-    run()

@@ -1,0 +1,5 @@
+"""`python -m proxima.cli`: the `proxima` command."""
+
+from proxima.cli import run
+
+run()
