@@ -11,17 +11,13 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 from proxima.algos import logprobs_from_logits
 from proxima.config import ConfigError, load_config
 from proxima.trainer import memory
-from proxima.trainer.memory import (
-    CUDA_CONTEXT,
-    GiB,
-    MemoryPlan,
-    check_memory,
+from proxima.trainer.memory import CUDA_CONTEXT, GiB, MemoryPlan, check_memory, plan_memory
+from proxima.trainer.model_sizes import (
     count_parameters,
     kv_cache_bytes,
     logits_bytes,
     lora_parameters,
     model_shape,
-    plan_memory,
     saved_activation_bytes,
 )
 
