@@ -27,6 +27,8 @@ from proxima.rollout.engines import engine_class
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
+from proxima.trainer.context import Clock
+from proxima.trainer.samplers import OnPolicy
 from proxima.trainer.setup import check_rollout_devices
 from proxima.trainer.workers import (
     IN_FLIGHT,
@@ -362,13 +364,13 @@ def test_a_failed_iteration_keeps_the_batches_ahead_and_replays_exactly(files, w
     b.close()
 
 
-def test_a_batch_that_raises_in_its_worker_raises_in_the_trainer(files):
+def test_a_batch_that_raises_in_its_worker_raises_in_the_trainer(files, monkeypatch):
     trainer = nano_trainer(files, ASYNC)
 
-    def boom(items):
+    def boom(self, items):
         raise ValueError("the reward server is down")
 
-    trainer.on_policy.produce = boom  # the worker is forked with it
+    monkeypatch.setattr(OnPolicy, "produce", boom)  # the worker is forked with it
     with pytest.raises(
         RolloutWorkerError,
         match="batch 1 raised in its rollout worker: ValueError: the reward server is down",
@@ -430,17 +432,14 @@ def test_partial_rollouts_take_newer_weights_between_decode_steps():
     box = WeightBox(model, ctx)
     box.publish(model, index=3, version=5)
 
-    class Trainer:  # what the hook reads of the worker's trainer
-        roles = SimpleNamespace(actor=torch.nn.Linear(2, 2))
-        policy_version = 5
-
-    t = Trainer()
+    # what the hook reads of the worker's context
+    t = SimpleNamespace(actor=torch.nn.Linear(2, 2), clock=Clock(policy_version=5))
     hook = PartialRollouts(box, t, index=3)
     hook(0, 2)  # a micro-batch of two rows starts: nothing newer
     newer = torch.nn.Linear(2, 2)
     box.publish(newer, index=4, version=6)  # an update lands during the generation
     hook(1, 2)
-    assert torch.equal(t.roles.actor.weight, newer.weight)  # taken before step 1
+    assert torch.equal(t.actor.weight, newer.weight)  # taken before step 1
     hook(2, 2)
     hook(0, 1)  # the next micro-batch, one row, from the new weights
     assert [v for _, v in hook.steps] == [[5, 6, 6], [6]]
