@@ -35,7 +35,7 @@ from proxima.data.mixing import DATASET_COLUMN, MixedPromptLoader, prompt_loader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
-from proxima.rollout.collect import Rollout
+from proxima.rollout.collect import Rollout, sampled_inputs
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
 from proxima.rollout.engines import build_engine, engine_class, engine_of
 from proxima.rollout.experience import build_experience, rollout_correction
@@ -201,21 +201,21 @@ class PPOTrainer:
     def step(self) -> tuple[dict[str, float], Rollout]:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
         self.timer.new_iteration()
-        t = self.timer
-        # 1. the actor writes responses, 2. they are scored (see `samplers`)
+        timer = self.timer
+        # 1. the actor writes responses, 2. the reward sources score them (see `samplers`)
         ro, sampling_stats = self.sampler.sample()
-        with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
-            exp = self.dist.agree(lambda: self.score(ro, ro.scores), "scoring")
-        with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
+        with timer("score"), self.precision():  # 3. old / reference log-probs, values, KL
+            exp = self.dist.agree(lambda: self.make_experience(ro), "scoring")
+        with timer("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             groups = len(ro.prompts) // self.cfg.rollout.n
             batch = BatchView.gather(exp, self.dist, groups, self.batch_inputs)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
                 exp = replace(exp, response_mask=exp.response_mask * exp.stopped.unsqueeze(1))
-        with t("update"):  # 6. PPO epochs over shuffled mini-batches
+        with timer("update"):  # 6. PPO epochs over shuffled mini-batches
             train_stats = self.update(exp)
-        with t("sync"):  # 6b. the rollout engine gets the actor's new weights
+        with timer("sync"):  # 6b. the rollout engine gets the actor's new weights
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
@@ -258,13 +258,14 @@ class PPOTrainer:
         """The rollout engine, holding the actor's current weights (training, evaluation)."""
         return self.context.synced_engine()
 
-    def score(self, ro: Rollout, scores: torch.Tensor) -> Experience:
-        """Phase 3 as the scoring plan says; refuses non-finite log-probs or values (the
-        previous update diverged)."""
+    def make_experience(self, ro: Rollout) -> Experience:
+        """Phase 3: the scoring passes as the scoring plan says (timed as `score`), with the
+        estimators' extra inputs that sampling produced carried by name; refuses non-finite
+        log-probs or values (the previous update diverged)."""
         roles = self.roles
         exp = build_experience(
             ro.gen,
-            scores,
+            ro.scores,
             ro.group_ids,
             self.plan,
             actor=roles.actor,
@@ -273,10 +274,8 @@ class PPOTrainer:
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
         )
-        if ro.baselines is not None:
-            exp = replace(exp, reward_baselines=ro.baselines.to(exp.scores.device))
-        if ro.components is not None:
-            exp = replace(exp, score_components=ro.components.to(exp.scores.device))
+        sampled = sampled_inputs(ro)
+        exp = replace(exp, **{k: v.to(exp.scores.device) for k, v in sampled.items()})
         for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
             if tensor is not None and not bool(torch.isfinite(tensor).all()):
                 what = "log-probs" if role == "actor" else "values"

@@ -33,6 +33,7 @@ from proxima.rollout.collect import (
     reward_args,
     rollout_from_state,
     rollout_state,
+    rollout_state_fits,
     score_rollout,
     select_groups,
 )
@@ -89,14 +90,14 @@ class OnPolicy(Stateless):
         (`_produce_overlapped`)."""
         ctx = self.context
         if self.overlap:
-            ro, (scores, penalty, components) = self._produce_overlapped(items)
+            ro, (scores, penalty, score_components) = self._produce_overlapped(items)
         else:
             timer, agree = ctx.timer, ctx.dist.agree
             with timer("generate"), ctx.precision(generation=True):  # 1. the actor writes
                 ro = agree(lambda: self.generate(items), "generation")
             with timer("reward"), ctx.precision():  # 2. the reward model / function scores them
-                scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
-        ro = replace(ro, scores=scores, components=components)
+                scores, penalty, score_components = agree(lambda: self.reward(ro), "the reward")
+        ro = replace(ro, scores=scores, score_components=score_components)
         for prepare in self.prepare:
             ro = prepare(self, items, ro)
         return ro, penalty
@@ -180,17 +181,17 @@ class OnPolicy(Stateless):
         (`reward.overlong_buffer_len`), [B] that penalty or None when it is off, [B, K] the
         raw score of each of `reward.sources` or None for a single source)."""
         gen, cfg = ro.gen, self.context.cfg
-        scores, components = self.scored(ro)
+        scores, score_components = self.scored(ro)
         r = cfg.reward
         if not r.overlong_buffer_len:
-            return scores, None, components
+            return scores, None, score_components
         penalty = overlong_penalty(
             gen.response_mask.sum(1).to(scores.device),
             cfg.rollout.max_response_length,
             r.overlong_buffer_len,
             r.overlong_penalty_factor,
         )
-        return scores + penalty, penalty, components
+        return scores + penalty, penalty, score_components
 
     def _penalty_stats(self, penalty: torch.Tensor) -> dict[str, float]:
         """DAPO's overlong penalty over the whole batch: its mean and the share penalised."""
@@ -233,7 +234,7 @@ def greedy_baselines(sampler: OnPolicy, items: list, ro: Rollout) -> Rollout:
     with ctx.timer("reward"), ctx.precision():
         base = ctx.dist.agree(lambda: sampler.reward(greedy), "the reward")[0]
     base = replace(greedy, scores=base).total_rewards()
-    return replace(ro, baselines=base.repeat_interleave(ctx.cfg.rollout.n))
+    return replace(ro, reward_baselines=base.repeat_interleave(ctx.cfg.rollout.n))
 
 
 # What an estimator needs (its registry entry's `needs`) that sampling supplies, by name. The
@@ -509,12 +510,14 @@ class Ahead:
 
     def load_state_dict(self, state: dict) -> None:
         """This rank's batches sampled ahead; none when the checkpoint was written by another
-        number of processes (its rows are not this rank's) or synchronously: the next
-        iterations sample their own, from the current weights."""
+        number of processes (its rows are not this rank's), with other `Rollout` fields than
+        this code's, or synchronously: the next iterations sample their own, from the
+        current weights."""
         dist, ready = self.context.dist, state.get("ready") or []
         self.ready = {}
-        if len(ready) == dist.world_size:
-            for j, got in ready[dist.rank].items():
+        mine = ready[dist.rank] if len(ready) == dist.world_size else {}
+        if all(rollout_state_fits(got["rollout"]) for got in mine.values()):
+            for j, got in mine.items():
                 ro = rollout_from_state(got["rollout"], self.context.device)
                 self.ready[int(j)] = (ro, got["stats"])
 

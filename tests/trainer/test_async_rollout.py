@@ -277,6 +277,10 @@ def test_the_batches_sampled_ahead_round_trip_through_the_state(files, tmp_path,
     # another number of processes than the checkpoint's: its rows are not this rank's
     fresh.load_state_dict({**state, "sampler": {"ready": [mine, mine]}})
     assert fresh.sampler.ready == {}  # the next iterations sample their own batches
+    # rollouts of other fields than this code's: sampled again, never misread
+    other = {j: {**got, "rollout": {**got["rollout"], "other": None}} for j, got in mine.items()}
+    fresh.load_state_dict({**state, "sampler": {"ready": [other]}})
+    assert fresh.sampler.ready == {}
 
 
 def test_config_defaults_and_refusals(files):

@@ -37,9 +37,9 @@ def test_remax_baseline_is_the_score_of_a_greedy_response(files):
         greedy=True,
         n=1,
     )
-    assert torch.equal(ro.baselines, greedy.scores.repeat_interleave(2))
-    exp = trainer.score(ro, ro.scores)
-    assert torch.equal(exp.reward_baselines, ro.baselines)
+    assert torch.equal(ro.reward_baselines, greedy.scores.repeat_interleave(2))
+    exp = trainer.make_experience(ro)
+    assert torch.equal(exp.reward_baselines, ro.reward_baselines)
 
 
 def test_optimal_token_baseline_gets_sum_pi_squared_from_the_actor(files):
@@ -47,7 +47,7 @@ def test_optimal_token_baseline_gets_sum_pi_squared_from_the_actor(files):
     assert trainer.plan.sum_pi_squared and trainer.plan.old_logprobs == "actor"
     assert "sum pi^2" in trainer.plan.describe()
     ro, _ = trainer.sampler.sample()
-    exp = trainer.score(ro, ro.scores)
+    exp = trainer.make_experience(ro)
     r = exp.response_mask.shape[1]
     with torch.no_grad():
         logits = response_logits(trainer.roles.actor, exp.input_ids, exp.attention_mask, r, 0.7)
