@@ -42,7 +42,8 @@ from proxima.trainer.context import RolloutContext
 from proxima.trainer.guard import NonFiniteOutputsError
 from proxima.trainer.workers import Request, RolloutWorkerError, Workers
 
-Batch = tuple[Rollout, dict[str, float]]
+# a sampled batch (this rank's share) and its sampling statistics
+Sampled = tuple[Rollout, dict[str, float]]
 
 
 class Stateless:
@@ -78,7 +79,7 @@ class OnPolicy(Stateless):
         # sampling ahead scores the parts of a single-turn batch as they finish
         self.overlap = bool(ctx.run.ahead) and not ctx.run.multi_turn
 
-    def sample(self) -> Batch:
+    def sample(self) -> Sampled:
         ro, penalty = self.produce(self.next_prompts())
         return ro, self.stats(ro, penalty)
 
@@ -267,7 +268,7 @@ class DynamicSampling(Stateless):
         self.dist = rounds.context.dist
         self.told = False  # the console heard of a batch with no informative group
 
-    def sample(self) -> Batch:
+    def sample(self) -> Sampled:
         ro, stats = self.rounds.sample()
         need = len(ro.prompts) // self.rounds.context.cfg.rollout.n  # groups per rank
         world = self.dist.world_size
@@ -352,7 +353,7 @@ class InProcess:
     def publish(self, index: int) -> None:
         pass  # the engine serves the trainer's weights, current at every submit
 
-    def submit(self, batch: int, weights: int, seed: int) -> Batch:
+    def submit(self, batch: int, weights: int, seed: int) -> Sampled:
         with preserve_rng():
             seed_everything(seed)
             return self.inner.sample()
@@ -360,7 +361,7 @@ class InProcess:
     def sent(self, batch: int) -> bool:
         return False
 
-    def receive(self, batch: int) -> tuple[int, Batch]:
+    def receive(self, batch: int) -> tuple[int, Sampled]:
         raise AssertionError("a batch sampled in the trainer's process is never waited for")
 
     def close(self) -> None:
@@ -390,7 +391,7 @@ class InWorkers:
     def sent(self, batch: int) -> bool:
         return self.workers.pending(batch)
 
-    def receive(self, batch: int) -> tuple[int, Batch]:
+    def receive(self, batch: int) -> tuple[int, Sampled]:
         """`batch`, with its statistics (every rank receives the same batches in the same
         order); a batch that raised in its worker raises here, on every rank."""
 
@@ -439,16 +440,16 @@ class Ahead:
         self, context: RolloutContext, staleness: int, backend: InProcess | InWorkers
     ) -> None:
         self.context, self.k, self.backend = context, staleness, backend
-        self.ready: dict[int, Batch] = {}  # sampled, not yet trained, by the iteration that will
+        self.ready: dict[int, Sampled] = {}  # sampled, not yet trained, by the iteration that will
         self.first: int | None = None  # the iteration this run started the pipeline at
         self.drawn = 0  # the batches before this one are submitted (their prompts drawn)
-        self.taken: tuple[int, Batch] | None = None  # the batch the last `sample` returned
+        self.taken: tuple[int, Sampled] | None = None  # the batch the last `sample` returned
 
     def _seed(self, batch: int) -> int:
         ctx = self.context
         return (ctx.cfg.trainer.seed * 1_000_003 + batch) * 4099 + ctx.dist.rank
 
-    def sample(self) -> Batch:
+    def sample(self) -> Sampled:
         ctx = self.context
         i = ctx.clock.iteration
         if self.first is None:  # the first rollout of this process: the workers start
@@ -484,7 +485,7 @@ class Ahead:
             out["tokens_per_s"] = tokens / max(ctx.timer.last["generate"], 1e-9)
         return ro, out
 
-    def _take(self, batch: int) -> Batch:
+    def _take(self, batch: int) -> Sampled:
         while batch not in self.ready:
             got, produced = self.backend.receive(batch)
             self.ready[got] = produced
@@ -521,10 +522,10 @@ class Ahead:
                 ro = rollout_from_state(got["rollout"], self.context.device)
                 self.ready[int(j)] = (ro, got["stats"])
 
-    def snapshot(self) -> tuple[dict[int, Batch], int]:
+    def snapshot(self) -> tuple[dict[int, Sampled], int]:
         return dict(self.ready), self.drawn
 
-    def restore(self, snapshot: tuple[dict[int, Batch], int]) -> None:
+    def restore(self, snapshot: tuple[dict[int, Sampled], int]) -> None:
         """The batches ahead as the iteration found them, with the one it took back and those
         received since (a worker sends each batch once); the prompts drawn since are drawn
         again (the loader is put back too), and a batch submitted since is not sent again."""
