@@ -255,7 +255,7 @@ class Workers:
     j mod N."""
 
     def __init__(
-        self, context: RolloutContext, count: int, threads: int, staleness: int, sampler=None
+        self, context: RolloutContext, count: int, threads: int, staleness: int, sampler
     ) -> None:
         ctx = self.context = context
         self.method = start_method(ctx.cfg, ctx.device)

@@ -168,10 +168,10 @@ def test_how_workers_start_and_where_they_run(files):
     assert start_method(gpus, torch.device("cpu")) == "spawn"
 
 
-def test_what_workers_refuse_when_the_trainer_is_built(files):
+def test_what_workers_refuse_when_they_are_built(files):
     cfg = nano_trainer(files, ASYNC).cfg
 
-    def trainer(device, strategy="none", start="auto"):
+    def context(device, strategy="none", start="auto"):
         return SimpleNamespace(
             cfg=cfg.replace({"rollout.worker_start": start}),
             device=torch.device(device),
@@ -180,10 +180,10 @@ def test_what_workers_refuse_when_the_trainer_is_built(files):
 
     # model.device=auto resolved to a GPU: fork is refused there, auto spawns
     with pytest.raises(ConfigError, match="actor is on cuda:0 and rollout.worker_start=fork"):
-        Workers(trainer("cuda:0", start="fork"), 1, 1, 1)
-    assert Workers(trainer("cuda:0"), 1, 1, 1).method == "spawn"
+        Workers(context("cuda:0", start="fork"), 1, 1, 1, OnPolicy)
+    assert Workers(context("cuda:0"), 1, 1, 1, OnPolicy).method == "spawn"
     with pytest.raises(ConfigError, match="FSDP2 shards the actor.*rollout.workers=0"):
-        Workers(trainer("cpu", strategy="fsdp2"), 1, 1, 1)
+        Workers(context("cpu", strategy="fsdp2"), 1, 1, 1, OnPolicy)
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
