@@ -360,9 +360,10 @@ class PPORecipe:
         self.logger.log(it, metrics)
         k = self.cfg.trainer.log_samples
         extra = {}
-        if ro.components is not None:  # each of reward.sources' raw score
+        if ro.score_components is not None:  # each of reward.sources' raw score
             names = self.trainer.roles.reward.names
-            extra = {f"reward/{n}": ro.components[:k, i].tolist() for i, n in enumerate(names)}
+            parts = ro.score_components[:k]
+            extra = {f"reward/{n}": parts[:, i].tolist() for i, n in enumerate(names)}
         if ro.episodes is not None:  # multi-turn: each turn's action, observation, reward
             extra["episode"] = ro.episodes[:k]
         self.logger.log_samples(

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
+from proxima.algos import EXTRA_INPUTS
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
 from proxima.rollout.agent import play_agent_episodes
@@ -32,10 +33,13 @@ class Rollout:
     columns: dict[str, list]  # extra dataset columns, one entry per sequence
     group_ids: torch.Tensor  # [B] index of the prompt within the batch
     scores: torch.Tensor | None = None  # [B] raw reward score (`collect`)
+    # the estimators' extra inputs that phases 1-2 produce, each named as in
+    # `algos.EXTRA_INPUTS`, the `Experience` and the `BatchView`, and carried into them by
+    # that name (`sampled_inputs`):
     # [B] the score of a greedy response to the row's prompt (ReMax's baseline), or None
-    baselines: torch.Tensor | None = None
+    reward_baselines: torch.Tensor | None = None
     # [B, K] the raw score of each of reward.sources, or None for a single source
-    components: torch.Tensor | None = None
+    score_components: torch.Tensor | None = None
     # multi-turn episodes (rollout.env, rollout.agent): each one's turns, end and return
     episodes: list[dict] | None = None
     # [B] int64: the policy version (actor updates so far in the run) each row was sampled
@@ -60,8 +64,8 @@ class Rollout:
             self,
             gen=self.gen.to(device),
             scores=move(self.scores),
-            baselines=move(self.baselines),
-            components=move(self.components),
+            reward_baselines=move(self.reward_baselines),
+            score_components=move(self.score_components),
             versions=move(self.versions),
         )
 
@@ -84,6 +88,16 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         group_ids=torch.cat([ro.group_ids + off for ro, off in zip(parts, offsets, strict=True)]),
         **joined,
     )
+
+
+def sampled_inputs(ro: Rollout) -> dict[str, torch.Tensor]:
+    """The estimators' extra inputs (`algos.EXTRA_INPUTS`) that `ro` holds, by name: what
+    phase 3 carries into the `Experience` as it is."""
+    return {
+        f.name: getattr(ro, f.name)
+        for f in fields(ro)
+        if f.name in EXTRA_INPUTS and getattr(ro, f.name) is not None
+    }
 
 
 def select_groups(ro: Rollout, groups: list[int]) -> Rollout:
@@ -196,6 +210,11 @@ def rollout_state(ro: Rollout) -> dict:
     ro = ro.to("cpu")
     state = {f.name: getattr(ro, f.name) for f in fields(ro) if f.name != "gen"}
     return {**state, "gen": asdict(ro.gen)}
+
+
+def rollout_state_fits(state: dict) -> bool:
+    """Whether `state` holds exactly the fields of this code's `Rollout`."""
+    return set(state) == {f.name for f in fields(Rollout)}
 
 
 def rollout_from_state(state: dict, device: torch.device | str) -> Rollout:

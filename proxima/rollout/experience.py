@@ -175,7 +175,7 @@ def sequence_values(critic: torch.nn.Module, gen: Generation, chunks: Chunks | i
 
 def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
     """(old log-probs, values that came with them or None), as the plan says."""
-    t, chunks = rollout.temperature, Chunks.of(rollout)
+    temperature, chunks = rollout.temperature, Chunks.of(rollout)
     if plan.old_from_engine:
         if gen.logprobs is None:
             raise ValueError("the plan takes the engine's log-probs but the engine gave none")
@@ -184,8 +184,8 @@ def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
             raise ValueError("the plan takes the values from the generation, which gave none")
         return gen.logprobs.float() * gen.response_mask, values
     if plan.values == "actor":
-        return sequence_logprobs_values(actor, gen, t, chunks)
-    return sequence_logprobs(actor, gen, t, chunks), None
+        return sequence_logprobs_values(actor, gen, temperature, chunks)
+    return sequence_logprobs(actor, gen, temperature, chunks), None
 
 
 def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
@@ -230,15 +230,15 @@ def build_experience(
     they are not the old log-probs, travel as `rollout_logprobs`, with the weights of
     `rollout_correction(algorithm)` (importance weights old / engine, rejection).
     """
-    t, chunks = rollout.temperature, Chunks.of(rollout)
+    temperature, chunks = rollout.temperature, Chunks.of(rollout)
     old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
-    ref = sequence_logprobs(reference, gen, t, chunks) if reference is not None else None
+    ref = sequence_logprobs(reference, gen, temperature, chunks) if reference is not None else None
     if plan.values == "critic":
         values = sequence_values(critic.model, gen, chunks)
     if reference is None:
         kl = torch.zeros_like(old)
     elif plan.kl == "full":
-        kl = sequence_kl_full(actor, reference, gen, t, chunks)
+        kl = sequence_kl_full(actor, reference, gen, temperature, chunks)
     else:
         kl = kl_penalty(old, ref, plan.kl) * gen.response_mask
     engine_lp = None

@@ -10,7 +10,7 @@ hands each rank its own rows back for the update.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -30,25 +30,27 @@ class BatchView:
     response_mask: torch.Tensor  # [B, R]
     values: torch.Tensor | None  # [B, R]
     group_ids: torch.Tensor  # [B], unique across ranks
-    # what some estimators read besides (their registry entry's `inputs`); None when not
-    # gathered or not produced (score_components: only with reward.sources)
-    old_logprobs: torch.Tensor | None = None  # [B, R]
-    is_weights: torch.Tensor | None = None  # [B, R]
-    sum_pi_squared: torch.Tensor | None = None  # [B, R]
-    reward_baselines: torch.Tensor | None = None  # [B]
-    score_components: torch.Tensor | None = None  # [B, K]
     turn_rewards: torch.Tensor | None = None  # [B, R] multi-turn episodes (rollout.env)
+    # the estimators' extra inputs gathered, by their `algos.EXTRA_INPUTS` name (shapes
+    # there): those asked for that the experience holds (score_components: only with
+    # reward.sources)
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
         return self.scores.shape[0]
 
+    @property
+    def score_components(self) -> torch.Tensor | None:
+        """[B, K] the raw score of each of reward.sources, or None for a single source."""
+        return self.inputs.get("score_components")
+
     @classmethod
     def gather(
         cls, exp: Experience, dist: Dist, groups_per_rank: int, inputs: tuple[str, ...] = ()
     ) -> BatchView:
-        """The whole batch on every rank; of the extra inputs only those named (an
-        estimator's `inputs`) that the experience holds."""
+        """The whole batch on every rank; of the extra inputs (`Experience` fields named as
+        in `algos.EXTRA_INPUTS`) only those named in `inputs` that the experience holds."""
 
         def g(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else dist.gather_rows(t)
@@ -61,7 +63,9 @@ class BatchView:
             values=g(exp.values),
             group_ids=g(exp.group_ids + dist.rank * groups_per_rank),
             turn_rewards=g(exp.turn_rewards),
-            **{name: g(getattr(exp, name, None)) for name in inputs},
+            inputs={
+                name: g(getattr(exp, name)) for name in inputs if getattr(exp, name) is not None
+            },
         )
 
 
@@ -135,7 +139,7 @@ def estimate_advantages(
     name = algorithm.adv_estimator
     estimator = ADVANTAGE_ESTIMATORS[name]
     options = {k: getattr(algorithm, k) for k in estimator.options}
-    inputs = {k: getattr(batch, k) for k in estimator.inputs}
+    inputs = {k: batch.inputs.get(k) for k in estimator.inputs}
     advantages, returns = compute_advantages(
         name,
         token_rewards,

@@ -11,10 +11,7 @@ that `undo_iteration` puts back. `proxima.checkpoint` only writes and finds fold
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections import defaultdict
-from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
 
@@ -38,9 +35,9 @@ from proxima.data.mixing import DATASET_COLUMN, MixedPromptLoader, prompt_loader
 from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
-from proxima.rollout.collect import Rollout
+from proxima.rollout.collect import Rollout, sampled_inputs
 from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
-from proxima.rollout.engines import build_engine, engine_class, engine_of, sync_weights
+from proxima.rollout.engines import build_engine, engine_class, engine_of
 from proxima.rollout.experience import build_experience, rollout_correction
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.trainer.advantages import (
@@ -49,13 +46,14 @@ from proxima.trainer.advantages import (
     estimate_advantages,
     with_source_options,
 )
+from proxima.trainer.context import Clock, PhaseTimer, rollout_context
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.drift import batch_drift
 from proxima.trainer.health import NonFiniteOutputsError
 from proxima.trainer.offload import Offload, reward_models, wants_offload
 from proxima.trainer.optim import TrainedRole
-from proxima.trainer.samplers import OnPolicy, build_sampler
-from proxima.trainer.setup import Roles, autocast, load_rollout_roles
+from proxima.trainer.samplers import build_sampler
+from proxima.trainer.setup import Roles, autocast
 from proxima.trainer.state import Part, StateRegistry, stateful
 from proxima.trainer.update import PolicyObjective, PtxLoss, run_epochs
 from proxima.types import Experience
@@ -64,53 +62,18 @@ from proxima.types import Experience
 EV_MIN_VAR = 1e-8
 
 
-class PhaseTimer:
-    """Wall seconds per phase, for this iteration (`last`, summed over the phase's runs
-    since `new_iteration`: dynamic sampling generates several times) and summed over the
-    run. A `listener` (e.g. progress.PhaseWatch) is told when a phase starts and ends, to show
-    it while it runs. With a `residency` (model.offload: `trainer.offload.Offload`), what a
-    phase needs is moved onto the device before it starts, timed as the phase `offload`."""
-
-    def __init__(self) -> None:
-        self.total: dict[str, float] = defaultdict(float)
-        self.last: dict[str, float] = {}
-        self.current = ""  # the phase running now, or the one that raised
-        self.listener = None  # .start(name), .end(name, seconds)
-        self.residency = None  # .enter(name)
-
-    def new_iteration(self) -> None:
-        self.last = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        if self.residency is not None:
-            with self.clock("offload"):
-                self.residency.enter(name)
-        with self.clock(name):
-            yield
-
-    @contextmanager
-    def clock(self, name: str):
-        """Time `name` (and tell the listener), nothing moved."""
-        self.current = name
-        if self.listener is not None:
-            self.listener.start(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            seconds = time.perf_counter() - start
-            self.last[name] = self.last.get(name, 0.0) + seconds
-            self.total[name] += seconds
-            if self.listener is not None:
-                self.listener.end(name, seconds)
-
-
 def build_kl_controller(cfg: Config):
     k = cfg.algorithm.kl_ctrl
     if k.type == "adaptive":
         return AdaptiveKLController(k.kl_coef, k.target_kl, k.horizon)
     return FixedKLController(k.kl_coef)
+
+
+def _on_clock(name: str) -> property:
+    """A trainer attribute kept in its `Clock`, which the samplers read too."""
+    return property(
+        lambda self: getattr(self.clock, name), lambda self, v: setattr(self.clock, name, v)
+    )
 
 
 class PPOTrainer:
@@ -142,11 +105,7 @@ class PPOTrainer:
         self.kl_ctl = build_kl_controller(cfg)
         self.score_moments = RunningMoments()  # for algorithm.normalize_scores
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
-        self.iteration = 0
-        self.weight_version = 0  # +1 whenever the actor's weights change (update, load)
-        # actor updates over the whole run (resumed with it): the version of the policy that
-        # each sample is stamped with (`Rollout.versions`) and trained at (staleness)
-        self.policy_version = 0
+        self.clock = Clock()  # the iteration, the policy and weight versions
         if plan is None:  # before the engine is built: a plan that cannot be fails first
             kind = engine_of(engine) if engine is not None else engine_class(cfg.rollout.name)
             plan = plan_scoring(cfg, kind, base_model(roles.actor).generation_config)
@@ -168,7 +127,18 @@ class PPOTrainer:
         self.trained, self.objectives = self._trained_roles()
         if dist.strategy == "fsdp2" and roles.reference is not None:
             shard(roles.reference, cfg.fsdp, trainable=False)
-        self.on_policy, self.sampler = build_sampler(self)  # phases 1-2
+        self.context = rollout_context(  # what phases 1-2 read
+            cfg,
+            roles,
+            engine,
+            device,
+            generation_values=plan.values == "generation",
+            dist=dist,
+            loader=self.loader,
+            clock=self.clock,
+            timer=self.timer,
+        )
+        self.on_policy, self.sampler = build_sampler(self.context)  # phases 1-2
         self.state = self._state_registry()
         if offload is None:
             offload = wants_offload(cfg, device)
@@ -220,32 +190,33 @@ class PPOTrainer:
         return trained, objectives
 
     def precision(self, generation: bool = False):
-        """Mixed-precision context (model.mixed_precision) of forward passes; for generation
-        only around the hf engine (vLLM has its own dtype) and with rollout.autocast."""
-        if generation and not (self.cfg.rollout.autocast and engine_of(self.engine).serves_actor):
-            return nullcontext()
-        return autocast(self.cfg, self.device)
+        """Mixed-precision context of forward passes (`RolloutContext.precision`)."""
+        return self.context.precision(generation)
+
+    iteration = _on_clock("iteration")
+    policy_version = _on_clock("policy_version")
+    weight_version = _on_clock("weight_version")
 
     # ------------------------------------------------------------------ one iteration
 
     def step(self) -> tuple[dict[str, float], Rollout]:
         self._started = self._iteration_start()  # what `undo_iteration` puts back
         self.timer.new_iteration()
-        t = self.timer
-        # 1. the actor writes responses, 2. they are scored (see `samplers`)
+        timer = self.timer
+        # 1. the actor writes responses, 2. the reward sources score them (see `samplers`)
         ro, sampling_stats = self.sampler.sample()
-        with t("score"), self.precision():  # 3. old / reference log-probs, values, KL
-            exp = self.dist.agree(lambda: self.score(ro, ro.scores), "scoring")
-        with t("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
+        with timer("score"), self.precision():  # 3. old / reference log-probs, values, KL
+            exp = self.dist.agree(lambda: self.make_experience(ro), "scoring")
+        with timer("advantages"):  # 4. token rewards, 5. advantages and returns (whole batch)
             groups = len(ro.prompts) // self.cfg.rollout.n
             batch = BatchView.gather(exp, self.dist, groups, self.batch_inputs)
             est = self.estimate(batch)
             exp = est.rows(exp, self.dist)
             if self.cfg.rollout.mask_truncated:  # DAPO's overlong filtering
                 exp = replace(exp, response_mask=exp.response_mask * exp.stopped.unsqueeze(1))
-        with t("update"):  # 6. PPO epochs over shuffled mini-batches
+        with timer("update"):  # 6. PPO epochs over shuffled mini-batches
             train_stats = self.update(exp)
-        with t("sync"):  # 6b. the rollout engine gets the actor's new weights
+        with timer("sync"):  # 6b. the rollout engine gets the actor's new weights
             self.sync_engine()
         metrics = self.metrics(batch, est, exp, train_stats)  # 7. metrics; KL controller
         metrics.update(sampling_stats)
@@ -283,25 +254,20 @@ class PPOTrainer:
     def sync_engine(self) -> None:
         """Push the actor's weights into the rollout engine if it holds older ones (after an
         actor update, after `load_models`, before the first rollout)."""
-        sync_weights(self.engine, self.roles.actor, self.weight_version)
+        self.context.sync_engine()
 
     def synced_engine(self) -> RolloutEngine:
         """The rollout engine, holding the actor's current weights (training, evaluation)."""
-        self.sync_engine()
-        return self.engine
+        return self.context.synced_engine()
 
-    def rollout_side(self, device: torch.device) -> partial:
-        """How a spawned rollout worker builds its own side on `device` (`RolloutSide`,
-        from this run's resolved config and scoring plan): picklable, called there."""
-        return partial(RolloutSide, self.cfg, device, self.plan)
-
-    def score(self, ro: Rollout, scores: torch.Tensor) -> Experience:
-        """Phase 3 as the scoring plan says; refuses non-finite log-probs or values (the
-        previous update diverged)."""
+    def make_experience(self, ro: Rollout) -> Experience:
+        """Phase 3: the scoring passes as the scoring plan says (timed as `score`), with the
+        estimators' extra inputs that sampling produced carried by name; refuses non-finite
+        log-probs or values (the previous update diverged)."""
         roles = self.roles
         exp = build_experience(
             ro.gen,
-            scores,
+            ro.scores,
             ro.group_ids,
             self.plan,
             actor=roles.actor,
@@ -310,10 +276,8 @@ class PPOTrainer:
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
         )
-        if ro.baselines is not None:
-            exp = replace(exp, reward_baselines=ro.baselines.to(exp.scores.device))
-        if ro.components is not None:
-            exp = replace(exp, score_components=ro.components.to(exp.scores.device))
+        sampled = sampled_inputs(ro)
+        exp = replace(exp, **{k: v.to(exp.scores.device) for k, v in sampled.items()})
         for role, tensor in (("actor", exp.old_logprobs), ("critic", exp.values)):
             if tensor is not None and not bool(torch.isfinite(tensor).all()):
                 what = "log-probs" if role == "actor" else "values"
@@ -561,25 +525,3 @@ class PPOTrainer:
         for role in self.trained.values():
             role.load(folder)
         self.weight_version += 1  # the engine gets these at the next rollout
-
-
-class RolloutSide:
-    """What a spawned rollout worker process builds of the trainer (`trainer.workers`,
-    rollout.worker_start=spawn): the tokenizer, the actor module, the reward source and the
-    hf engine on the worker's device, by the trainer's own builders
-    (`setup.load_rollout_roles`, `build_engine`), and the on-policy sampler that reads them
-    as it reads the trainer's. Never the optimizers, the reference or a critic model. The
-    actor's weights (and so the policy version) come from the shared `WeightBox`."""
-
-    precision = PPOTrainer.precision
-    sync_engine = PPOTrainer.sync_engine
-    synced_engine = PPOTrainer.synced_engine
-
-    def __init__(self, cfg: Config, device: torch.device, plan: ScoringPlan) -> None:
-        self.cfg, self.device, self.plan, self.dist = cfg, device, plan, Dist()
-        self.roles = load_rollout_roles(cfg, device)
-        self.engine = build_engine(cfg, self.roles.actor, self.roles.tokenizer, device)
-        self.timer = PhaseTimer()
-        self.weight_version = self.policy_version = 0
-        self.on_policy = OnPolicy(self)
-        self.on_policy.overlap = True  # a worker samples ahead: it scores as samples finish

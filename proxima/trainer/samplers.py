@@ -1,5 +1,7 @@
 """Phases 1-2 as samplers chosen once (`build_sampler`): `sample()` returns this rank's share
 of an iteration's scored batch and its sampling stats; `step()` never asks which one runs.
+They read a `RolloutContext` (`trainer.context`: the engine, the prompts, the reward source,
+the clock, ...), never the trainer, so a rollout worker runs them on a context of its own.
 
 - `OnPolicy`: one round: the next prompts, generated from the current weights and scored,
   with what the estimator needs of sampling (`PREPARE`).
@@ -22,8 +24,7 @@ from dataclasses import replace
 
 import torch
 
-from proxima.algos import ADVANTAGE_ESTIMATORS, overlong_penalty
-from proxima.config.run import run_plan
+from proxima.algos import overlong_penalty
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.collect import (
     Rollout,
@@ -32,14 +33,17 @@ from proxima.rollout.collect import (
     reward_args,
     rollout_from_state,
     rollout_state,
+    rollout_state_fits,
     score_rollout,
     select_groups,
 )
 from proxima.rollout.episodes import episode_stats
+from proxima.trainer.context import RolloutContext
 from proxima.trainer.health import NonFiniteOutputsError
 from proxima.trainer.workers import Request, RolloutWorkerError, Workers
 
-Batch = tuple[Rollout, dict[str, float]]
+# a sampled batch (this rank's share) and its sampling statistics
+Sampled = tuple[Rollout, dict[str, float]]
 
 
 class Stateless:
@@ -56,14 +60,14 @@ class Stateless:
 
 
 class OnPolicy(Stateless):
-    """One round of phases 1-2 on the trainer's engine, prompts and clock: generate this
+    """One round of phases 1-2 on the context's engine, prompts and clock: generate this
     rank's share of the next prompts from the actor's current weights and score them (the
     reward source's score plus DAPO's overlong penalty when configured), then add what the
     estimator needs of sampling (`PREPARE`)."""
 
-    def __init__(self, trainer) -> None:
-        self.trainer = t = trainer
-        reward = t.roles.reward
+    def __init__(self, context: RolloutContext) -> None:
+        self.context = ctx = context
+        reward = ctx.reward
         # a source of several parts returns their raw scores too (`WeightedReward.scored`)
         scored = getattr(reward, "scored", None)
         self.scored = (
@@ -71,11 +75,11 @@ class OnPolicy(Stateless):
             if scored is not None
             else (lambda ro: (score_rollout(ro, reward), None))
         )
-        needs = ADVANTAGE_ESTIMATORS[t.cfg.algorithm.adv_estimator].needs
-        self.prepare = [PREPARE[name] for name in needs if name in PREPARE]
-        self.overlap = False  # score the parts of a batch as they finish (`Ahead` sets it)
+        self.prepare = [PREPARE[name] for name in ctx.needs if name in PREPARE]
+        # sampling ahead scores the parts of a single-turn batch as they finish
+        self.overlap = bool(ctx.run.ahead) and not ctx.run.multi_turn
 
-    def sample(self) -> Batch:
+    def sample(self) -> Sampled:
         ro, penalty = self.produce(self.next_prompts())
         return ro, self.stats(ro, penalty)
 
@@ -85,16 +89,16 @@ class OnPolicy(Stateless):
         penalty or None). A rollout worker runs this alone (`trainer.workers`). With
         `overlap` (sampling ahead), single-turn batches are scored as they finish
         (`_produce_overlapped`)."""
-        t = self.trainer
-        if self.overlap and not run_plan(t.cfg).multi_turn:
-            ro, (scores, penalty, components) = self._produce_overlapped(items)
+        ctx = self.context
+        if self.overlap:
+            ro, (scores, penalty, score_components) = self._produce_overlapped(items)
         else:
-            timer, agree = t.timer, t.dist.agree
-            with timer("generate"), t.precision(generation=True):  # 1. the actor writes
+            timer, agree = ctx.timer, ctx.dist.agree
+            with timer("generate"), ctx.precision(generation=True):  # 1. the actor writes
                 ro = agree(lambda: self.generate(items), "generation")
-            with timer("reward"), t.precision():  # 2. the reward model / function scores them
-                scores, penalty, components = agree(lambda: self.reward(ro), "the reward")
-        ro = replace(ro, scores=scores, components=components)
+            with timer("reward"), ctx.precision():  # 2. the reward model / function scores them
+                scores, penalty, score_components = agree(lambda: self.reward(ro), "the reward")
+        ro = replace(ro, scores=scores, score_components=score_components)
         for prepare in self.prepare:
             ro = prepare(self, items, ro)
         return ro, penalty
@@ -106,24 +110,24 @@ class OnPolicy(Stateless):
         reward loop). The scores are the same as the whole batch's for any reward that
         scores each sample (or each group) on its own. `time/reward` is then the wait for
         the last part's score."""
-        t = self.trainer
-        timer, agree = t.timer, t.dist.agree
-        per = max(1, t.cfg.rollout.micro_batch_size // t.cfg.rollout.n)
+        ctx = self.context
+        timer, agree = ctx.timer, ctx.dist.agree
+        per = max(1, ctx.cfg.rollout.micro_batch_size // ctx.cfg.rollout.n)
         chunks = [items[i : i + per] for i in range(0, len(items), per)]
 
         def score(ro: Rollout):
-            with t.precision():  # autocast is per thread
+            with ctx.precision():  # autocast is per thread
                 return self.reward(ro)
 
         parts, pending = [], []
         with ThreadPoolExecutor(1, thread_name_prefix="score-as-finished") as pool:
             for chunk in chunks:
-                with timer("generate"), t.precision(generation=True):
+                with timer("generate"), ctx.precision(generation=True):
                     parts.append(agree(lambda c=chunk: self.generate(c), "generation"))
                 pending.append(pool.submit(score, parts[-1]))
             with timer("reward"):  # raises on every rank when a part raised on one
                 got = agree(lambda: [f.result() for f in pending], "the reward")
-        ro = cat_rollouts(parts, t.roles.tokenizer.pad_token_id)
+        ro = cat_rollouts(parts, ctx.tokenizer.pad_token_id)
 
         def cat(k: int) -> torch.Tensor | None:
             return None if got[0][k] is None else torch.cat([g[k] for g in got])
@@ -141,57 +145,58 @@ class OnPolicy(Stateless):
     def next_prompts(self) -> list:
         """This rank's share of the next global batch of prompts (all samples of a prompt
         stay on one rank)."""
-        t = self.trainer
-        items = next(t.loader)
-        k = len(items) // t.dist.world_size
-        return items[t.dist.rank * k : (t.dist.rank + 1) * k]
+        dist = self.context.dist
+        items = next(self.context.loader)
+        k = len(items) // dist.world_size
+        return items[dist.rank * k : (dist.rank + 1) * k]
 
     def generate(self, items: list | None = None, greedy: bool = False) -> Rollout:
         """rollout.n responses to each of `items` (default: `next_prompts()`), with the
         engine's own log-probs (rollout/logprob_diff_*, rollout correction); `greedy`: one
         greedy response each (ReMax's baseline)."""
-        t = self.trainer
+        ctx = self.context
         items = self.next_prompts() if items is None else items
         try:
             ro = generate_rollout(
-                t.synced_engine(),
-                t.roles.tokenizer,
+                ctx.synced_engine(),
+                ctx.tokenizer,
                 items,
-                t.cfg.rollout,
-                t.device,
+                ctx.cfg.rollout,
+                ctx.device,
                 greedy=greedy,
                 n=1 if greedy else None,
                 logprobs=not greedy,
-                values=t.plan.values == "generation" and not greedy,
+                values=ctx.generation_values and not greedy,
             )
         except RuntimeError as err:  # torch.multinomial on inf/nan probabilities
             if "inf" in str(err) and "nan" in str(err):
                 raise NonFiniteOutputsError(f"sampling failed: {err}") from err
             raise
         # the engine holds the actor's current weights (synced above): this policy version
-        stamp = torch.full((len(ro.prompts),), t.policy_version, dtype=torch.long, device=t.device)
+        version = ctx.clock.policy_version
+        stamp = torch.full((len(ro.prompts),), version, dtype=torch.long, device=ctx.device)
         return replace(ro, versions=stamp)
 
     def reward(self, ro: Rollout) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """([B] the reward source's score of each response plus DAPO's overlong penalty
         (`reward.overlong_buffer_len`), [B] that penalty or None when it is off, [B, K] the
         raw score of each of `reward.sources` or None for a single source)."""
-        gen, cfg = ro.gen, self.trainer.cfg
-        scores, components = self.scored(ro)
+        gen, cfg = ro.gen, self.context.cfg
+        scores, score_components = self.scored(ro)
         r = cfg.reward
         if not r.overlong_buffer_len:
-            return scores, None, components
+            return scores, None, score_components
         penalty = overlong_penalty(
             gen.response_mask.sum(1).to(scores.device),
             cfg.rollout.max_response_length,
             r.overlong_buffer_len,
             r.overlong_penalty_factor,
         )
-        return scores + penalty, penalty, components
+        return scores + penalty, penalty, score_components
 
     def _penalty_stats(self, penalty: torch.Tensor) -> dict[str, float]:
         """DAPO's overlong penalty over the whole batch: its mean and the share penalised."""
-        total = self.trainer.dist.all_reduce_sum(
+        total = self.context.dist.all_reduce_sum(
             torch.tensor(
                 [float(penalty.sum()), float((penalty < 0).sum()), penalty.numel()],
                 dtype=torch.float64,
@@ -209,7 +214,7 @@ class OnPolicy(Stateless):
         mean reward of a turn."""
         sums = episode_stats(ro.episodes, ro.gen)
         keys = sorted(sums)
-        total = self.trainer.dist.all_reduce_sum(
+        total = self.context.dist.all_reduce_sum(
             torch.tensor([sums[k] for k in keys], dtype=torch.float64)
         )
         got = {k: float(v) for k, v in zip(keys, total, strict=True)}
@@ -224,13 +229,13 @@ class OnPolicy(Stateless):
 def greedy_baselines(sampler: OnPolicy, items: list, ro: Rollout) -> Rollout:
     """ReMax's baseline: a greedy response to each prompt, scored; its score (an episode's
     whole return) the baseline of the prompt's samples."""
-    t = sampler.trainer
-    with t.timer("generate"), t.precision(generation=True):
-        greedy = t.dist.agree(lambda: sampler.generate(items, greedy=True), "generation")
-    with t.timer("reward"), t.precision():
-        base = t.dist.agree(lambda: sampler.reward(greedy), "the reward")[0]
+    ctx = sampler.context
+    with ctx.timer("generate"), ctx.precision(generation=True):
+        greedy = ctx.dist.agree(lambda: sampler.generate(items, greedy=True), "generation")
+    with ctx.timer("reward"), ctx.precision():
+        base = ctx.dist.agree(lambda: sampler.reward(greedy), "the reward")[0]
     base = replace(greedy, scores=base).total_rewards()
-    return replace(ro, baselines=base.repeat_interleave(t.cfg.rollout.n))
+    return replace(ro, reward_baselines=base.repeat_interleave(ctx.cfg.rollout.n))
 
 
 # What an estimator needs (its registry entry's `needs`) that sampling supplies, by name. The
@@ -260,12 +265,12 @@ class DynamicSampling(Stateless):
 
     def __init__(self, rounds: OnPolicy, max_rounds: int) -> None:
         self.rounds, self.max_rounds = rounds, max_rounds
-        self.dist = rounds.trainer.dist
+        self.dist = rounds.context.dist
         self.told = False  # the console heard of a batch with no informative group
 
-    def sample(self) -> Batch:
+    def sample(self) -> Sampled:
         ro, stats = self.rounds.sample()
-        need = len(ro.prompts) // self.rounds.trainer.cfg.rollout.n  # groups per rank
+        need = len(ro.prompts) // self.rounds.context.cfg.rollout.n  # groups per rank
         world = self.dist.world_size
         parts, flags = [ro], []  # flags[r][q]: informative groups of rank q in round r
         while True:
@@ -313,7 +318,7 @@ class DynamicSampling(Stateless):
         """The groups `keys` ((round, rank, group) each), in that order, as one rollout on
         this rank; groups another rank generated come from it (every rank's rounds are
         gathered when several processes run)."""
-        pad = self.rounds.trainer.roles.tokenizer.pad_token_id
+        pad = self.rounds.context.tokenizer.pad_token_id
         if not self.dist.active:
             offsets = [
                 sum(int(p.group_ids.max()) + 1 for p in parts[:r]) for r in range(len(parts))
@@ -321,7 +326,7 @@ class DynamicSampling(Stateless):
             return select_groups(cat_rollouts(parts, pad), [offsets[r] + g for r, _, g in keys])
         everyone = self.dist.all_gather_object([p.to("cpu") for p in parts])  # [rank][round]
         picked = [select_groups(everyone[q][r], [g]) for r, q, g in keys]
-        return cat_rollouts(picked, pad).to(self.rounds.trainer.device)
+        return cat_rollouts(picked, pad).to(self.rounds.context.device)
 
 
 def staleness_stats(versions: torch.Tensor, trained_at: int) -> dict[str, float]:
@@ -348,7 +353,7 @@ class InProcess:
     def publish(self, index: int) -> None:
         pass  # the engine serves the trainer's weights, current at every submit
 
-    def submit(self, batch: int, weights: int, seed: int) -> Batch:
+    def submit(self, batch: int, weights: int, seed: int) -> Sampled:
         with preserve_rng():
             seed_everything(seed)
             return self.inner.sample()
@@ -356,7 +361,7 @@ class InProcess:
     def sent(self, batch: int) -> bool:
         return False
 
-    def receive(self, batch: int) -> tuple[int, Batch]:
+    def receive(self, batch: int) -> tuple[int, Sampled]:
         raise AssertionError("a batch sampled in the trainer's process is never waited for")
 
     def close(self) -> None:
@@ -369,8 +374,8 @@ class InWorkers:
     trainer goes on; its statistics over the ranks computed when it is received."""
 
     def __init__(self, rounds: OnPolicy, count: int, threads: int, staleness: int) -> None:
-        self.rounds, self.trainer = rounds, rounds.trainer
-        self.workers = Workers(rounds.trainer, count, threads, staleness)
+        self.rounds, self.context = rounds, rounds.context
+        self.workers = Workers(rounds.context, count, threads, staleness, OnPolicy)
 
     def start(self, index: int) -> None:
         self.workers.start(index)
@@ -386,7 +391,7 @@ class InWorkers:
     def sent(self, batch: int) -> bool:
         return self.workers.pending(batch)
 
-    def receive(self, batch: int) -> tuple[int, Batch]:
+    def receive(self, batch: int) -> tuple[int, Sampled]:
         """`batch`, with its statistics (every rank receives the same batches in the same
         order); a batch that raised in its worker raises here, on every rank."""
 
@@ -396,17 +401,17 @@ class InWorkers:
                 raise RolloutWorkerError(f"batch {batch + 1} raised in its rollout worker: {error}")
             return out
 
-        t = self.trainer
-        ro, penalty, seconds = t.dist.agree(local, "generation")
-        ro = ro.to(t.device)
+        dist = self.context.dist
+        ro, penalty, seconds = dist.agree(local, "generation")
+        ro = ro.to(self.context.device)
         stats = self.rounds.stats(ro, penalty)
         tokens = float(ro.gen.response_mask.sum())
         keys = ("generate", "reward", "token_version")
         times = torch.tensor([*(seconds.get(k, 0.0) for k in keys), tokens])
-        times = t.dist.all_reduce_sum(times) / t.dist.world_size
+        times = dist.all_reduce_sum(times) / dist.world_size
         stats["time/worker_generate"] = float(times[0])
         stats["time/worker_reward"] = float(times[1])
-        stats["tokens_per_s"] = float(times[3] / max(float(times[0]), 1e-9)) * t.dist.world_size
+        stats["tokens_per_s"] = float(times[3] / max(float(times[0]), 1e-9)) * dist.world_size
         if "token_version" in seconds:  # partial rollouts: the mean version of the tokens
             stats["rollout/token_version_mean"] = float(times[2])
         return batch, (ro, stats)
@@ -431,28 +436,30 @@ class Ahead:
     batches need the checkpoint's weights, and are sampled again after a resume, with the
     same prompts and seeds: a resumed run trains what the uninterrupted one would have."""
 
-    def __init__(self, trainer, staleness: int, backend: InProcess | InWorkers) -> None:
-        self.trainer, self.k, self.backend = trainer, staleness, backend
-        self.ready: dict[int, Batch] = {}  # sampled, not yet trained, by the iteration that will
+    def __init__(
+        self, context: RolloutContext, staleness: int, backend: InProcess | InWorkers
+    ) -> None:
+        self.context, self.k, self.backend = context, staleness, backend
+        self.ready: dict[int, Sampled] = {}  # sampled, not yet trained, by the iteration that will
         self.first: int | None = None  # the iteration this run started the pipeline at
         self.drawn = 0  # the batches before this one are submitted (their prompts drawn)
-        self.taken: tuple[int, Batch] | None = None  # the batch the last `sample` returned
+        self.taken: tuple[int, Sampled] | None = None  # the batch the last `sample` returned
 
     def _seed(self, batch: int) -> int:
-        t = self.trainer
-        return (t.cfg.trainer.seed * 1_000_003 + batch) * 4099 + t.dist.rank
+        ctx = self.context
+        return (ctx.cfg.trainer.seed * 1_000_003 + batch) * 4099 + ctx.dist.rank
 
-    def sample(self) -> Batch:
-        t = self.trainer
-        i = t.iteration
+    def sample(self) -> Sampled:
+        ctx = self.context
+        i = ctx.clock.iteration
         if self.first is None:  # the first rollout of this process: the workers start
             self.first, self.drawn = i, i + len(self.ready)
             self.backend.start(i)
         self.backend.publish(i)  # the weights of iteration i, for the batch i + k
         made = []
         # no batch past the run's last: it would be sampled, held and never trained
-        end = min(i + self.k, max(i, t.cfg.trainer.iterations - 1))
-        if isinstance(self.backend, InProcess) and end > self.drawn and t.dist.is_main:
+        end = min(i + self.k, max(i, ctx.cfg.trainer.iterations - 1))
+        if isinstance(self.backend, InProcess) and end > self.drawn and ctx.dist.is_main:
             print(  # the first of these waits holds up iteration i for minutes at a large k
                 f"sampling batches {self.drawn + 1}-{end + 1} ahead in the trainer's process "
                 f"(rollout.max_staleness={self.k}, rollout.workers=0)",
@@ -465,21 +472,20 @@ class Ahead:
             if got is not None:
                 self.ready[j] = got
                 made.append(got[0])
-        with t.timer("generate"):  # waiting for a worker: the time the overlap did not hide
+        with ctx.timer("generate"):  # waiting for a worker: the time the overlap did not hide
             ro, stats = self._take(i)
         self.taken = (i, (ro, stats))
-        out = {**stats, **staleness_stats(t.dist.gather_rows(ro.versions), t.policy_version)}
+        version = ctx.clock.policy_version
+        out = {**stats, **staleness_stats(ctx.dist.gather_rows(ro.versions), version)}
         if "rollout/token_version_mean" in stats:  # partial rollouts: over the tokens
-            out["rollout/token_staleness_mean"] = (
-                t.policy_version - stats["rollout/token_version_mean"]
-            )
+            out["rollout/token_staleness_mean"] = version - stats["rollout/token_version_mean"]
         if isinstance(self.backend, InProcess):  # the speed of the rollouts made just now
             tokens = sum(float(r.gen.response_mask.sum()) for r in made)
-            tokens = float(t.dist.all_reduce_sum(torch.tensor(tokens)))
-            out["tokens_per_s"] = tokens / max(t.timer.last["generate"], 1e-9)
+            tokens = float(ctx.dist.all_reduce_sum(torch.tensor(tokens)))
+            out["tokens_per_s"] = tokens / max(ctx.timer.last["generate"], 1e-9)
         return ro, out
 
-    def _take(self, batch: int) -> Batch:
+    def _take(self, batch: int) -> Sampled:
         while batch not in self.ready:
             got, produced = self.backend.receive(batch)
             self.ready[got] = produced
@@ -488,41 +494,43 @@ class Ahead:
     def state_dict(self) -> dict:
         """Each rank's batches sampled ahead (waited for), from the next iteration on; every
         rank calls it."""
-        t = self.trainer
-        for j in range(t.iteration, self.drawn):
+        ctx = self.context
+        for j in range(ctx.clock.iteration, self.drawn):
             if j not in self.ready and not self.backend.sent(j):
                 break  # lost with a batch that raised: sampled again after a resume
             try:
                 self.ready[j] = self._take(j)
             except RolloutWorkerError:  # on every rank (`agree`): keep what came before
                 break
-        mine, j = {}, t.iteration
+        mine, j = {}, ctx.clock.iteration
         while j in self.ready:
             ro, stats = self.ready[j]
             mine[j] = {"rollout": rollout_state(ro), "stats": dict(stats)}
             j += 1
-        return {"ready": t.dist.all_gather_object(mine)}
+        return {"ready": ctx.dist.all_gather_object(mine)}
 
     def load_state_dict(self, state: dict) -> None:
         """This rank's batches sampled ahead; none when the checkpoint was written by another
-        number of processes (its rows are not this rank's) or synchronously: the next
-        iterations sample their own, from the current weights."""
-        dist, ready = self.trainer.dist, state.get("ready") or []
+        number of processes (its rows are not this rank's), with other `Rollout` fields than
+        this code's, or synchronously: the next iterations sample their own, from the
+        current weights."""
+        dist, ready = self.context.dist, state.get("ready") or []
         self.ready = {}
-        if len(ready) == dist.world_size:
-            for j, got in ready[dist.rank].items():
-                ro = rollout_from_state(got["rollout"], self.trainer.device)
+        mine = ready[dist.rank] if len(ready) == dist.world_size else {}
+        if all(rollout_state_fits(got["rollout"]) for got in mine.values()):
+            for j, got in mine.items():
+                ro = rollout_from_state(got["rollout"], self.context.device)
                 self.ready[int(j)] = (ro, got["stats"])
 
-    def snapshot(self) -> tuple[dict[int, Batch], int]:
+    def snapshot(self) -> tuple[dict[int, Sampled], int]:
         return dict(self.ready), self.drawn
 
-    def restore(self, snapshot: tuple[dict[int, Batch], int]) -> None:
+    def restore(self, snapshot: tuple[dict[int, Sampled], int]) -> None:
         """The batches ahead as the iteration found them, with the one it took back and those
         received since (a worker sends each batch once); the prompts drawn since are drawn
         again (the loader is put back too), and a batch submitted since is not sent again."""
         ready, self.drawn = {**self.ready, **snapshot[0]}, snapshot[1]
-        if self.taken is not None and self.taken[0] >= self.trainer.iteration:
+        if self.taken is not None and self.taken[0] >= self.context.clock.iteration:
             ready[self.taken[0]] = self.taken[1]
         self.ready = ready
 
@@ -530,17 +538,15 @@ class Ahead:
         self.backend.close()
 
 
-def build_sampler(trainer) -> tuple[OnPolicy, OnPolicy | DynamicSampling | Ahead]:
+def build_sampler(context: RolloutContext) -> tuple[OnPolicy, OnPolicy | DynamicSampling | Ahead]:
     """(the on-policy round, the sampler `step()` calls), chosen once from the config."""
-    cfg = trainer.cfg
-    rounds = sampler = OnPolicy(trainer)
+    cfg, plan = context.cfg, context.run
+    rounds = sampler = OnPolicy(context)
     if cfg.algorithm.filter_groups:
         sampler = DynamicSampling(rounds, cfg.algorithm.max_gen_batches)
-    r, plan = cfg.rollout, run_plan(cfg)
-    rounds.overlap = bool(plan.ahead)  # sampling ahead scores as samples finish
     if plan.workers:
-        backend = InWorkers(rounds, r.workers, r.worker_threads, r.max_staleness)
-        sampler = Ahead(trainer, r.max_staleness, backend)
-    elif r.max_staleness:
-        sampler = Ahead(trainer, r.max_staleness, InProcess(sampler))
+        backend = InWorkers(rounds, plan.workers, plan.worker_threads, plan.ahead)
+        sampler = Ahead(context, plan.ahead, backend)
+    elif plan.ahead:
+        sampler = Ahead(context, plan.ahead, InProcess(sampler))
     return rounds, sampler

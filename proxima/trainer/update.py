@@ -163,13 +163,13 @@ class PolicyObjective:
         return replace(self, values_only=True) if self.critic is not None else None
 
     def __call__(self, model: torch.nn.Module, mb: Experience):
-        r, t = mb.response_mask.shape[1], self.temperature
+        r, temperature = mb.response_mask.shape[1], self.temperature
         keep = mb.response_mask.bool()  # the positions the loss counts: the head's only ones
         if self.critic is None:
-            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, t, keep)
+            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, temperature, keep)
             return self.policy_terms(logits, mb)
         logits, values = response_logits_values(
-            model, mb.input_ids, mb.attention_mask, r, t, self.values_only, keep
+            model, mb.input_ids, mb.attention_mask, r, temperature, self.values_only, keep
         )
         vf, vf_stats = self.critic.value_terms(values, mb)
         stats = {f"critic/{k}": v for k, v in vf_stats.items()}

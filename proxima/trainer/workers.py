@@ -3,15 +3,15 @@
 from the weights the trainer publishes into shared memory.
 
 Workers start at the first rollout, as `rollout.worker_start` says (`start_method`):
-- fork (an actor on the CPU): the trainer process forked; the worker inherits the built roles
-  (the tokenizer, the actor, the reward source, a task's environment) and serves its own
-  copy of the actor with the `hf` engine, dropping what it never uses (the optimizers, the
-  reference);
+- fork (an actor on the CPU): the trainer process forked; the worker reads the fork's copy
+  of the trainer's rollout context (`RolloutContext.for_worker`: the tokenizer, the actor,
+  the reward source, a task's environment, the `hf` engine serving its own copy of the
+  actor) and nothing else of the trainer's;
 - spawn (an actor on a GPU: a CUDA process cannot be forked): a fresh process that builds
-  what it uses from the run's resolved config with the trainer's builders
-  (`ppo.RolloutSide`: tokenizer, actor module, reward source, engine; never the optimizers,
-  the reference or a critic model) on its device (`rollout.devices`, default the actor's:
-  the workers share its GPU).
+  its context from the run's resolved config with the trainer's builders
+  (`context.spawned_context`: tokenizer, actor module, reward source, engine; never the
+  optimizers, the reference or a critic model) on its device (`rollout.devices`, default
+  the actor's: the workers share its GPU).
 Either runs one request after the other: (batch index, prompts, the weights it must be
 sampled from, its seed).
 
@@ -59,7 +59,7 @@ import torch
 
 from proxima.config import ConfigError
 from proxima.rng import seed_everything
-from proxima.trainer.dist import Dist
+from proxima.trainer.context import RolloutContext, spawned_context
 from proxima.trainer.setup import resolve_device
 
 POLL_S = 0.5  # how often a wait checks that the other side is alive
@@ -136,16 +136,17 @@ class PartialRollouts:
     policy version of every step of every micro-batch, to stamp each sample with its first
     token's version and measure the mean over its tokens."""
 
-    def __init__(self, box: WeightBox, trainer, index: int) -> None:
-        self.box, self.trainer, self.index = box, trainer, index
+    def __init__(self, box: WeightBox, context: RolloutContext, index: int) -> None:
+        self.box, self.context, self.index = box, context, index
         self.steps: list[tuple[int, list[int]]] = []  # (rows, the version of each step)
 
     def __call__(self, step: int, rows: int) -> None:
         if step == 0:
             self.steps.append((rows, []))
+        clock = self.context.clock
         if self.box.index.value > self.index:
-            self.index, self.trainer.policy_version = self.box.take(self.trainer.roles.actor)
-        self.steps[-1][1].append(self.trainer.policy_version)
+            self.index, clock.policy_version = self.box.take(self.context.actor)
+        self.steps[-1][1].append(clock.policy_version)
 
     def stamp(self, ro):
         """`ro` with each row's first-token version, and the mean version of its tokens."""
@@ -181,27 +182,19 @@ def _signals_ignored():
             signal.signal(sig, handler)
 
 
-def _forked(trainer):
-    """The trainer, in a forked worker: without what the worker never uses."""
-    t = trainer
-    t.dist = Dist()  # no collective from here: the process group is the trainer's
-    t.timer.listener = None  # the console is the trainer's
-    t.trained, t.objectives, t.roles.reference = {}, {}, None  # never used here: freed
-    return t
-
-
-def _serve(build, box: WeightBox, conn, started, slot: int, threads: int, parent: int) -> None:
-    """A worker's loop: requests in, produced batches out. `build()`: what phases 1-2 read
-    of the trainer (`_forked`, or a spawned worker's own `ppo.RolloutSide`)."""
+def _serve(build, sampler, box: WeightBox, conn, started, slot: int, threads: int, parent: int):
+    """A worker's loop: requests in, produced batches out. `build()`: the worker's rollout
+    context (`RolloutContext.for_worker` of the trainer's, or `spawned_context`), which
+    `sampler` (the on-policy round's class) samples with."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     if os.getppid() != parent:  # the trainer was gone before the line above ran
         os._exit(0)
     torch.set_num_threads(threads)
-    t = build()
-    policy = t.roles.actor
-    partial = t.cfg.rollout.partial_rollouts
+    ctx = build()
+    rounds = sampler(ctx)
+    partial = ctx.cfg.rollout.partial_rollouts
     outbox: queue.Queue = queue.Queue()
     threading.Thread(target=_send_results, args=(conn, outbox), daemon=True).start()
     while True:
@@ -215,17 +208,17 @@ def _serve(build, box: WeightBox, conn, started, slot: int, threads: int, parent
             time.sleep(0.001)
             if os.getppid() != parent:
                 return
-        index, t.policy_version = box.take(policy)
+        index, ctx.clock.policy_version = box.take(ctx.actor)
         started[slot] = request.batch
-        t.timer.new_iteration()
+        ctx.timer.new_iteration()
         seed_everything(request.seed)
         if partial:
-            t.engine.on_step = PartialRollouts(box, t, index)
+            ctx.engine.on_step = PartialRollouts(box, ctx, index)
         try:
-            ro, penalty = t.on_policy.produce(request.items)
-            seconds = dict(t.timer.last)
+            ro, penalty = rounds.produce(request.items)
+            seconds = dict(ctx.timer.last)
             if partial:  # the mean version of the tokens travels with the phase seconds
-                ro, seconds["token_version"] = t.engine.on_step.stamp(ro)
+                ro, seconds["token_version"] = ctx.engine.on_step.stamp(ro)
             penalty = None if penalty is None else penalty.cpu()
             out = (request.batch, (ro.to("cpu"), penalty, seconds), None)
         except Exception as err:  # noqa: BLE001 - sent to the trainer, raised there
@@ -257,20 +250,24 @@ def start_method(cfg, device: torch.device) -> str:
 
 class Workers:
     """`rollout.workers` processes started at `start`: forked from the trainer, or spawned
-    (each building its own actor copy on its `rollout.devices` entry); batch j goes to
-    worker j mod N."""
+    (each building its own actor copy on its `rollout.devices` entry), each sampling with
+    a `sampler` (the on-policy round's class) on its own context; batch j goes to worker
+    j mod N."""
 
-    def __init__(self, trainer, count: int, threads: int, staleness: int) -> None:
-        self.method = start_method(trainer.cfg, trainer.device)
+    def __init__(
+        self, context: RolloutContext, count: int, threads: int, staleness: int, sampler
+    ) -> None:
+        ctx = self.context = context
+        self.method = start_method(ctx.cfg, ctx.device)
         where = ""
-        if trainer.dist.strategy == "fsdp2":
+        if ctx.dist.strategy == "fsdp2":
             where = (
                 "FSDP2 shards the actor, and a worker serves a copy of the whole of it "
                 "(gathered from the shards at every publish: not built)"
             )
-        elif self.method == "fork" and trainer.device.type != "cpu":
+        elif self.method == "fork" and ctx.device.type != "cpu":
             where = (
-                f"the actor is on {trainer.device} and rollout.worker_start=fork: a CUDA "
+                f"the actor is on {ctx.device} and rollout.worker_start=fork: a CUDA "
                 "process cannot be forked (rollout.worker_start=spawn or auto spawns them)"
             )
         if where:
@@ -279,13 +276,13 @@ class Workers:
                 "Or use rollout.workers=0: the batches are sampled ahead in the trainer's "
                 "process, with the same staleness."
             )
-        names = trainer.cfg.rollout.devices
+        names = ctx.cfg.rollout.devices
         self.devices = (
-            [resolve_device(d, trainer.dist.local_rank, "rollout.devices") for d in names]
+            [resolve_device(d, ctx.dist.local_rank, "rollout.devices") for d in names]
             if names
-            else [trainer.device]
+            else [ctx.device]
         )
-        self.trainer, self.count, self.threads, self.k = trainer, count, threads, staleness
+        self.sampler, self.count, self.threads, self.k = sampler, count, threads, staleness
         self.procs: list = []
         self.conns: list = []
         self.sent: dict[int, int] = {}  # batch -> worker, until its result is received
@@ -297,20 +294,25 @@ class Workers:
     def start(self, index: int) -> None:
         """Start the workers, the box holding the trainer's weights of iteration `index`. A
         spawned worker gets the box's shared host tensors themselves (torch's reductions
-        pass their memory, not a copy) and builds its side (`trainer.rollout_side`)."""
-        t = self.trainer
-        ctx = mp.get_context(self.method)
-        self.box = WeightBox(t.roles.actor, ctx)
-        self.box.publish(t.roles.actor, index, t.policy_version)
-        self.started = ctx.Array("q", [-1] * self.count, lock=False)
+        pass their memory, not a copy) and builds its context (`spawned_context`)."""
+        rollout = self.context
+        mp_ctx = mp.get_context(self.method)
+        self.box = WeightBox(rollout.actor, mp_ctx)
+        self.box.publish(rollout.actor, index, rollout.clock.policy_version)
+        self.started = mp_ctx.Array("q", [-1] * self.count, lock=False)
         for slot in range(self.count):
-            mine, theirs = ctx.Pipe()
+            mine, theirs = mp_ctx.Pipe()
             if self.method == "fork":
-                build = functools.partial(_forked, t)
+                build = rollout.for_worker
             else:
-                build = t.rollout_side(self.devices[slot % len(self.devices)])
-            args = (build, self.box, theirs, self.started, slot, self.threads, os.getpid())
-            proc = ctx.Process(target=_serve, args=args, name=f"rollout-worker-{slot}")
+                device = self.devices[slot % len(self.devices)]
+                build = functools.partial(
+                    spawned_context, rollout.cfg, device, rollout.generation_values
+                )
+            args = (build, self.sampler, self.box, theirs, self.started, slot, self.threads)
+            proc = mp_ctx.Process(
+                target=_serve, args=(*args, os.getpid()), name=f"rollout-worker-{slot}"
+            )
             proc.daemon = True
             with _signals_ignored():
                 proc.start()
@@ -327,10 +329,9 @@ class Workers:
             return
         last = index - 1 + self.k  # the last batch sampled from the weights of index - 1
         for batch, slot in list(self.sent.items()):
-            if batch <= last and not self.trainer.cfg.rollout.partial_rollouts:
+            if batch <= last and not self.context.cfg.rollout.partial_rollouts:
                 self._wait(slot, lambda s=slot, b=batch: self.started[s] >= b)
-        t = self.trainer
-        self.box.publish(t.roles.actor, index, t.policy_version)
+        self.box.publish(self.context.actor, index, self.context.clock.policy_version)
 
     def submit(self, request: Request) -> None:
         """Queue `request` for its worker, sent now if it holds fewer than `IN_FLIGHT`."""

@@ -27,6 +27,8 @@ from proxima.rollout.engines import engine_class
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
+from proxima.trainer.context import Clock
+from proxima.trainer.samplers import OnPolicy
 from proxima.trainer.setup import check_rollout_devices
 from proxima.trainer.workers import (
     IN_FLIGHT,
@@ -166,10 +168,10 @@ def test_how_workers_start_and_where_they_run(files):
     assert start_method(gpus, torch.device("cpu")) == "spawn"
 
 
-def test_what_workers_refuse_when_the_trainer_is_built(files):
+def test_what_workers_refuse_when_they_are_built(files):
     cfg = nano_trainer(files, ASYNC).cfg
 
-    def trainer(device, strategy="none", start="auto"):
+    def context(device, strategy="none", start="auto"):
         return SimpleNamespace(
             cfg=cfg.replace({"rollout.worker_start": start}),
             device=torch.device(device),
@@ -178,10 +180,10 @@ def test_what_workers_refuse_when_the_trainer_is_built(files):
 
     # model.device=auto resolved to a GPU: fork is refused there, auto spawns
     with pytest.raises(ConfigError, match="actor is on cuda:0 and rollout.worker_start=fork"):
-        Workers(trainer("cuda:0", start="fork"), 1, 1, 1)
-    assert Workers(trainer("cuda:0"), 1, 1, 1).method == "spawn"
+        Workers(context("cuda:0", start="fork"), 1, 1, 1, OnPolicy)
+    assert Workers(context("cuda:0"), 1, 1, 1, OnPolicy).method == "spawn"
     with pytest.raises(ConfigError, match="FSDP2 shards the actor.*rollout.workers=0"):
-        Workers(trainer("cpu", strategy="fsdp2"), 1, 1, 1)
+        Workers(context("cpu", strategy="fsdp2"), 1, 1, 1, OnPolicy)
 
 
 def test_max_staleness_0_is_the_synchronous_sampler(files):
@@ -275,6 +277,10 @@ def test_the_batches_sampled_ahead_round_trip_through_the_state(files, tmp_path,
     # another number of processes than the checkpoint's: its rows are not this rank's
     fresh.load_state_dict({**state, "sampler": {"ready": [mine, mine]}})
     assert fresh.sampler.ready == {}  # the next iterations sample their own batches
+    # rollouts of other fields than this code's: sampled again, never misread
+    other = {j: {**got, "rollout": {**got["rollout"], "other": None}} for j, got in mine.items()}
+    fresh.load_state_dict({**state, "sampler": {"ready": [other]}})
+    assert fresh.sampler.ready == {}
 
 
 def test_config_defaults_and_refusals(files):
@@ -362,13 +368,13 @@ def test_a_failed_iteration_keeps_the_batches_ahead_and_replays_exactly(files, w
     b.close()
 
 
-def test_a_batch_that_raises_in_its_worker_raises_in_the_trainer(files):
+def test_a_batch_that_raises_in_its_worker_raises_in_the_trainer(files, monkeypatch):
     trainer = nano_trainer(files, ASYNC)
 
-    def boom(items):
+    def boom(self, items):
         raise ValueError("the reward server is down")
 
-    trainer.on_policy.produce = boom  # the worker is forked with it
+    monkeypatch.setattr(OnPolicy, "produce", boom)  # the worker is forked with it
     with pytest.raises(
         RolloutWorkerError,
         match="batch 1 raised in its rollout worker: ValueError: the reward server is down",
@@ -430,17 +436,14 @@ def test_partial_rollouts_take_newer_weights_between_decode_steps():
     box = WeightBox(model, ctx)
     box.publish(model, index=3, version=5)
 
-    class Trainer:  # what the hook reads of the worker's trainer
-        roles = SimpleNamespace(actor=torch.nn.Linear(2, 2))
-        policy_version = 5
-
-    t = Trainer()
+    # what the hook reads of the worker's context
+    t = SimpleNamespace(actor=torch.nn.Linear(2, 2), clock=Clock(policy_version=5))
     hook = PartialRollouts(box, t, index=3)
     hook(0, 2)  # a micro-batch of two rows starts: nothing newer
     newer = torch.nn.Linear(2, 2)
     box.publish(newer, index=4, version=6)  # an update lands during the generation
     hook(1, 2)
-    assert torch.equal(t.roles.actor.weight, newer.weight)  # taken before step 1
+    assert torch.equal(t.actor.weight, newer.weight)  # taken before step 1
     hook(2, 2)
     hook(0, 1)  # the next micro-batch, one row, from the new weights
     assert [v for _, v in hook.steps] == [[5, 6, 6], [6]]

@@ -204,8 +204,8 @@ def _full_rollout(b: int = 4, p: int = 2, r: int = 3) -> Rollout:
         columns={"answer": [f"a{i}" for i in range(b)], "n": list(range(b))},
         group_ids=per_row // 2,
         scores=per_row.float(),
-        baselines=per_row.float() + 10,
-        components=torch.stack([per_row.float(), per_row.float() * 2], dim=1),
+        reward_baselines=per_row.float() + 10,
+        score_components=torch.stack([per_row.float(), per_row.float() * 2], dim=1),
         episodes=[{"turns": i} for i in range(b)],
         versions=per_row + 100,
     )

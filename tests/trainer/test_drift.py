@@ -171,7 +171,7 @@ def test_a_step_logs_drift_and_the_reference_likelihood_with_a_reference(files, 
     extra += [] if reference else ["algorithm.use_kl_in_reward=false"]
     trainer = nano_trainer(files, *extra)
     metrics, ro = trainer.step()
-    exp = trainer.score(ro, ro.scores)  # the same batch scored again: the same log-probs
+    exp = trainer.make_experience(ro)  # the same batch again: the same reference log-probs
     mask = ro.gen.response_mask
     ref = exp.ref_logprobs if reference else None
     want = drift_metrics(ro.gen.response_ids, mask, dominated(ro.responses), ref)

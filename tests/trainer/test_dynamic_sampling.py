@@ -160,7 +160,7 @@ def test_dynamic_sampling_that_keeps_every_group_trains_as_without_it_beside_rew
         assert m_dapo["dapo/gen_batches"] == 1
         assert {"reward/first", "reward/sevens"} <= m_dapo.keys()
         assert _comparable(m_dapo) == _comparable(m_plain)
-        assert torch.equal(ro_dapo.components, ro_plain.components)
+        assert torch.equal(ro_dapo.score_components, ro_plain.score_components)
 
 
 def test_dynamic_sampling_carries_each_sources_score_of_the_kept_groups(files):
@@ -173,8 +173,8 @@ def test_dynamic_sampling_carries_each_sources_score_of_the_kept_groups(files):
         "algorithm.max_gen_batches=10",
     )
     assert metrics["dapo/gen_batches"] > 1 and metrics["dapo/groups_kept"] == 8
-    assert ro.components is not None and ro.components.shape == (16, 2)
-    first, sevens = ro.components[:, 0], ro.components[:, 1]
+    assert ro.score_components is not None and ro.score_components.shape == (16, 2)
+    first, sevens = ro.score_components[:, 0], ro.score_components[:, 1]
     # each row's own score from each source, whichever round it came from
     assert torch.equal(sevens, torch.tensor(fn(ro.prompts, ro.responses)))
     odd = torch.tensor([int(p[0]) % 2 == 1 for p in ro.prompts])

@@ -45,7 +45,7 @@ def test_the_sampler_is_chosen_once_from_the_config(files, extra, kinds):
             None,
         )
     assert chain == kinds
-    assert chain[-1] is OnPolicy and trainer.on_policy.trainer is trainer
+    assert chain[-1] is OnPolicy and trainer.on_policy.context is trainer.context
 
 
 def test_the_state_registry_saves_loads_and_undoes_in_registration_order():
