@@ -7,7 +7,8 @@
    on 64 x 64 (the scoring pass), and what compiling costs;
 3. where an eager forward + backward spends its time (torch.profiler, top ops).
 
-    .venv/bin/python benchmarks/bench_cpu_levers.py [--threads 2] [--repeats 5] [--skip-compile]
+    .venv/bin/python -m benchmarks.bench_cpu_levers [--threads 2] [--repeats 5] [--skip-compile]
+    .venv/bin/python -m benchmarks.bench_cpu_levers --smoke   # 1 repeat, no compile: seconds
 
 bfloat16 pays where the CPU has native bf16 dot products (AVX512-BF16, AMX) or on a GPU;
 without them PyTorch converts and the matmuls get slower, not faster. Run this before picking
@@ -18,20 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common.timing import median_seconds
 
 
 def cpu_flags() -> list[str]:
@@ -158,7 +150,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-compile", action="store_true", help="skip the torch.compile part")
+    p.add_argument("--smoke", action="store_true", help="1 thread, 1 repeat, no torch.compile")
     args = p.parse_args()
+    if args.smoke:
+        args.threads, args.repeats, args.skip_compile = 1, 1, True
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
           f"flags: {' '.join(cpu_flags()) or '-'}, {args.threads} threads")  # fmt: skip

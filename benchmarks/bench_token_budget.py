@@ -1,8 +1,9 @@
 """Token-budget micro-batches against fixed ones: one actor update (PPO loss, backward) of a
 mini-batch whose prompts and responses vary in length, as sampled responses that stop at EOS do.
 
-    .venv/bin/python benchmarks/bench_token_budget.py [--rows 64] [--repeats 5] [--threads 2]
+    .venv/bin/python -m benchmarks.bench_token_budget [--rows 64] [--repeats 5] [--threads 2]
         [--budgets 2048 1024 512]
+    .venv/bin/python -m benchmarks.bench_token_budget --smoke   # 16 rows of a 2-layer model
 
 The actor is W2's Llama (hidden 512, 8 layers, 8 heads, MLP 2048) with a 32,000-token
 vocabulary; prompts of 16-128 tokens, responses of 1-128 (a quarter hit the limit). Fixed:
@@ -74,16 +75,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budgets", type=int, nargs="+", default=[8 * (MAX_P + MAX_R)])
+    p.add_argument("--smoke", action="store_true", help="16 rows, 1 repeat, a 2-layer model")
     a = p.parse_args()
+    hidden, layers = (64, 2) if a.smoke else (512, 8)
+    if a.smoke:
+        a.rows, a.repeats, a.threads = 16, 1, 1
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        intermediate_size=2048,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        intermediate_size=4 * hidden,
         max_position_embeddings=MAX_P + MAX_R,
         tie_word_embeddings=False,
     )
