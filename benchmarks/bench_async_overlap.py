@@ -42,6 +42,16 @@ from benchmarks.common.timing import repo_env
 HERE = Path(__file__).resolve().parent
 # loaded by file path, by `proxima train` and `proxima serve-reward` alike
 LATENCY_TASK = HERE / "common" / "latency_task.py"
+# 16 episodes an iteration, every one of them waiting at once (a smoke run's batch)
+SMOKE_BATCH = [
+    "data.train_batch_size=4",
+    "rollout.n=4",
+    "actor.ppo_mini_batch_size=16",
+    "actor.ppo_micro_batch_size=16",
+    "critic.ppo_mini_batch_size=16",
+    "critic.ppo_micro_batch_size=16",
+    "rollout.env.workers=16",
+]
 PHASES = ("generate", "reward", "score", "advantages", "update", "sync")
 
 # name -> overrides; the synchronous run has both cores, an asynchronous one splits them
@@ -149,7 +159,7 @@ def main() -> None:
     ARGS = p.parse_args()
     if ARGS.smoke:  # k=1 fills its pipeline in 2 iterations: the 3rd is its steady state
         ARGS.seeds, ARGS.configs = [0], ["sync", "k=1, 1 worker"]
-        ARGS.iterations, ARGS.set = 3, [*SMOKE_TASK, *ARGS.set, "rollout.env.workers=4"]
+        ARGS.iterations, ARGS.set = 3, [*SMOKE_TASK, *SMOKE_BATCH, *ARGS.set]
     configs = {n: o for n, o in CONFIGS[ARGS.regime].items() if n in (ARGS.configs or [n])}
     server, url = _serve_judge() if ARGS.regime == "latency" else (None, None)
     runs: dict[str, list[dict]] = {name: [] for name in configs}
