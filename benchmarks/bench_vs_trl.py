@@ -239,15 +239,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="the whole path on the smallest workload: one cell per system (TRL left out "
-        "where it is not installed), 1 timed iteration, 1 thread; checks nothing about speed",
+        help="the whole path on the smallest workload: the fp32 and best cells of each system "
+        "(TRL left out where it is not installed), 1 timed iteration, 1 thread, fp32",
     )
     p.add_argument("--child", choices=["build", "cell"], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.smoke:
-        args.workloads, args.epochs, args.precisions = ["smoke"], [1], ["fp32"]
-        args.repeats, args.rounds, args.threads = 1, 1, 1
+    if args.smoke:  # both cells, so the shared-backbone path runs too; fp32 (seconds on any CPU)
+        args.workloads, args.epochs, args.precisions = ["smoke"], [1], ["fp32", "best"]
+        args.repeats, args.rounds, args.threads, args.best_precision = 1, 1, 1, "fp32"
+        args.proxima_best = [o for o in args.proxima_best if not o.startswith("model.mixed")]
     args.workloads = args.workloads or (["G1", "G2"] if args.device != "cpu" else ["W1", "W2"])
     if args.repeats < 1 or args.rounds < 1 or args.threads < 1 or min(args.epochs) < 1:
         raise SystemExit(
