@@ -155,13 +155,52 @@ def build_checkpoint_assets(root: Path, w: Workload, model: str) -> dict:
     }
 
 
+def _tiny_models(folder: Path, w: Workload, tok, prompt_file: Path) -> dict:
+    """The workload's actor (seed 0) and reward model (seed 1) saved under `folder`, and
+    what the systems read about them."""
+    from proxima.models.loading import quiet_transformers
+    from proxima.models.tiny import build_tiny_model, build_tiny_reward_model
+
+    dims = {
+        "hidden_size": w.hidden,
+        "num_hidden_layers": w.layers,
+        "num_attention_heads": w.heads,
+        "num_key_value_heads": w.heads,
+        "head_dim": w.head_dim,
+        "intermediate_size": w.intermediate,
+    }
+    actor = build_tiny_model("llama", tok, "tiny", max_positions=256, seed=0, **dims)
+    assert not actor.config.tie_word_embeddings
+    extra = {}
+    if w.stop_at_eos:  # responses end at EOS; pad (which TRL reads as the end) never drawn
+        extra["eos_weight"] = add_eos_bias(actor, tok.eos_token_id)
+        actor.generation_config.suppress_tokens = [tok.pad_token_id]
+    else:  # both systems sample exactly w.response tokens: EOS and pad can never be drawn
+        actor.generation_config.suppress_tokens = [tok.eos_token_id, tok.pad_token_id]
+    rm = build_tiny_reward_model("llama", tok, "tiny", seed=1, max_positions=256, **dims)
+    folders = {"actor": folder / "actor", "reward": folder / "reward"}
+    with quiet_transformers():
+        for model, key in ((actor, "actor"), (rm, "reward")):
+            model.save_pretrained(folders[key])
+            tok.save_pretrained(folders[key])
+    counts = {
+        k: sum(p.numel() for p in m.parameters()) for k, m in (("actor", actor), ("reward", rm))
+    }
+    assert counts["actor"] == llama_params(w, len(tok)), (counts, llama_params(w, len(tok)))
+    return {
+        **{k: str(v) for k, v in folders.items()},
+        "params": counts,
+        "vocab": len(tok),
+        "prompt_file": str(prompt_file),
+        **extra,
+    }
+
+
 def build_assets(
     root: Path, names: list[str], model: str = "", table: dict[str, Workload] | None = None
 ) -> dict:
     """Tokenizer, prompt file and, per workload, the actor and reward-model folders
     (`table`: the workloads by name, WORKLOADS unless a script varies one)."""
-    from proxima.models.loading import quiet_transformers
-    from proxima.models.tiny import build_tiny_model, build_tiny_reward_model
     from proxima.models.tokenizers import build_bpe_tokenizer
 
     table = table or WORKLOADS
@@ -191,41 +230,8 @@ def build_assets(
         toks[vocab] = tok
     for name in names:
         w = table[name]
-        tok = toks[w.vocab]
-        dims = {
-            "hidden_size": w.hidden,
-            "num_hidden_layers": w.layers,
-            "num_attention_heads": w.heads,
-            "num_key_value_heads": w.heads,
-            "head_dim": w.head_dim,
-            "intermediate_size": w.intermediate,
-        }
-        actor = build_tiny_model("llama", tok, "tiny", max_positions=256, seed=0, **dims)
-        assert not actor.config.tie_word_embeddings
-        extra = {}
-        if w.stop_at_eos:  # responses end at EOS; pad (which TRL reads as the end) never drawn
-            extra["eos_weight"] = add_eos_bias(actor, tok.eos_token_id)
-            actor.generation_config.suppress_tokens = [tok.pad_token_id]
-        else:  # both systems sample exactly w.response tokens: EOS and pad can never be drawn
-            actor.generation_config.suppress_tokens = [tok.eos_token_id, tok.pad_token_id]
-        rm = build_tiny_reward_model("llama", tok, "tiny", seed=1, max_positions=256, **dims)
-        folders = {"actor": root / name / "actor", "reward": root / name / "reward"}
-        with quiet_transformers():
-            for model, key in ((actor, "actor"), (rm, "reward")):
-                model.save_pretrained(folders[key])
-                tok.save_pretrained(folders[key])
-        counts = {
-            k: sum(p.numel() for p in m.parameters()) for k, m in (("actor", actor), ("reward", rm))
-        }
-        assert counts["actor"] == llama_params(w, len(tok)), (counts, llama_params(w, len(tok)))
-        info["workloads"][name] = {
-            **{k: str(v) for k, v in folders.items()},
-            "params": counts,
-            "vocab": len(tok),
-            "prompt_file": str(prompt_files[(w.vocab, *w.prompt_lengths)]),
-            **extra,
-        }
-        del actor, rm
+        prompt_file = prompt_files[(w.vocab, *w.prompt_lengths)]
+        info["workloads"][name] = _tiny_models(root / name, w, toks[w.vocab], prompt_file)
     return info
 
 

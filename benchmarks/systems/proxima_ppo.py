@@ -10,13 +10,9 @@ from benchmarks.common.workloads import KL_COEF, LR, SEED, TEMPERATURE, Workload
 from benchmarks.systems.lengths import lengths
 
 
-def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list[dict]:
-    import torch
-
-    from proxima.config import load_config
-    from proxima.trainer.ppo import PPOTrainer
-    from proxima.trainer.setup import load_prompts, load_roles
-
+def proxima_overrides(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list:
+    """The workload as `proxima train` overrides: the models, batch, sampling, KL and
+    optimizer every system shares (the cell's own overrides go after them)."""
     mb = w.mini_batch
     base = [
         f"model.actor_path={a['actor']}",
@@ -51,6 +47,19 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
             f"{role}.optim.lr={LR}",
             f"{role}.optim.grad_clip=0",  # TRL's PPO loop does not clip gradients
         ]
+    return base
+
+
+def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Path) -> list[dict]:
+    """`PPOTrainer.step()` for `iterations` iterations, each timed, with proxima's own phase
+    timer, the sampled lengths and the engine's log-prob gap to the trainer's."""
+    import torch
+
+    from proxima.config import load_config
+    from proxima.trainer.ppo import PPOTrainer
+    from proxima.trainer.setup import load_prompts, load_roles
+
+    base = proxima_overrides(spec, w, a, iterations, workdir)
     cfg = load_config(None, base + spec["overrides"])
     device = torch.device(spec["device"])
     roles = load_roles(cfg, device)
