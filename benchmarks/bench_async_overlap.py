@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common.runs import SMOKE_TASK
+from benchmarks.common.runs import SMOKE_TASK, run_quietly
 from benchmarks.common.timing import repo_env
 
 HERE = Path(__file__).resolve().parent
@@ -117,13 +117,7 @@ def _run(regime: str, overrides: list[str], seed: int, folder: Path, url: str | 
         "trainer.log_samples=0",
         f"trainer.output_dir={out}",
     ]
-    subprocess.run(
-        cmd, check=True, env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/update" in r]
-    summary = json.loads((out / "summary.json").read_text())
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rows, summary = run_quietly(cmd, out)
     k = next((int(o.split("=")[1]) for o in overrides if "max_staleness" in o), 0)
     steady = rows[k + 1 :]
     per_it = statistics.median(sum(r.get(f"time/{p}", 0.0) for p in PHASES) for r in steady)

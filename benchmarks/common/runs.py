@@ -7,6 +7,7 @@ seconds for a smoke run."""
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,19 @@ def setup(folder: Path, alphabet: str, max_positions: int) -> tuple[Path, Path]:
     return model, prompts
 
 
+def run_quietly(cmd: list[str], out: Path) -> tuple[list[dict], dict]:
+    """Run `proxima train` (`cmd`, writing into `out`), output discarded; its iterations'
+    metrics rows (those with an update: not the evaluations') and its summary.json, then
+    `out` removed."""
+    subprocess.run(
+        cmd, check=True, env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    shutil.rmtree(out)
+    return [r for r in rows if "time/update" in r], summary
+
+
 def train_rows(folder: Path, model: Path, prompts: Path, args, extra: list[str]) -> list[dict]:
     """The metrics rows of one PPO run with a critic (`extra`: its own overrides) after its
     first WARM_UP iterations, each with `time/iteration`, the sum of its phases."""
@@ -74,12 +88,8 @@ def train_rows(folder: Path, model: Path, prompts: Path, args, extra: list[str])
         f"trainer.output_dir={out}",
         *extra,
     ]  # fmt: skip
-    subprocess.run(
-        cmd, check=True, env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/update" in r][WARM_UP:]
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rows, _ = run_quietly(cmd, out)
+    rows = rows[WARM_UP:]
     for r in rows:
         r["time/iteration"] = sum(r.get(k, 0.0) for k in PHASES)
     return rows
