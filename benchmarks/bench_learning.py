@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 
-from benchmarks.common.runs import SMOKE_TASK
+from benchmarks.common.runs import SMOKE_TASK, scratch_folder
 from proxima.cli import builtin_config, default_config_path
 from proxima.config import load_config
 from proxima.recipes import train
@@ -35,7 +34,7 @@ def main() -> None:
     a = p.parse_args()
     if a.smoke:
         a.seeds, a.overrides = [1], [*SMOKE_TASK, *a.overrides]
-        a.out = tempfile.mkdtemp(prefix="proxima-bench-learning-smoke-")
+        a.out = str(scratch_folder("proxima-bench-learning-smoke-"))
     rows = []
     for seed in a.seeds:
         cfg = load_config(

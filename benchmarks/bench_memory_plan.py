@@ -30,11 +30,11 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common.assets import cached_assets
+from benchmarks.common.runs import scratch_folder
 from benchmarks.common.timing import thread_env
 from benchmarks.common.workloads import TEMPERATURE, WORKLOADS
 
@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the smoke case only (seconds)")
     args = parser.parse_args()
     if args.smoke:  # a folder of its own: a shared --root would rebuild what it lists
-        args.cases, args.root = ["smoke"], Path(tempfile.mkdtemp(prefix="proxima-bench-smoke-"))
+        args.cases, args.root = ["smoke"], scratch_folder("proxima-bench-memory-smoke-")
     names = sorted({CASES[c][0] for c in args.cases if CASES[c][0]})
     info = build(args.root, names) if names else {}
     print("| case | predicted peak | phase | measured peak (VmHWM) | predicted / measured |")

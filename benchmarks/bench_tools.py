@@ -13,11 +13,10 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common.runs import SMOKE_TASK
+from benchmarks.common.runs import SMOKE_TASK, scratch_folder
 from benchmarks.common.timing import repo_env
 
 
@@ -52,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     if args.smoke:
         args.seeds, args.overrides = [1], [*SMOKE_TASK, *args.overrides]
-        args.out = Path(tempfile.mkdtemp(prefix="proxima-bench-tools-smoke-"))
+        args.out = scratch_folder("proxima-bench-tools-smoke-")
     rows = [run(s, args.out, args.overrides) for s in args.seeds]
     print("| seed | accuracy before | accuracy after | calls the tool, before | after | wall s |")
     print("|---|---|---|---|---|---|")

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common.runs import scratch_folder
 from benchmarks.common.timing import repo_env
 from proxima.logging import read_metrics
 
@@ -115,8 +116,6 @@ def _table(results: dict[str, dict]) -> str:
 def smoke_settings(args) -> bool:
     """Shrinks `args` to one tiny run of one recipe in a temporary folder; False (said why)
     where there is no model to run it on."""
-    import tempfile
-
     from proxima.config import ConfigError
     from proxima.tasks.instructions import smollm_gguf
 
@@ -127,7 +126,7 @@ def smoke_settings(args) -> bool:
         return False
     args.only, args.seeds, args.iterations, args.eval_every = ["grpo-lora-1e-4"], [0], 1, 0
     args.threads, args.serial, args.set = 1, True, [*SMOKE, *args.set]
-    args.out = tempfile.mkdtemp(prefix="proxima-chat-sweep-smoke-")
+    args.out = str(scratch_folder("proxima-chat-sweep-smoke-"))
     return True
 
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.common.runs import SMOKE_TASK
+from benchmarks.common.runs import SMOKE_TASK, scratch_folder
 from benchmarks.common.timing import reset_peak, status_bytes
 
 PEAKS: dict[str, int] = {}
@@ -52,7 +51,7 @@ def measured(name: str):
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--smoke"]:
-        folder = tempfile.mkdtemp(prefix="proxima-memory-phases-smoke-")
+        folder = scratch_folder("proxima-memory-phases-smoke-")
         argv = [*SMOKE_TASK, *argv[1:], f"trainer.output_dir={folder}"]
     import proxima.recipes.ppo as recipe
     from proxima.cli import main as proxima_main

@@ -6,6 +6,7 @@ seconds for a smoke run."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import statistics
@@ -51,6 +52,13 @@ def setup(folder: Path, alphabet: str, max_positions: int) -> tuple[Path, Path]:
     prompts = folder / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return model, prompts
+
+
+def scratch_folder(prefix: str) -> Path:
+    """A temporary folder removed when this process exits: where a smoke run writes."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def run_quietly(cmd: list[str], out: Path) -> tuple[list[dict], dict]:
