@@ -24,6 +24,7 @@ import time
 import torch
 
 from benchmarks.common.timing import median_seconds
+from benchmarks.common.workloads import WORKLOADS, llama_config
 
 
 def cpu_flags() -> list[str]:
@@ -55,24 +56,11 @@ def matmuls(repeats: int) -> list[dict]:
     return rows
 
 
-SIZES = {"W1": (256, 4, 4, 1024), "W2": (512, 8, 8, 2048)}  # hidden, layers, heads, inter
-
-
 def llama(workload: str) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    hidden, layers, heads, inter = SIZES[workload]
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        intermediate_size=inter,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(llama_config(WORKLOADS[workload], max_positions=128))
 
 
 def batch(rows: int) -> dict:

@@ -22,8 +22,9 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from benchmarks.common.workloads import WORKLOADS, llama_config
 from proxima.config import ActorConfig, OptimConfig
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import PolicyObjective, run_epochs, token_micro_batches
@@ -75,24 +76,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budgets", type=int, nargs="+", default=[8 * (MAX_P + MAX_R)])
-    p.add_argument("--smoke", action="store_true", help="16 rows, 1 repeat, a 2-layer model")
+    p.add_argument("--smoke", action="store_true", help="16 rows, 1 repeat, w3smoke's model")
     a = p.parse_args()
-    hidden, layers = (64, 2) if a.smoke else (512, 8)
     if a.smoke:
         a.rows, a.repeats, a.threads = 16, 1, 1
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=hidden // 64,
-        intermediate_size=4 * hidden,
-        max_position_embeddings=MAX_P + MAX_R,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
+    w = WORKLOADS["w3smoke" if a.smoke else "W3"]  # W2's layers, a 32,000-token vocabulary
+    model = LlamaForCausalLM(llama_config(w, MAX_P + MAX_R, tie_word_embeddings=False))
     exp = ragged(a.rows)
     fixed_tokens = exp.batch_size * exp.input_ids.shape[1]
     real = int(exp.attention_mask.sum())

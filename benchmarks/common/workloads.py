@@ -84,6 +84,23 @@ WORKLOADS = {
 }
 
 
+def llama_config(w: Workload, max_positions: int, **extra):
+    """A transformers LlamaConfig of the workload's shape (untied embeddings, Llama's
+    default), for the scripts that time a model built in memory rather than the saved one."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=w.vocab,
+        hidden_size=w.hidden,
+        num_hidden_layers=w.layers,
+        num_attention_heads=w.heads,
+        num_key_value_heads=w.kv_heads or w.heads,
+        intermediate_size=w.intermediate,
+        max_position_embeddings=max_positions,
+        **extra,
+    )
+
+
 def llama_params(w: Workload, vocab: int, lm_head: bool = True) -> int:
     """Parameters of a Llama with untied embeddings (lm_head=False: a 1-label score head)."""
     attn = 4 * w.hidden * w.hidden  # q, k, v, o without bias (as many KV heads as heads)
