@@ -35,20 +35,23 @@ import sys
 from pathlib import Path
 
 from benchmarks.common.timing import median_seconds
+from benchmarks.common.workloads import WORKLOADS
 
 ROWS = 16 * 108  # a training micro-batch of W-real: 16 sequences of about 108 tokens
+_W = WORKLOADS["W-real"]
+_H, _KV, _I, _V = _W.hidden, _W.kv_heads * _W.head_dim, _W.intermediate, _W.vocab
 # (m, k, n) of W-real's linear layers at ROWS rows: q / o, k / v, gate / up, down, LM head
 SHAPES = {
-    "q, o (576 x 576)": (ROWS, 576, 576),
-    "k, v (576 x 192)": (ROWS, 576, 192),
-    "gate, up (576 x 1536)": (ROWS, 576, 1536),
-    "down (1536 x 576)": (ROWS, 1536, 576),
-    "LM head (576 x 49152)": (ROWS, 576, 49152),
+    f"q, o ({_H} x {_H})": (ROWS, _H, _H),
+    f"k, v ({_H} x {_KV})": (ROWS, _H, _KV),
+    f"gate, up ({_H} x {_I})": (ROWS, _H, _I),
+    f"down ({_I} x {_H})": (ROWS, _I, _H),
+    f"LM head ({_H} x {_V})": (ROWS, _H, _V),
     "square 2048^3": (2048, 2048, 2048),
     # a decode step of 64 rows (16 prompts x 4 samples)
-    "decode gate, up (64 rows)": (64, 576, 1536),
-    "decode down (64 rows)": (64, 1536, 576),
-    "decode LM head (64 rows)": (64, 576, 49152),
+    "decode gate, up (64 rows)": (64, _H, _I),
+    "decode down (64 rows)": (64, _I, _H),
+    "decode LM head (64 rows)": (64, _H, _V),
 }
 MODEL_SHAPES = [k for k in SHAPES if not k.startswith(("square", "decode"))]
 DECODE_SHAPES = [k for k in SHAPES if k.startswith("decode")]
