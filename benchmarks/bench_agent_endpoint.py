@@ -56,7 +56,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--smoke", action="store_true", help="one seed, the task shrunk to seconds")
     args = p.parse_args()
+    if args.smoke:
+        from benchmarks.common.runs import SMOKE_TASK
+
+        args.seeds, args.iterations = [0], 1
+        for way in WAYS:
+            WAYS[way] = [*WAYS[way], *SMOKE_TASK]
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:

@@ -2,13 +2,14 @@
 against the synchronous loop: samples per second and learning, in the two regimes where the
 overlap and its absence show.
 
-    .venv/bin/python benchmarks/bench_async_overlap.py latency [--iterations 20] [--seeds 0 1 2]
-    .venv/bin/python benchmarks/bench_async_overlap.py compute [--iterations 200] [--seeds 0]
-    python3 benchmarks/bench_async_overlap.py latency --set model.device=cuda   # on a GPU
+    .venv/bin/python -m benchmarks.bench_async_overlap latency [--iterations 20] [--seeds 0 1 2]
+    .venv/bin/python -m benchmarks.bench_async_overlap compute [--iterations 200] [--seeds 0]
+    python3 -m benchmarks.bench_async_overlap latency --set model.device=cuda   # on a GPU
+    .venv/bin/python -m benchmarks.bench_async_overlap latency --smoke   # sync and k=1, shrunk
 
 - `latency`: `proxima train tools` (multi-turn episodes with a calculator), each calculator
   call 50-200 ms late and a reward server (`proxima serve-reward`, started here) that
-  answers after 0.2 s (`benchmarks/latency_task.py`). Synchronous on 2 threads against
+  answers after 0.2 s (`benchmarks/common/latency_task.py`). Synchronous on 2 threads against
   k = 1, 2, 4 with k workers (one thread each, the trainer one), and k = 2 with nothing
   else set (the workers it defaults to): the CPU idles while the tools and the server
   wait, so the workers' batches overlap each other and the update.
@@ -35,7 +36,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common.runs import SMOKE_TASK, run_quietly
+from benchmarks.common.timing import repo_env
+
 HERE = Path(__file__).resolve().parent
+# loaded by file path, by `proxima train` and `proxima serve-reward` alike
+LATENCY_TASK = HERE / "common" / "latency_task.py"
+# 16 episodes an iteration, every one of them waiting at once (a smoke run's batch)
+SMOKE_BATCH = [
+    "data.train_batch_size=4",
+    "rollout.n=4",
+    "actor.ppo_mini_batch_size=16",
+    "actor.ppo_micro_batch_size=16",
+    "critic.ppo_mini_batch_size=16",
+    "critic.ppo_micro_batch_size=16",
+    "rollout.env.workers=16",
+]
 PHASES = ("generate", "reward", "score", "advantages", "update", "sync")
 
 # name -> overrides; the synchronous run has both cores, an asynchronous one splits them
@@ -66,8 +82,10 @@ def _free_port() -> int:
 def _serve_judge() -> tuple[subprocess.Popen, str]:
     """`proxima serve-reward` of latency_task.judge on a free port, once it answers."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "proxima", "serve-reward", f"{HERE / 'latency_task.py'}:judge"]
-    server = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "proxima", "serve-reward", f"{LATENCY_TASK}:judge"]
+    server = subprocess.Popen(
+        [*cmd, "--port", str(port)], env=repo_env(), stdout=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):  # a minute: the server imports torch first
         try:
@@ -85,7 +103,7 @@ def _run(regime: str, overrides: list[str], seed: int, folder: Path, url: str | 
     if regime == "latency":
         cmd += [
             "tools",
-            f"rollout.env.cls={HERE / 'latency_task.py'}:SlowCalculator",
+            f"rollout.env.cls={LATENCY_TASK}:SlowCalculator",
             "rollout.env.workers=64",
             f"reward.sources=[{{name: judge, url: '{url}'}}]",
         ]
@@ -99,11 +117,7 @@ def _run(regime: str, overrides: list[str], seed: int, folder: Path, url: str | 
         "trainer.log_samples=0",
         f"trainer.output_dir={out}",
     ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/update" in r]
-    summary = json.loads((out / "summary.json").read_text())
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rows, summary = run_quietly(cmd, out)
     k = next((int(o.split("=")[1]) for o in overrides if "max_staleness" in o), 0)
     steady = rows[k + 1 :]
     per_it = statistics.median(sum(r.get(f"time/{p}", 0.0) for p in PHASES) for r in steady)
@@ -132,8 +146,14 @@ def main() -> None:
         default=[],
         help="overrides for every run, e.g. model.device=cuda (on a GPU the workers share it)",
     )
+    p.add_argument(
+        "--smoke", action="store_true", help="sync and k=1 on the task shrunk to 3 iterations"
+    )
     global ARGS
     ARGS = p.parse_args()
+    if ARGS.smoke:  # k=1 fills its pipeline in 2 iterations: the 3rd is its steady state
+        ARGS.seeds, ARGS.configs = [0], ["sync", "k=1, 1 worker"]
+        ARGS.iterations, ARGS.set = 3, [*SMOKE_TASK, *SMOKE_BATCH, *ARGS.set]
     configs = {n: o for n, o in CONFIGS[ARGS.regime].items() if n in (ARGS.configs or [n])}
     server, url = _serve_judge() if ARGS.regime == "latency" else (None, None)
     runs: dict[str, list[dict]] = {name: [] for name in configs}

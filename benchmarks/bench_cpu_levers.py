@@ -7,7 +7,8 @@
    on 64 x 64 (the scoring pass), and what compiling costs;
 3. where an eager forward + backward spends its time (torch.profiler, top ops).
 
-    .venv/bin/python benchmarks/bench_cpu_levers.py [--threads 2] [--repeats 5] [--skip-compile]
+    .venv/bin/python -m benchmarks.bench_cpu_levers [--threads 2] [--repeats 5] [--skip-compile]
+    .venv/bin/python -m benchmarks.bench_cpu_levers --smoke   # 1 repeat, no compile: seconds
 
 bfloat16 pays where the CPU has native bf16 dot products (AVX512-BF16, AMX) or on a GPU;
 without them PyTorch converts and the matmuls get slower, not faster. Run this before picking
@@ -18,20 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.common.timing import median_seconds
+from benchmarks.common.workloads import WORKLOADS, llama_config
 
 
 def cpu_flags() -> list[str]:
@@ -63,24 +56,11 @@ def matmuls(repeats: int) -> list[dict]:
     return rows
 
 
-SIZES = {"W1": (256, 4, 4, 1024), "W2": (512, 8, 8, 2048)}  # hidden, layers, heads, inter
-
-
 def llama(workload: str) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    hidden, layers, heads, inter = SIZES[workload]
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=1024,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        intermediate_size=inter,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(llama_config(WORKLOADS[workload], max_positions=128))
 
 
 def batch(rows: int) -> dict:
@@ -158,7 +138,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--skip-compile", action="store_true", help="skip the torch.compile part")
+    p.add_argument("--smoke", action="store_true", help="1 thread, 1 repeat, no torch.compile")
     args = p.parse_args()
+    if args.smoke:
+        args.threads, args.repeats, args.skip_compile = 1, 1, True
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, "
           f"flags: {' '.join(cpu_flags()) or '-'}, {args.threads} threads")  # fmt: skip

@@ -1,13 +1,13 @@
 """Generation and PPO-iteration speed on a tiny local model (nothing downloaded).
 
-    python benchmarks/bench_generation.py [--arch llama] [--size tiny] [--repeats 5]
+    python -m benchmarks.bench_generation [--arch llama] [--size tiny] [--repeats 5]
 
 Reports medians over `--repeats` runs of:
 - rollout generation with the KV cache (proxima's path) against the same HF `generate`
   without the cache (the peer, measured in the same run): tokens per second and the ratio;
 - one PPO iteration of the default example's shape, split by phase.
 
-    python benchmarks/bench_generation.py --w3 runs/bench_assets_w3 [--repeats 3]
+    python -m benchmarks.bench_generation --w3 runs/bench_assets_w3 [--repeats 3]
 
 instead times the `hf` engine's decode loop (and the loop with its prompts prefilled in one
 pass instead of groups of similar length) against HF `generate` (the loop's fallback,
@@ -15,7 +15,10 @@ pass instead of groups of similar length) against HF `generate` (the loop's fall
 vocabulary, built to stop at EOS), 64 of its prompts (16-128 tokens), responses until EOS
 up to 128 tokens, temperature 0.7, the two run alternately, each its own draw (the sampled
 tokens are printed; greedy decoding of this actor ends every row at once, so it is not
-timed). The assets are built under the folder on first use (bench_vs_trl.build_assets).
+timed). The assets are built under the folder on first use (benchmarks/common/assets.py).
+
+`--smoke` runs the first two on a batch of 4, 4 new tokens, one repeat (not --w3: its
+32,000-token tokenizer takes a minute to build).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 
 import torch
 
+from benchmarks.common.workloads import TEMPERATURE, WORKLOADS
 from proxima.config import load_config
 from proxima.models import init_model, load_causal_lm, load_tokenizer
 from proxima.rollout.hf_engine import HFEngine
@@ -121,24 +125,17 @@ def bench_iteration(folder: str, repeats: int) -> None:
 
 def bench_w3(root: str, repeats: int) -> None:
     """The decode loop against HF generate at W3's shapes (see the module's docstring)."""
-    import json
-    import sys
     from pathlib import Path
 
     import proxima.rollout.decode as decode
     import proxima.rollout.hf_engine as hf_engine
+    from benchmarks.common.assets import cached_assets, load_prompt_ids
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    import bench_vs_trl
-
-    info_file = Path(root) / "assets.json"
-    if not info_file.exists():
-        info_file.write_text(json.dumps(bench_vs_trl.build_assets(Path(root), ["W3"])))
-    a = json.loads(info_file.read_text())["workloads"]["W3"]
-    w = bench_vs_trl.WORKLOADS["W3"]
+    a = cached_assets(Path(root), ["W3"])["workloads"]["W3"]
+    w = WORKLOADS["W3"]
     tok = load_tokenizer(a["actor"])
     model = load_causal_lm(a["actor"], trainable=False)
-    rows = bench_vs_trl.load_prompt_ids(a["prompt_file"])[: w.prompts]
+    rows = load_prompt_ids(a["prompt_file"])[: w.prompts]
     width = max(map(len, rows))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
     mask = (torch.arange(width) >= width - torch.tensor([[len(r)] for r in rows])).long()
@@ -161,7 +158,7 @@ def bench_w3(root: str, repeats: int) -> None:
             torch.manual_seed(i)
             start = time.perf_counter()
             sampling = Sampling(
-                w.response, (tok.eos_token_id,), temperature=bench_vs_trl.TEMPERATURE, logprobs=True
+                w.response, (tok.eos_token_id,), temperature=TEMPERATURE, logprobs=True
             )
             gen = HFEngine(model, tok.pad_token_id, len(ids)).generate(ids, mask, sampling)
             times[name].append(time.perf_counter() - start)
@@ -183,8 +180,12 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--w3", metavar="ASSETS", help="the decode loop against HF generate at W3")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--smoke", action="store_true", help="the smallest sizes, 1 repeat, 1 thread")
     a = p.parse_args()
-    torch.set_num_threads(2)
+    if a.smoke:
+        a.batch, a.new_tokens, a.repeats, a.threads, a.w3 = 4, 4, 1, 1, None
+    torch.set_num_threads(a.threads)
     if a.w3:
         return bench_w3(a.w3, a.repeats)
     with tempfile.TemporaryDirectory() as tmp:

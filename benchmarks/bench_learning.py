@@ -1,7 +1,8 @@
 """Learning benchmark: the default example over several seeds.
 
-    python benchmarks/bench_learning.py [key=value ...] --seeds 1 2 3 [--out runs/bench_learning]
+    python -m benchmarks.bench_learning [key=value ...] --seeds 1 2 3 [--out runs/bench_learning]
         [--config dapo]
+    python -m benchmarks.bench_learning --smoke   # one seed, the example shrunk to seconds
 
 Each seed runs the whole default example (data split, tiny model, SFT warm start, PPO,
 held-out greedy accuracy before and after) and the script prints one row per seed and the
@@ -15,6 +16,7 @@ import argparse
 import json
 import statistics
 
+from benchmarks.common.runs import SMOKE_TASK, scratch_folder
 from proxima.cli.args import builtin_config, default_config_path
 from proxima.config import load_config
 from proxima.recipes import train
@@ -28,7 +30,11 @@ def main() -> None:
         "--config", default="", help="a YAML file or a shipped config name (default: the example)"
     )
     p.add_argument("overrides", nargs="*")
+    p.add_argument("--smoke", action="store_true", help="one seed, the example shrunk")
     a = p.parse_args()
+    if a.smoke:
+        a.seeds, a.overrides = [1], [*SMOKE_TASK, *a.overrides]
+        a.out = str(scratch_folder("proxima-bench-learning-smoke-"))
     rows = []
     for seed in a.seeds:
         cfg = load_config(

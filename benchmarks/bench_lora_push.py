@@ -2,8 +2,9 @@
 against base + adapter (`update_adapter`: the adapter alone once the base is loaded). Needs
 vLLM (run it in .venv-vllm).
 
-    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/bench_lora_push.py \\
+    OMP_NUM_THREADS=1 taskset -c 1 python -m benchmarks.bench_lora_push \\
         [--hidden 512] [--layers 12] [--rank 8] [--pushes 7]
+    python -m benchmarks.bench_lora_push --smoke   # hidden 64, 2 layers, 2 pushes
 
 A Llama built locally (~41 M parameters at the defaults, head size 64, float32, all linear
 layers of the backbone adapted at --rank), its adapters moved before every push as an update
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -27,18 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks.common.timing import repo_env, reset_peak, status_bytes
+
 ALPHABET = "0123456789+="
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
 
 
 def _trim() -> None:
@@ -47,10 +43,6 @@ def _trim() -> None:
     import ctypes
 
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
 
 def _one_way(args) -> dict:
@@ -102,8 +94,8 @@ def _one_way(args) -> dict:
                 p.normal_(0.0, 0.02)
         gc.collect()
         _trim()
-        rss = _status_kib("VmRSS")
-        _reset_peak()
+        rss = status_bytes("VmRSS") // 1024
+        reset_peak()
         start = time.perf_counter()
         if args.way == "adapter":
             sync_weights(engine, actor, version)
@@ -111,7 +103,7 @@ def _one_way(args) -> dict:
         else:
             engine.update_weights(export_weights(actor), version)
         seconds = time.perf_counter() - start
-        peak = _status_kib("VmHWM")
+        peak = status_bytes("VmHWM") // 1024
         times.append(seconds)
         added.append((peak - rss) / 1024)
         engine.generate(ids, torch.ones_like(ids), greedy)  # the push is served
@@ -137,17 +129,23 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--pushes", type=int, default=7, help="timed pushes after the first (>= 5)")
     p.add_argument("--way", choices=["merged", "adapter"], help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help="hidden 64, 2 layers, 2 pushes")
     args = p.parse_args()
+    if args.smoke:
+        if importlib.util.find_spec("vllm") is None:
+            print("smoke: skipped, vLLM is not installed here (run it in .venv-vllm)")
+            return
+        args.hidden, args.layers, args.pushes = 64, 2, 2
     if args.way:
         print(json.dumps(_one_way(args)))
         return
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(min(os.sched_getaffinity(0))))
     rows = []
     for way in ("merged", "adapter"):
-        argv = [sys.executable, __file__, "--way", way]
+        argv = [sys.executable, "-m", "benchmarks.bench_lora_push", "--way", way]
         argv += ["--hidden", str(args.hidden), "--layers", str(args.layers)]
         argv += ["--rank", str(args.rank), "--pushes", str(args.pushes)]
-        out = subprocess.run(argv, capture_output=True, text=True, check=False)
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, env=repo_env())
         if out.returncode:
             sys.exit(f"the {way} run failed:\n{out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

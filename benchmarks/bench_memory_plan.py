@@ -15,8 +15,9 @@ iterations: its peak moves to scoring, which holds the optimizer state from the 
 iteration on); W3 also runs with token budgets of 4,096 tokens for every pass (two
 iterations).
 
-    taskset -c 0 python benchmarks/bench_memory_plan.py            # every case
-    taskset -c 0 python benchmarks/bench_memory_plan.py --cases W1 W3
+    taskset -c 0 python -m benchmarks.bench_memory_plan            # every case
+    taskset -c 0 python -m benchmarks.bench_memory_plan --cases W1 W3
+    python -m benchmarks.bench_memory_plan --smoke     # the smoke workload's case only
 
 The assets (models, tokenizers, prompts) are built locally under --root on first use (the
 W3 tokenizer, a 32,000-token BPE, takes a minute) and reused.
@@ -26,37 +27,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks.common.assets import cached_assets
+from benchmarks.common.runs import scratch_folder
+from benchmarks.common.timing import thread_env
+from benchmarks.common.workloads import TEMPERATURE, WORKLOADS
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import bench_vs_trl as w  # noqa: E402  (the W1/W2 assets)
-
 # W3 at its longest: bench_vs_trl's W3 (32,000-token vocabulary, prompts of 16-128 tokens)
 # with EOS suppressed, so every response has 128 tokens (the plan's worst case)
-W3 = replace(w.WORKLOADS["W3"], stop_at_eos=False)
+W3 = replace(WORKLOADS["W3"], stop_at_eos=False)
 
 
-def build(root: Path) -> dict:
-    """W1, W2 and W3's models and prompt files under root (built once)."""
-    info_file = root / "assets.json"
-    if info_file.exists():
-        return json.loads(info_file.read_text())
-    w.WORKLOADS["W3"] = W3
-    info = w.build_assets(root, ["W1", "W2", "W3"])
-    info_file.write_text(json.dumps(info, indent=2))
-    return info
+def build(root: Path, names: list[str]) -> dict:
+    """The models and prompt files of workloads `names` under root (built once)."""
+    return cached_assets(root, names, table={**WORKLOADS, "W3": W3})
 
 
 def workload_overrides(name: str, info: dict) -> list[str]:
     """bench_vs_trl's proxima cell (fp32, one epoch) of workload `name` as CLI overrides."""
-    wl = W3 if name == "W3" else w.WORKLOADS[name]
+    wl = W3 if name == "W3" else WORKLOADS[name]
     a = info["workloads"][name]
     mb = wl.mini_batch
     prompt = wl.prompt_lengths[1]
@@ -70,7 +65,7 @@ def workload_overrides(name: str, info: dict) -> list[str]:
         f"data.max_prompt_length={prompt}",
         "rollout.n=1",
         f"rollout.max_response_length={wl.response}",
-        f"rollout.temperature={w.TEMPERATURE}",
+        f"rollout.temperature={TEMPERATURE}",
         f"rollout.micro_batch_size={wl.prompts}",
         f"reward.batch_size={wl.prompts}",
         "algorithm.adv_estimator=gae",
@@ -101,7 +96,7 @@ def run_case(args: list[str], out: Path) -> dict:
     """One `proxima train` in a fresh process writing into `out` (emptied first): its
     memory plan and its measured peak."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = thread_env(1)
     args = [*args, f"trainer.output_dir={out}"]
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, "train", *args], env=env, capture_output=True, text=True
@@ -124,6 +119,7 @@ TOKENS = [
 ]
 CASES = {  # name -> (workload or None for the default example, extra overrides)
     "default": (None, ["trainer.iterations=3", "trainer.threads=1"]),
+    "smoke": ("smoke", []),  # the smallest workload: the path, not a figure
     "W1": ("W1", []),
     "W2": ("W2", []),
     "W2+ckpt": ("W2", ["model.gradient_checkpointing=true"]),
@@ -137,11 +133,17 @@ CASES = {  # name -> (workload or None for the default example, extra overrides)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument(
+        "--cases", nargs="+", default=[c for c in CASES if c != "smoke"], choices=list(CASES)
+    )
     parser.add_argument("--root", default="/tmp/proxima-bench-memory", type=Path)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--smoke", action="store_true", help="the smoke case only (seconds)")
     args = parser.parse_args()
-    info = build(args.root) if any(CASES[c][0] for c in args.cases) else {}
+    if args.smoke:  # a folder of its own: a shared --root would rebuild what it lists
+        args.cases, args.root = ["smoke"], scratch_folder("proxima-bench-memory-smoke-")
+    names = sorted({CASES[c][0] for c in args.cases if CASES[c][0]})
+    info = build(args.root, names) if names else {}
     print("| case | predicted peak | phase | measured peak (VmHWM) | predicted / measured |")
     print("|---|---|---|---|---|")
     results = {}

@@ -1,6 +1,7 @@
 """The cost of multi-turn episodes against single responses on the same token budget.
 
-    .venv/bin/python benchmarks/bench_multiturn.py [--repeats 3] [--iterations 8] [--threads 2]
+    .venv/bin/python -m benchmarks.bench_multiturn [--repeats 3] [--iterations 8] [--threads 2]
+    .venv/bin/python -m benchmarks.bench_multiturn --smoke   # one short run of two of them
 
 Every run trains the same tiny Llama (`init-model --size tiny`) with PPO and a critic on the
 same 64 prompts (16 x 4 samples per iteration). Single-turn: one response of at most 48
@@ -24,7 +25,14 @@ import statistics
 from functools import partial
 from pathlib import Path
 
-from phase_runs import PHASES, SEQUENCES, alternate, print_table, train_rows
+from benchmarks.common.runs import (
+    PHASES,
+    SEQUENCES,
+    WARM_UP,
+    alternate,
+    print_table,
+    train_rows,
+)
 
 HERE = Path(__file__).resolve()
 
@@ -73,8 +81,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iterations", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--smoke", action="store_true", help="single- and multi-turn, one short run")
     args = p.parse_args()
     names = ["single-turn", "multi-turn", WHOLE_PREFILLS]
+    if args.smoke:  # whole prefills differ from multi-turn by one override only
+        args.repeats, args.iterations, args.threads = 1, WARM_UP + 1, 1
+        names = names[:2]
     runs, med = alternate(names, args.repeats, "0123456789+=;okabcdef", 128, partial(_run, args))
     keys = ["action_tokens", "time/iteration", "time/iteration per 1k"]
     keys += [f"{k} per 1k" for k in PHASES]

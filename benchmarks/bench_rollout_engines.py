@@ -2,8 +2,9 @@
 engine's log-probs are from the trainer's scoring pass (the trust metric
 rollout/logprob_diff_*). Needs vLLM (`make bench-vllm` runs it in .venv-vllm).
 
-    python benchmarks/bench_rollout_engines.py [--size small] [--batch 64] [--new-tokens 64]
+    python -m benchmarks.bench_rollout_engines [--size small] [--batch 64] [--new-tokens 64]
                                                [--threads 1] [--repeats 3]
+    python -m benchmarks.bench_rollout_engines --smoke   # tiny sizes; hf alone without vLLM
 
 A tiny Llama built locally (vLLM's CPU kernels need a head size >= 32: `small` has 32),
 float32 on both sides, prompts of random tokens, sampling at temperature 1 with a stop id
@@ -16,6 +17,7 @@ weight-push times.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -55,7 +57,10 @@ def main() -> None:
     p.add_argument(
         "--threads", type=int, default=1, help="CPU threads of each engine (torch; vLLM's binding)"
     )
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 1 repeat")
     args = p.parse_args()
+    if args.smoke:
+        args.size, args.batch, args.prompt_len, args.new_tokens, args.repeats = "tiny", 4, 4, 4, 1
     # the same cores for both: torch's threads for hf, vLLM's OpenMP binding for vllm (on a
     # busy machine two spinning OpenMP threads per engine made single calls 10x slower)
     torch.set_num_threads(args.threads)
@@ -72,6 +77,18 @@ def main() -> None:
     hf = HFEngine(model, tok.pad_token_id, args.batch)
     rows["hf"] = _time(hf, ids, mask, sampling, args.repeats)
     sampling = replace(sampling, stop_ids=())
+    if importlib.util.find_spec("vllm") is None:
+        if not args.smoke:
+            raise SystemExit("vLLM is not installed here: run it in .venv-vllm (make bench-vllm)")
+        print("smoke: vLLM is not installed here, so only the hf engine runs")
+    else:
+        rows["vllm"] = _vllm_rows(model, tok, ids, mask, sampling, args)
+    report(model, rows, tokens, args)
+
+
+def _vllm_rows(model, tok, ids, mask, sampling, args):
+    """vLLM's engine started on the model's weights, then timed like hf's: (median s,
+    last generation), its start and weight-push seconds printed."""
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
@@ -92,7 +109,12 @@ def main() -> None:
         start = time.perf_counter()
         vllm.update_weights(export_weights(model), version=0)
         pushed = time.perf_counter() - start
-        rows["vllm"] = _time(vllm, ids, mask, sampling, args.repeats)
+        print(f"vllm engine start {built:.1f} s, weight push {pushed * 1000:.0f} ms")
+        return _time(vllm, ids, mask, sampling, args.repeats)
+
+
+def report(model, rows: dict, tokens: int, args) -> None:
+    """Per engine: median seconds, tokens/s and how far its log-probs are from the trainer's."""
     for name, (_, gen) in rows.items():
         assert int(gen.response_mask.sum()) == tokens, f"{name} stopped early"
     n_params = sum(t.numel() for t in model.parameters()) / 1e6
@@ -108,8 +130,8 @@ def main() -> None:
             f"  {name:5s}: {seconds:.3f} s  {tokens / seconds:9.0f} tokens/s   "
             f"|engine - trainer log-prob| mean {diff.mean():.2e}, max {diff.max():.2e}"
         )
-    print(f"  vllm / hf speed: {rows['hf'][0] / rows['vllm'][0]:.2f}x")
-    print(f"  vllm engine start {built:.1f} s, weight push {pushed * 1000:.0f} ms")
+    if "vllm" in rows:
+        print(f"  vllm / hf speed: {rows['hf'][0] / rows['vllm'][0]:.2f}x")
 
 
 if __name__ == "__main__":

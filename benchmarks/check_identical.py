@@ -14,11 +14,12 @@ after). Every metric but the wall-clock ones (`time/*`, `tokens_per_s`,
 `reward/<source>/seconds`) is kept, with the evaluations and the warm start's validation
 history from summary.json.
 
-    python benchmarks/check_identical.py record runs/identical/before.json
+    python -m benchmarks.check_identical record runs/identical/before.json
     # ... change the code ...
-    python benchmarks/check_identical.py record runs/identical/after.json
-    python benchmarks/check_identical.py compare runs/identical/before.json \
+    python -m benchmarks.check_identical record runs/identical/after.json
+    python -m benchmarks.check_identical compare runs/identical/before.json \
         runs/identical/after.json
+    python -m benchmarks.check_identical --smoke   # one shrunk run recorded and compared
 
 `compare` prints every value that differs (run, iteration, key, before, after) and exits 1
 when any does; `--allow KEY` names a metric whose change is expected (it is printed, not
@@ -32,14 +33,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common.runs import SMOKE_TASK
+from benchmarks.common.timing import repo_env
+
 WALL_CLOCK = ("time/", "tokens_per_s")
 WALL_CLOCK_END = "/seconds"  # a reward source's time in its calls (reward/<name>/seconds)
 
@@ -103,9 +105,8 @@ def _run(name: str, iterations: int, tmp: str, index: int, common: list[str]) ->
         *extra,
         *common,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        _command(nproc, config, overrides), cwd=tmp, env=env, capture_output=True, text=True
+        _command(nproc, config, overrides), cwd=tmp, env=repo_env(), capture_output=True, text=True
     )
     if proc.returncode != 0:
         sys.exit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -180,9 +181,18 @@ def compare(before_path: Path, after_path: Path, allow: list[str]) -> int:
     return 1 if counted else 0
 
 
+def smoke() -> int:
+    """The default example shrunk to seconds, recorded and compared with itself."""
+    with tempfile.TemporaryDirectory(prefix="proxima-identical-smoke-") as tmp:
+        out = Path(tmp) / "smoke.json"
+        record(out, 1, ["default"], common=SMOKE_TASK)
+        return compare(out, out, [])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--smoke", action="store_true", help="one shrunk run, recorded and compared")
+    sub = p.add_subparsers(dest="cmd")
     rec = sub.add_parser("record", help="run the runs and write their metrics")
     rec.add_argument("out", type=Path)
     rec.add_argument("--iterations", type=int, default=50)
@@ -194,6 +204,10 @@ def main() -> int:
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--allow", nargs="*", default=[], help="metric keys expected to change")
     args = p.parse_args()
+    if args.smoke:
+        return smoke()
+    if args.cmd is None:
+        p.error("record or compare (or --smoke)")
     if args.cmd == "record":
         record(args.out, args.iterations, args.runs, args.repeats, args.set)
         return 0

@@ -62,10 +62,10 @@ step cuda_tier 420 "$PY" -m pytest -m gpu -p no:cacheprovider -q -rs tests/e2e/t
 step default_example 300 "$PY" -m proxima.cli train trainer.output_dir="$EXAMPLE_DIR"
 if "$PY" -c 'import trl' 2>/dev/null; then
     # shellcheck disable=SC2086
-    step gpu_workloads 540 "$PY" benchmarks/bench_vs_trl.py --device cuda --out "$OUT_DIR/bench.jsonl" $BENCH_ARGS
+    step gpu_workloads 540 "$PY" -m benchmarks.bench_vs_trl --device cuda --out "$OUT_DIR/bench.jsonl" $BENCH_ARGS
     REAL_MODEL=${REAL_MODEL:-$("$PY" -c 'from proxima.tasks.instructions import smollm_gguf; print(smollm_gguf())' 2>/dev/null)}
     if [ -n "$REAL_MODEL" ]; then
-        step real_model 420 "$PY" benchmarks/bench_vs_trl.py --device cuda --workloads W-real \
+        step real_model 420 "$PY" -m benchmarks.bench_vs_trl --device cuda --workloads W-real \
             --model "$REAL_MODEL" --systems trl proxima --epochs 1 --repeats 3 --threads 4 \
             --out "$OUT_DIR/real.jsonl"
     else
@@ -74,7 +74,7 @@ if "$PY" -c 'import trl' 2>/dev/null; then
 else
     echo "## gpu_workloads, real_model (not run: TRL is not importable here)" >>"$REPORT"
 fi
-step async_layout 300 "$PY" benchmarks/bench_async_overlap.py latency --iterations 10 \
+step async_layout 300 "$PY" -m benchmarks.bench_async_overlap latency --iterations 10 \
     --configs sync "k=2, 2 workers" --set model.device=cuda
 echo "report: $REPORT ($failed failed steps)"
 exit "$failed"

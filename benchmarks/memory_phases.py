@@ -8,7 +8,8 @@ process's resident memory is reset (`/proc/self/clear_refs`, 5) and at its end r
 logging, checkpoints) is `outside phases`. Writes phase_peaks.json to the run folder and
 prints a table against memory_plan.json's phase totals.
 
-    python benchmarks/memory_phases.py chat trainer.iterations=2 trainer.output_dir=/tmp/mp
+    python -m benchmarks.memory_phases chat trainer.iterations=2 trainer.output_dir=/tmp/mp
+    python -m benchmarks.memory_phases --smoke   # the default example shrunk to seconds
 """
 
 from __future__ import annotations
@@ -18,25 +19,17 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from benchmarks.common.runs import SMOKE_TASK, scratch_folder
+from benchmarks.common.timing import reset_peak, status_bytes
+
 PEAKS: dict[str, int] = {}
 OUTSIDE = "outside phases"
 CALLS: list[tuple[str, int, int]] = []  # each phase run: name, resident at its start, peak
 MIB = 2**20
 
 
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status (Linux only)")
-
-
 def _hwm() -> int:
-    return _status("VmHWM")
-
-
-def _reset() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark := resident now
+    return status_bytes("VmHWM")
 
 
 def _note(name: str) -> None:
@@ -46,17 +39,20 @@ def _note(name: str) -> None:
 @contextmanager
 def measured(name: str):
     _note(OUTSIDE)  # since the last phase ended: loading, logging, checkpoints
-    _reset()
-    start = _status("VmRSS")
+    reset_peak()
+    start = status_bytes("VmRSS")
     try:
         yield
     finally:
         _note(name)
         CALLS.append((name, start, _hwm()))
-        _reset()
+        reset_peak()
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--smoke"]:
+        folder = scratch_folder("proxima-memory-phases-smoke-")
+        argv = [*SMOKE_TASK, *argv[1:], f"trainer.output_dir={folder}"]
     import proxima.recipes.ppo as recipe
     from proxima.cli import main as proxima_main
     from proxima.trainer.ppo import PhaseTimer

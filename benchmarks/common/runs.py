@@ -1,11 +1,14 @@
-"""What the A/B phase benchmark bench_multiturn.py is made of: a tiny
-Llama and 64 prompts built once, `proxima train` runs of 64 sequences per iteration whose
-per-iteration phase seconds are read back (the first two iterations left out as warm-up),
-the configurations run alternately, and a table of the medians over runs."""
+"""`proxima train` runs as A/B benchmarks (bench_multiturn.py): a tiny Llama and 64 prompts
+built once, runs of 64 sequences per iteration whose per-iteration phase seconds are read
+back (the first two iterations left out as warm-up), the configurations run alternately, and
+a table of the medians over runs. Also the overrides that shrink a built-in example's task to
+seconds for a smoke run."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,9 +16,23 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.common.timing import repo_env
+
 HERE = Path(__file__).resolve()
 PHASES = ("time/generate", "time/reward", "time/score", "time/advantages", "time/update")
 SEQUENCES = 64  # 16 prompts x 4 samples per iteration
+WARM_UP = 2  # iterations left out of every run's figures
+# a built-in example (the default one, `tools`, `dapo`) shrunk to seconds: a handful of
+# problems, a few warm-start steps, one iteration; for smoke runs, whose figures mean nothing
+SMOKE_TASK = [
+    "task.n_train=64",
+    "task.n_eval=8",
+    "task.n_sft=64",
+    "task.sft_steps=2",
+    "trainer.iterations=1",
+    "trainer.threads=1",
+    "eval.every=0",
+]
 
 
 def reward(prompts: list[str], responses: list[str], **_: list) -> list[float]:
@@ -37,9 +54,29 @@ def setup(folder: Path, alphabet: str, max_positions: int) -> tuple[Path, Path]:
     return model, prompts
 
 
+def scratch_folder(prefix: str) -> Path:
+    """A temporary folder removed when this process exits: where a smoke run writes."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def run_quietly(cmd: list[str], out: Path) -> tuple[list[dict], dict]:
+    """Run `proxima train` (`cmd`, writing into `out`), output discarded; its iterations'
+    metrics rows (those with an update: not the evaluations') and its summary.json, then
+    `out` removed."""
+    subprocess.run(
+        cmd, check=True, env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    shutil.rmtree(out)
+    return [r for r in rows if "time/update" in r], summary
+
+
 def train_rows(folder: Path, model: Path, prompts: Path, args, extra: list[str]) -> list[dict]:
     """The metrics rows of one PPO run with a critic (`extra`: its own overrides) after its
-    first two iterations, each with `time/iteration`, the sum of its phases."""
+    first WARM_UP iterations, each with `time/iteration`, the sum of its phases."""
     out = folder / "run"
     cmd = [
         sys.executable, "-m", "proxima", "train",
@@ -59,10 +96,8 @@ def train_rows(folder: Path, model: Path, prompts: Path, args, extra: list[str])
         f"trainer.output_dir={out}",
         *extra,
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time/update" in r][2:]
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    rows, _ = run_quietly(cmd, out)
+    rows = rows[WARM_UP:]
     for r in rows:
         r["time/iteration"] = sum(r.get(k, 0.0) for k in PHASES)
     return rows
