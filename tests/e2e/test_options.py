@@ -19,9 +19,11 @@ from proxima.models import build_tiny_reward_model, load_tokenizer
 pytestmark = pytest.mark.slow
 
 
-def _run(fast_overrides, make_model, tmp_path: Path, *extra: str) -> list[dict]:
-    out = tmp_path / "run"
-    assert main(["train", *fast_overrides(make_model(), out, 2, *extra)]) == 0
+def _run(fast_overrides, make_model, tmp_path: Path, *extra: str, name: str = "run") -> list[dict]:
+    """Two iterations of `extra` in tmp_path/name; `make_model` a fixture or a built folder."""
+    out = tmp_path / name
+    model = make_model() if callable(make_model) else make_model
+    assert main(["train", *fast_overrides(model, out, 2, *extra)]) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
@@ -50,10 +52,14 @@ def test_kl_loss_and_adaptive_controller(fast_overrides, make_model, tmp_path):
 
 
 def test_ptx_loss(fast_overrides, make_model, tmp_path, sft_file):
-    rows = _run(
-        fast_overrides, make_model, tmp_path, "actor.ptx_coef=0.5", f"data.sft_path={sft_file}"
-    )
-    assert rows[-1]["actor/ptx_loss"] > 0
+    """The ptx loss enters the actor's update: the same seed with and without it samples the
+    same first batch, but the updates differ from the first one on."""
+    sft, model = f"data.sft_path={sft_file}", make_model()
+    rows = _run(fast_overrides, model, tmp_path, "actor.ptx_coef=0.5", sft, name="ptx")
+    plain = _run(fast_overrides, model, tmp_path, "actor.ptx_coef=0", sft, name="plain")
+    assert rows[-1]["actor/ptx_loss"] > 0 and "actor/ptx_loss" not in plain[-1]
+    assert rows[0]["score"] == plain[0]["score"]  # the same batch before any update
+    assert rows[0]["actor/grad_norm"] != plain[0]["actor/grad_norm"]  # another gradient
 
 
 def test_reward_model_source_and_critic_from_it(fast_overrides, make_model, tmp_path):
@@ -120,12 +126,19 @@ def test_target_kl_early_stops_the_actor_epochs(fast_overrides, make_model, tmp_
         assert row["critic/optimizer_steps"] == 1.0  # the critic never stops early
 
 
-def test_a_run_with_checkpointing_trains(tmp_path, make_model, fast_overrides):
+def test_a_run_with_checkpointing_trains_as_one_without(tmp_path, make_model, fast_overrides):
+    """Gradient checkpointing recomputes the forward in the backward pass: the same losses
+    and gradients as a run that keeps the activations."""
     init = make_model("llama")
-    argv = fast_overrides(init, tmp_path / "run", 2, "model.gradient_checkpointing=true")
-    assert main(["train", *argv]) == 0
-    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+    rows = {}
+    for on in ("true", "false"):
+        argv = fast_overrides(init, tmp_path / on, 2, f"model.gradient_checkpointing={on}")
+        assert main(["train", *argv]) == 0
+        rows[on] = read_metrics(tmp_path / on / "metrics.jsonl")
+    assert [r["step"] for r in rows["true"] if "actor/pg_loss" in r] == [1, 2]
+    for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+        got = [r[key] for r in rows["true"]]
+        assert got == pytest.approx([r[key] for r in rows["false"]], rel=1e-5), key
 
 
 def test_dapo_recipe_options_train(fast_overrides, make_model, tmp_path):

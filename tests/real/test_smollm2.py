@@ -156,9 +156,22 @@ def _train(tmp_path, folder, *extra):
     return out, metrics[0]
 
 
+def _tensor(folder, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(next(folder.glob("*.safetensors"))), "pt") as f:
+        return f.get_tensor(name)
+
+
 def test_one_ppo_iteration_with_a_critic(smol, tmp_path):
+    """PPO with a value model on the real checkpoint: the actor and the critic both move,
+    and the critic's loss and explained variance are measured."""
     out, m = _train(tmp_path, smol[1], "algorithm.adv_estimator=gae")
-    assert (out / "critic" / "config.json").is_file() and "critic/vf_loss" in m
+    assert (out / "critic" / "config.json").is_file()
+    assert m["critic/vf_loss"] > 0 and "critic/explained_variance" in m
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(_tensor(out / "actor", weight), _tensor(smol[1], weight))
+    assert not torch.equal(_tensor(out / "critic", weight), _tensor(smol[1], weight))
 
 
 def test_one_grpo_iteration_with_lora(smol, tmp_path):
