@@ -82,8 +82,9 @@ def bench_generation(folder: str, batch: int, prompt_len: int, new_tokens: int, 
 def bench_iteration(folder: str, repeats: int) -> None:
     import json
 
+    from proxima.trainer.datasets import load_prompts
     from proxima.trainer.ppo import PPOTrainer
-    from proxima.trainer.setup import load_prompts, load_roles
+    from proxima.trainer.roles import load_roles
 
     path = f"{folder}/prompts.jsonl"
     with open(path, "w") as f:

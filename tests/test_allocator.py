@@ -86,7 +86,7 @@ def test_a_real_process_runs_again_on_tcmalloc():
 
 def test_a_warning_reads_as_one_line_of_the_command():
     from proxima.cli import _warning_line
-    from proxima.trainer.setup import VocabularyGapWarning
+    from proxima.trainer.checks import VocabularyGapWarning
 
     assert _warning_line("a tracker failed", UserWarning, "proxima/x.py", 3) == (
         "warning: a tracker failed\n"

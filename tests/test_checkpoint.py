@@ -18,8 +18,9 @@ from proxima import rng
 from proxima.config import ConfigError, load_config
 from proxima.models import ARCHITECTURES, init_model, load_causal_lm, load_critic, saving
 from proxima.tasks import resumed_task_config
+from proxima.trainer.datasets import load_prompts, load_sft
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles, load_sft
+from proxima.trainer.roles import load_roles
 
 ALPHABET = "0123456789+="
 REWARD = Path(__file__).parent / "e2e" / "rewards_fixture.py"

@@ -56,8 +56,9 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
     import torch
 
     from proxima.config import load_config
+    from proxima.trainer.datasets import load_prompts
     from proxima.trainer.ppo import PPOTrainer
-    from proxima.trainer.setup import load_prompts, load_roles
+    from proxima.trainer.roles import load_roles
 
     base = proxima_overrides(spec, w, a, iterations, workdir)
     cfg = load_config(None, base + spec["overrides"])

@@ -543,7 +543,7 @@ def _check_staleness(cfg: Config) -> None:
 def _check_worker_devices(cfg: Config) -> None:
     """`rollout.devices`: device names (cpu, cuda, cuda:N); a forked worker runs where the
     trainer's actor is, so a CUDA device (theirs or the actor's) needs spawned workers.
-    Whether the devices exist is checked at start-up (`trainer.setup.check_rollout_devices`)."""
+    Whether the devices exist is checked at start-up (`trainer.device.check_rollout_devices`)."""
     r = cfg.rollout
     bad = [d for d in r.devices if not (isinstance(d, str) and _DEVICE.fullmatch(d))]
     if bad:

@@ -18,9 +18,9 @@ from proxima.config import Config, ConfigError
 from proxima.files import describe_write_error, write_error, write_whole
 from proxima.models.loading import quiet_transformers
 from proxima.rng import seed_everything
+from proxima.trainer.device import resolve_device
 from proxima.trainer.dist import Dist
 from proxima.trainer.dist import init as init_dist
-from proxima.trainer.setup import resolve_device
 
 
 def process_setup(cfg: Config) -> torch.device:

@@ -19,8 +19,9 @@ from proxima.models import load_tokenizer
 from proxima.models.loading import checkpoint_activations
 from proxima.models.saving import save_role
 from proxima.recipes.common import process_setup, writable_folder
+from proxima.trainer.checks import check_enough, check_model_folders, with_key
 from proxima.trainer.dpo import dpo_train, total_steps
-from proxima.trainer.setup import check_enough, check_model_folders, load_actor, with_key
+from proxima.trainer.roles import load_actor
 
 PLOT_KEYS = (
     "loss",

@@ -14,14 +14,10 @@ from proxima.recipes.common import process_setup, writable_file
 from proxima.rollout.agent import check_agent
 from proxima.rollout.engines import build_engine, sync_weights
 from proxima.rollout.environments import check_env
+from proxima.trainer.checks import check_lengths, check_model_folders, check_token_ids
+from proxima.trainer.datasets import held_out_items
 from proxima.trainer.evaluate import describe, evaluate_modes
-from proxima.trainer.setup import (
-    build_reward,
-    check_lengths,
-    check_model_folders,
-    check_token_ids,
-    held_out_items,
-)
+from proxima.trainer.roles import build_reward
 
 
 def evaluate_policy(cfg: Config) -> dict[str, dict]:

@@ -56,9 +56,10 @@ from proxima.recipes.rm import reward_model
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 from proxima.rollout.collect import generate_rollout, score_rollout
 from proxima.tasks import preferences
+from proxima.trainer.checks import check_enough, check_lengths, with_key
+from proxima.trainer.datasets import load_prompts, load_sft
 from proxima.trainer.evaluate import scores_and_kl
 from proxima.trainer.rm import all_pair_scores
-from proxima.trainer.setup import check_enough, check_lengths, load_prompts, load_sft, with_key
 from proxima.trainer.sft import sft_train
 
 STAGES = ("task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate")

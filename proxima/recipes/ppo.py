@@ -56,6 +56,8 @@ from proxima.recipes.common import (
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trackers import check_trackers, open_trackers, selected
+from proxima.trainer.checks import check_checkpoint
+from proxima.trainer.device import resolve_device
 from proxima.trainer.dist import Dist
 from proxima.trainer.drift import DriftMonitor
 from proxima.trainer.evaluate import describe, evaluate_modes
@@ -70,7 +72,8 @@ from proxima.trainer.memory import check_memory, plan_memory
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.progress import PhaseWatch, SaveSchedule
-from proxima.trainer.setup import check_checkpoint, load_roles, prepare_inputs, resolve_device
+from proxima.trainer.roles import load_roles
+from proxima.trainer.setup import prepare_inputs
 from proxima.trainer.signals import StopSignals, should_stop
 
 # phases of a failure that leave the iteration complete (nothing to undo)

@@ -14,8 +14,8 @@ from proxima.logging import write_atomic
 from proxima.models import init_reward_model, load_tokenizer
 from proxima.models.loading import SCORE_NORMALIZATION
 from proxima.recipes.common import fresh_out, process_setup, save_model
+from proxima.trainer.checks import check_model_folders, with_key
 from proxima.trainer.rm import CURVES, rm_train, score_normalization
-from proxima.trainer.setup import check_model_folders, with_key
 
 
 def _pairs(cfg: Config, tok, key: str, path: str) -> PreferenceDataset:

@@ -7,7 +7,8 @@ from proxima.config import Config
 from proxima.launch import Interrupted, signum_of
 from proxima.models import load_causal_lm, load_tokenizer
 from proxima.recipes.common import fresh_out, process_setup, save_model
-from proxima.trainer.setup import check_enough, check_model_folders, load_sft, with_key
+from proxima.trainer.checks import check_enough, check_model_folders, with_key
+from proxima.trainer.datasets import load_sft
 from proxima.trainer.sft import sft_train
 
 

@@ -180,7 +180,7 @@ def _context_length(cfg: Config) -> int:
     """vLLM's max_model_len: a prompt of data.max_prompt_length and a whole response (a whole
     episode, observations included, with rollout.env), within the model's positions (the
     run's set-up checked that the actual prompts fit them, for both engines alike:
-    `trainer.setup.check_lengths`)."""
+    `trainer.checks.check_lengths`)."""
     need = cfg.data.max_prompt_length + cfg.rollout.after_prompt_tokens
     positions = config_positions(cfg.model.actor_path)
     return min(need, positions) if positions is not None else need

@@ -14,8 +14,8 @@ from pathlib import Path
 from proxima.config import Config
 from proxima.rewards import FunctionReward
 from proxima.tasks.common import task_info, task_model, warm_start, write_jsonl
+from proxima.trainer.datasets import load_prompts
 from proxima.trainer.evaluate import evaluate
-from proxima.trainer.setup import load_prompts
 
 ALPHABET = "0123456789+="
 REWARD_FN = "proxima.tasks.arithmetic:reward"

@@ -11,7 +11,7 @@ from pathlib import Path
 from proxima.config import Config
 from proxima.models import init_model, load_causal_lm, load_tokenizer
 from proxima.rollout.engines import check_engine
-from proxima.trainer.setup import load_sft
+from proxima.trainer.datasets import load_sft
 from proxima.trainer.sft import sft_train
 
 

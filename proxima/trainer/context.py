@@ -24,8 +24,9 @@ from proxima.config import Config
 from proxima.config.run import RunPlan, run_plan
 from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.engines import build_engine, engine_of, sync_weights
+from proxima.trainer.device import autocast
 from proxima.trainer.dist import Dist
-from proxima.trainer.setup import Roles, autocast, load_rollout_roles
+from proxima.trainer.roles import Roles, load_rollout_roles
 
 
 class PhaseTimer:
@@ -159,7 +160,7 @@ def rollout_context(
 def spawned_context(cfg: Config, device: torch.device, generation_values: bool) -> RolloutContext:
     """A spawned worker's context on `device` (rollout.worker_start=spawn): the tokenizer,
     the actor module and the reward source built by the trainer's builders
-    (`setup.load_rollout_roles`), served by a new hf engine. The actor's weights (and so the
+    (`roles.load_rollout_roles`), served by a new hf engine. The actor's weights (and so the
     policy version) come from the shared `WeightBox`."""
     roles = load_rollout_roles(cfg, device)
     engine = build_engine(cfg, roles.actor, roles.tokenizer, device)

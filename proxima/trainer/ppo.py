@@ -47,13 +47,14 @@ from proxima.trainer.advantages import (
     with_source_options,
 )
 from proxima.trainer.context import Clock, PhaseTimer, rollout_context
+from proxima.trainer.device import autocast
 from proxima.trainer.dist import Dist, shard, wrap_trained
 from proxima.trainer.drift import batch_drift
 from proxima.trainer.health import NonFiniteOutputsError
 from proxima.trainer.offload import Offload, reward_models, wants_offload
 from proxima.trainer.optim import TrainedRole
+from proxima.trainer.roles import Roles
 from proxima.trainer.samplers import build_sampler
-from proxima.trainer.setup import Roles, autocast
 from proxima.trainer.state import Part, StateRegistry, stateful
 from proxima.trainer.update import PolicyObjective, PtxLoss, run_epochs
 from proxima.types import Experience

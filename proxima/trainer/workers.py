@@ -60,7 +60,7 @@ import torch
 from proxima.config import ConfigError
 from proxima.rng import seed_everything
 from proxima.trainer.context import RolloutContext, spawned_context
-from proxima.trainer.setup import resolve_device
+from proxima.trainer.device import resolve_device
 
 POLL_S = 0.5  # how often a wait checks that the other side is alive
 IN_FLIGHT = 2  # requests sent to a worker at once: the one it samples, and the next

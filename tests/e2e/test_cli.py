@@ -15,8 +15,9 @@ from proxima.cli import main
 from proxima.config import Config, load_config
 from proxima.data import collate_sft
 from proxima.models import ARCHITECTURES, load_causal_lm, load_tokenizer
+from proxima.trainer.datasets import load_prompts, load_sft
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles, load_sft
+from proxima.trainer.roles import load_roles
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,9 @@ from proxima.logging import read_metrics
 from proxima.models import load_causal_lm
 from proxima.models.forward import response_logits
 from proxima.models.lora import AdapterDisabled, is_lora
+from proxima.trainer.datasets import load_prompts
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles
+from proxima.trainer.roles import load_roles
 
 pytestmark = pytest.mark.slow
 

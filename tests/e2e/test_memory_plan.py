@@ -8,7 +8,7 @@ import json
 import pytest
 
 import proxima.trainer.memory as memory
-import proxima.trainer.setup as setup
+import proxima.trainer.roles as roles
 from proxima.cli import main
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def test_a_run_that_cannot_fit_stops_before_loading(
     tmp_path, make_model, fast_overrides, monkeypatch, capsys
 ):
     monkeypatch.setattr(memory, "cpu_available", lambda: 2**20)  # 1 MiB free
-    monkeypatch.setattr(setup, "load_causal_lm", _no_loading)
+    monkeypatch.setattr(roles, "load_causal_lm", _no_loading)
     out = tmp_path / "run"
     assert main(["train", *fast_overrides(make_model(), out, 1)]) == 2
     err = capsys.readouterr().err

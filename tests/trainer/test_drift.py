@@ -182,8 +182,8 @@ def test_a_step_logs_drift_and_the_reference_likelihood_with_a_reference(files, 
 def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
     import json
 
+    from proxima.trainer.datasets import load_prompts
     from proxima.trainer.evaluate import describe, evaluate
-    from proxima.trainer.setup import load_prompts
     from tests.trainer.nano import nano_trainer
 
     rows = [{"prompt": f"{a}+1=", "data_source": "low" if a < 5 else "high"} for a in range(10)]

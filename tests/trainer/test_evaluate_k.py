@@ -10,8 +10,9 @@ import torch
 
 from proxima.cli import main
 from proxima.logging import read_metrics
+from proxima.trainer.datasets import load_prompts
 from proxima.trainer.evaluate import describe, evaluate_k
-from proxima.trainer.setup import build_reward, load_prompts
+from proxima.trainer.roles import build_reward
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
 

@@ -206,7 +206,7 @@ def test_score_normalization_round_trip_through_a_saved_folder(setup, tmp_path):
     from proxima.models import score_normalization as read_normalization
     from proxima.models.loading import SCORE_NORMALIZATION
     from proxima.trainer.rm import all_pair_scores, score_normalization
-    from proxima.trainer.setup import build_reward
+    from proxima.trainer.roles import build_reward
 
     model, tokenizer, pairs = setup
     chosen, rejected, _ = all_pair_scores(model, pairs, tokenizer.pad_token_id, batch_size=3)

@@ -21,7 +21,7 @@ from proxima.models import (
     vocabulary_difference,
 )
 from proxima.models import critic as critic_module
-from proxima.trainer import setup
+from proxima.trainer import checks, device, roles
 
 ALPHABET = "0123456789+="
 
@@ -83,13 +83,13 @@ def test_other_vocabulary_stops_before_any_model_loads(folders, monkeypatch, cha
         raise AssertionError("a model was loaded before the vocabulary check")
 
     for module, loader in (
-        (setup, "load_causal_lm"),
+        (roles, "load_causal_lm"),
         (critic_module, "load_critic"),
-        (setup, "load_reward_model"),
+        (roles, "load_reward_model"),
     ):
         monkeypatch.setattr(module, loader, no_model)
     with pytest.raises(ConfigError) as err:
-        setup.load_roles(cfg, torch.device("cpu"))
+        roles.load_roles(cfg, torch.device("cpu"))
     msg = str(err.value)
     assert msg.startswith(f"`{key}") and "another vocabulary than the policy" in msg
     assert "would read the policy's token ids as other tokens. Fix:" in msg
@@ -105,7 +105,7 @@ def test_same_vocabulary_passes(folders):
         # another vocabulary but a critic-free estimator: no critic reads the ids
         {"model.critic_path": folders["bpe_lm"], "algorithm.adv_estimator": "grpo"},
     ):
-        setup.check_vocabularies(_cfg(folders, **changes), load_tokenizer(folders["actor"]))
+        checks.check_vocabularies(_cfg(folders, **changes), load_tokenizer(folders["actor"]))
 
 
 def test_bare_folder_vocab_size_from_config(folders):
@@ -116,14 +116,14 @@ def test_bare_folder_vocab_size_from_config(folders):
 
 def test_the_roles_report_names_where_each_role_comes_from(folders):
     cfg = _cfg(folders, **{"model.critic_init": "reward_model"})
-    report = setup.load_roles(cfg, torch.device("cpu")).report()
+    report = roles.load_roles(cfg, torch.device("cpu")).report()
     assert f"reward   : the reward model {folders['rm']}" in report
     assert f"initialised from the reward model (backbone and head), {folders['rm']}" in report
     assert "reference: " in report and "frozen" in report
     head = cfg.replace({"model.critic_init": "actor", "critic.shared_backbone": True})
     assert (
         "a value head (33 params) on the actor's backbone"
-        in setup.load_roles(head, torch.device("cpu")).report()
+        in roles.load_roles(head, torch.device("cpu")).report()
     )
 
 
@@ -137,8 +137,8 @@ def test_a_tokenizer_far_smaller_than_the_embedding_table_is_warned_about(tmp_pa
         (folder / "config.json").write_text(json.dumps({"vocab_size": rows}))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            setup.check_token_ids(tok, str(folder), "model.actor_path")
-        gaps = [w for w in caught if issubclass(w.category, setup.VocabularyGapWarning)]
+            checks.check_token_ids(tok, str(folder), "model.actor_path")
+        gaps = [w for w in caught if issubclass(w.category, checks.VocabularyGapWarning)]
         assert bool(gaps) == warns, rows
         if warns:
             assert "has 16 tokens for 100 embedding rows" in str(gaps[0].message)
@@ -150,5 +150,5 @@ def test_a_device_proxima_cannot_use_is_named_by_its_key(name):
     if name == "mps" and torch.backends.mps.is_available():
         pytest.skip("this machine has an Apple GPU")
     with pytest.raises(ValueError, match=rf"`rollout.devices`={name} is not a device .* cpu, cuda"):
-        setup.resolve_device(name, key="rollout.devices")
-    assert setup.resolve_device("cpu") == torch.device("cpu")
+        device.resolve_device(name, key="rollout.devices")
+    assert device.resolve_device("cpu") == torch.device("cpu")
