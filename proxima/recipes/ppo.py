@@ -53,6 +53,7 @@ from proxima.recipes.common import (
     remove_orphans_near,
     start_dist,
 )
+from proxima.recipes.failure import SAVING, Failure, failure_message
 from proxima.rng import preserve_rng, seed_everything
 from proxima.rollout.engines import check_engine
 from proxima.trackers import check_trackers, open_trackers, selected
@@ -77,8 +78,6 @@ from proxima.trainer.setup import prepare_inputs
 from proxima.trainer.signals import StopSignals, should_stop
 
 # phases of a failure that leave the iteration complete (nothing to undo)
-AFTER_THE_STEP = ("evaluation before training", "evaluation", "logging", "checkpoint")
-SAVING = "saving the models"  # the phase of a run whose result could not be written
 LINE_KEYS = {  # metric -> short label of the one-line summary per iteration
     "score": "score",
     "env/return": "return",
@@ -135,7 +134,7 @@ class PPORecipe:
         self.summary = dict(summary or {})
         self.start = time.perf_counter()
         self.made_run_dir = False  # this recipe created the run folder (a task did not)
-        self.failure: tuple[Exception, int, str] | None = None  # error, iteration, phase
+        self.failure: Failure | None = None  # the first error: what, at which iteration, where
         self.drift = DriftMonitor(cfg)  # warnings of degenerate answers, in the summary
         self.unwritten: list[str] = []  # what a failed run could not write, said at the end
         self.summary_written = False
@@ -318,7 +317,7 @@ class PPORecipe:
             with preserve_rng():  # so a resumed run, which evaluates first too, replays exactly
                 self.summary[key] = self.evaluate(tag)
         except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
-            self.failure = (err, trainer.iteration, "evaluation before training")
+            self.failure = Failure(err, trainer.iteration, "evaluation before training")
             return False
         self.logger.log(trainer.iteration, _eval_metrics(self.summary[key]))
         return True
@@ -334,7 +333,7 @@ class PPORecipe:
             self.divergence = non_finite_divergence(err, cfg, trainer.iteration + 1)
             return "diverged"
         except Exception as err:  # noqa: BLE001 - kept, reported, raised as RunFailed
-            self.failure = (err, trainer.iteration + 1, trainer.timer.current)
+            self.failure = Failure(err, trainer.iteration + 1, trainer.timer.current)
             return "failed"
         it, phase = trainer.iteration, "evaluation"
         try:
@@ -355,7 +354,7 @@ class PPORecipe:
                 self._checkpoint()
                 schedule.saved()
         except Exception as err:  # noqa: BLE001 - iteration `it` is complete: kept
-            self.failure = (err, it, phase)
+            self.failure = Failure(err, it, phase)
             return "failed"
         return None
 
@@ -460,7 +459,7 @@ class PPORecipe:
             if litter and self.dist.is_main:  # a run that trained nothing leaves no folder
                 self.logger.close()
                 shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise RunFailed(self._failure_message(removed=litter), summary) from self.failure[0]
+            raise RunFailed(self._failure_message(removed=litter), summary) from self.failure.error
         return summary
 
     def _checkpoint_on_signal(self, signals: StopSignals) -> str:
@@ -471,7 +470,7 @@ class PPORecipe:
             try:
                 self._checkpoint()
             except CheckpointWriteError as err:
-                self.failure = (err, trainer.iteration, "checkpoint")
+                self.failure = Failure(err, trainer.iteration, "checkpoint")
                 return "failed"
         self._stopped(signals.name, int(signals.received))
         return "signal"
@@ -523,9 +522,7 @@ class PPORecipe:
         newest checkpoint there is)."""
         err, iteration, phase = self.failure
         trainer = self.trainer
-        # after the step (evaluation, logs, checkpoint) the iteration is complete as it is
-        complete = phase in AFTER_THE_STEP or phase == SAVING
-        undone = complete or trainer.undo_iteration()
+        undone = self.failure.complete or trainer.undo_iteration()
         progressed = trainer.iteration > self.first_iteration
         kept = self.resume
         if undone and progressed and phase not in ("checkpoint", SAVING):
@@ -545,50 +542,16 @@ class PPORecipe:
         }
 
     def _failure_message(self, removed: bool) -> str:
-        """The first error, then what else could not be written, then plainly what is kept
-        and how to go on."""
-        failed = self.summary["failed"]
-        text = f"iteration {failed['iteration']} failed in phase `{failed['phase']}`"
-        if failed["phase"] == "evaluation before training":
-            text = "the evaluation before training failed"
-        if failed["phase"] == SAVING:
-            text = f"the result of iteration {failed['iteration']} could not be written"
-        lines = [f"{text}: {failed['error']}"]
-        lines += [f"also not written: {what}" for what in self.unwritten]
-        marked = (
-            "summary.json marked failed"
-            if self.summary_written
-            else "no summary.json could be written"
+        return failure_message(
+            self.summary["failed"],
+            self.run_dir,
+            unwritten=self.unwritten,
+            summary_written=self.summary_written,
+            kept_models=self.kept_models,
+            removed=removed,
+            trained=self.trainer.iteration - self.first_iteration,
+            iteration=self.trainer.iteration,
         )
-        if failed["checkpoint"] is not None and failed["phase"] == SAVING:
-            lines.append(
-                f"kept: the checkpoint {failed['checkpoint']}, which holds the trained models "
-                f"(its actor/ is the result), and the run folder {self.run_dir} ({marked})"
-            )
-        elif failed["checkpoint"] is not None:
-            lines.append(
-                f"kept: the checkpoint {failed['checkpoint']} and the run folder "
-                f"{self.run_dir} ({marked}); once the cause is fixed, resume with "
-                f"`proxima train trainer.resume_from={failed['checkpoint']}`"
-            )
-        elif self.kept_models:
-            lines.append(
-                f"kept: the models of iteration {self.trainer.iteration} in "
-                f"{self.run_dir} (actor/, the critic's; {marked}); no checkpoint could be "
-                f"written, so a new run starts from them (model.actor_path={self.run_dir}/actor)"
-            )
-        elif removed:
-            lines.append(f"nothing was trained yet: the run folder {self.run_dir} is removed")
-        elif self.trainer.iteration > self.first_iteration:
-            lines.append(
-                f"kept: no checkpoint and no models (none could be written): the "
-                f"{self.trainer.iteration} iterations trained are lost; the run folder "
-                f"{self.run_dir} keeps the lines of metrics.jsonl and samples.jsonl that were "
-                f"written whole ({marked}). Free space, then start the run again"
-            )
-        else:
-            lines.append(f"nothing was trained yet; the run folder is {self.run_dir}")
-        return "\n".join(lines)
 
     def _evaluate_after(self, signals: StopSignals) -> None:
         """The evaluation after the last iteration; a stop signal during the last iteration
@@ -637,7 +600,7 @@ class PPORecipe:
             if self.failure is not None:
                 self.unwritten.append(what)
                 return True
-            self.failure = (OSError(f"cannot write {what}"), self.trainer.iteration, SAVING)
+            self.failure = Failure(OSError(f"cannot write {what}"), self.trainer.iteration, SAVING)
             return False
         return True
 
