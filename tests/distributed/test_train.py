@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from proxima.cli import main
 from tests.distributed.conftest import torchrun
+from tests.helpers import run_metrics
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -19,12 +20,12 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 # tiny in a 3-iteration greedy run, and so magnifies the float rounding of other row layouts;
 # ratio_max is each micro-batch's max, averaged, and the micro-batches of 1 and 2 processes
 # hold other rows (the same global mini-batch: the same gradient)
+# wall clock, and two readings that differ in the last bits between one process and two
 NOT_COMPARED = ("time/", "tokens_per_s", "critic/explained_variance", "actor/ratio_max")
 
 
 def _metrics(run: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows}
+    return run_metrics(run, NOT_COMPARED)
 
 
 def _close(a: dict[int, dict], b: dict[int, dict]) -> None:

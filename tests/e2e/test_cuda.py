@@ -21,6 +21,7 @@ from proxima.cli import main
 from proxima.logging import read_metrics
 from proxima.trainer.dist import Dist
 from tests.distributed.common import MODES, global_batch, mini_batch_grads, models
+from tests.helpers import run_metrics
 
 pytestmark = pytest.mark.gpu
 
@@ -45,8 +46,7 @@ def test_gradients_on_the_gpu_equal_the_cpu(role, mode):
 
 
 def _metrics(run: Path) -> dict[int, dict]:
-    rows = read_metrics(run / "metrics.jsonl")
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows}
+    return run_metrics(run, NOT_COMPARED)
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from proxima.cli import main
 from proxima.logging import read_metrics
+from tests.helpers import assert_same_weights, run_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -64,10 +63,6 @@ def test_sigint_writes_a_checkpoint_and_the_summary_then_resumes(
     assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl")] == [n + 1]
 
 
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(folder / "model.safetensors")
-
-
 def test_huge_learning_rate_stops_with_a_diagnosis_and_keeps_the_last_good_checkpoint(
     tmp_path, make_model, fast_overrides, capsys
 ):
@@ -107,8 +102,7 @@ def test_huge_learning_rate_stops_with_a_diagnosis_and_keeps_the_last_good_check
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved == [f"iter_{u - 2}", f"iter_{u - 1}"]
     for role in ("actor", "critic"):
-        good, kept = _weights(out / "checkpoints" / f"iter_{u - 2}" / role), _weights(out / role)
-        assert good.keys() == kept.keys() and all(torch.equal(good[k], kept[k]) for k in good)
+        assert_same_weights(out / "checkpoints" / f"iter_{u - 2}" / role, out / role)
 
 
 def test_non_finite_policy_stops_at_once(tmp_path, make_model, fast_overrides, capsys):
@@ -223,13 +217,6 @@ def test_sft_out_unwritable_or_full_is_named_and_left_without_a_cut_model(
 # --------------------------------------------------------------------------- errors mid-run
 
 
-def _metrics_without_time(run: Path) -> dict[int, dict]:
-    return {
-        r["step"]: {k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_s"))}
-        for r in read_metrics(run / "metrics.jsonl")
-    }
-
-
 def test_an_error_mid_run_keeps_a_checkpoint_the_summary_and_the_resume_command(
     tmp_path, make_model, fast_overrides, reward_spec, capsys
 ):
@@ -256,7 +243,7 @@ def test_an_error_mid_run_keeps_a_checkpoint_the_summary_and_the_resume_command(
     assert main(["train", *fast_overrides(model, whole, 4)]) == 0
     again = [f"trainer.resume_from={kept}"]
     assert main(["train", *fast_overrides(model, resumed, 4, *again)]) == 0
-    want, got = _metrics_without_time(whole), _metrics_without_time(resumed)
+    want, got = run_metrics(whole), run_metrics(resumed)
     assert sorted(got) == [3, 4] and got[3] == want[3] and got[4] == want[4]
 
 

@@ -16,24 +16,18 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from proxima.cli import main
 from proxima.config import load_config
-from proxima.logging import read_metrics
 from proxima.models import load_causal_lm
 from proxima.models.forward import response_logits
 from proxima.models.lora import AdapterDisabled, is_lora
 from proxima.trainer.datasets import load_prompts
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.roles import load_roles
+from tests.helpers import run_metrics
 
 pytestmark = pytest.mark.slow
 
 # one thread: two OpenMP threads on a busy 2-core machine made these runs 20x slower
 LORA = ("model.lora_rank=4", "model.lora_alpha=8", "trainer.threads=1")
-NOT_COMPARED = ("time/", "tokens_per_s")  # wall-clock measurements
-
-
-def _metrics(run: Path) -> dict[int, dict]:
-    rows = read_metrics(run / "metrics.jsonl")
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows}
 
 
 def _same_files(a: Path, b: Path, name: str) -> None:
@@ -52,7 +46,7 @@ def test_lora_run_writes_merged_models_and_adapters(
     argv = fast_overrides(init, out, 3, *LORA, "algorithm.kl_penalty=full")
     assert main(["train", *argv]) == 0
     assert "reference: the actor with its LoRA adapters disabled" in capsys.readouterr().out
-    kl = [m["kl"] for _, m in sorted(_metrics(out).items())]
+    kl = [m["kl"] for _, m in sorted(run_metrics(out).items())]
     # iteration 1: B = 0, so actor == reference bit for bit; then the adapters have moved
     assert kl[0] == 0.0 and kl[1] > 0.0 and kl[2] > 0.0
 
@@ -132,7 +126,7 @@ def test_lora_resume_equals_uninterrupted_run(tmp_path, make_model, fast_overrid
     resume = f"trainer.resume_from={iter_2}"
     assert main(["train", *fast_overrides(init, run_b, 4, resume, *LORA)]) == 0
 
-    a, b = _metrics(run_a), _metrics(run_b)
+    a, b = run_metrics(run_a), run_metrics(run_b)
     assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4]
     for step in (3, 4):
         assert {"score", "kl", "actor/pg_loss", "critic/vf_loss"} <= b[step].keys()
@@ -174,7 +168,7 @@ def test_shared_backbone_with_lora_resumes_exactly(tmp_path, make_model, fast_ov
     assert not (iter_2 / "critic").exists() and not (run_a / "critic").exists()
     resume = f"trainer.resume_from={iter_2}"
     assert main(["train", *fast_overrides(init, run_b, 4, resume, *shared)]) == 0
-    a, b = _metrics(run_a), _metrics(run_b)
+    a, b = run_metrics(run_a), run_metrics(run_b)
     assert "actor/pg_loss" not in a[1] and "critic/vf_loss" in a[1]  # the head's warm-up
     for step in (3, 4):
         assert {"actor/pg_loss", "critic/vf_loss", "values_mean"} <= b[step].keys()

@@ -12,34 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from proxima.cli import main
 from proxima.config import load_config
-from proxima.logging import read_metrics
 from proxima.recipes import train
+from tests.helpers import assert_same_weights, run_metrics
 
 from .conftest import write_jsonl
 
 pytestmark = pytest.mark.slow
-
-NOT_COMPARED = ("time/", "tokens_per_s")  # wall-clock measurements
-
-
-def _metrics(run: Path) -> dict[int, dict]:
-    """{step: metrics} (rows of one step merged, e.g. training + evaluation after)."""
-    rows = read_metrics(run / "metrics.jsonl")
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows}
-
-
-def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    return load_file(folder / "model.safetensors")
-
-
-def _assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys()
-    assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
 
 
 def _run_a_and_b(tmp_path, make_model, fast_overrides, *extra: str) -> tuple[Path, Path]:
@@ -55,14 +36,14 @@ def _run_a_and_b(tmp_path, make_model, fast_overrides, *extra: str) -> tuple[Pat
 
 def test_resume_equals_uninterrupted_run(tmp_path, make_model, fast_overrides, capsys):
     run_a, run_b = _run_a_and_b(tmp_path, make_model, fast_overrides, "trainer.threads=1")
-    a, b = _metrics(run_a), _metrics(run_b)
+    a, b = run_metrics(run_a), run_metrics(run_b)
     assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4]  # B continues at step N+1
     for step in (3, 4):
         assert {"score", "kl", "actor/pg_loss", "critic/vf_loss"} <= b[step].keys()
         assert b[step] == a[step], step  # every metric, bit for bit
     assert a[3] != a[4]  # the comparison is not between constants
     for role in ("actor", "critic"):
-        _assert_same_weights(run_a / role, run_b / role)
+        assert_same_weights(run_a / role, run_b / role)
     # keep_checkpoints=2: A keeps iter_2 and its final iter_4; B wrote its own final one
     assert sorted(p.name for p in (run_a / "checkpoints").iterdir()) == ["iter_2", "iter_4"]
     assert [p.name for p in (run_b / "checkpoints").iterdir()] == ["iter_4"]
@@ -92,10 +73,10 @@ def test_resume_at_epoch_boundary_trains_the_rest(tmp_path, make_model, fast_ove
     )
     state = torch.load(run_a / "checkpoints" / "iter_2" / "state.pt", weights_only=True)
     assert state["trainer"]["loader"] == {"epoch": 0, "position": 2, "seed": 42}  # boundary
-    a, b = _metrics(run_a), _metrics(run_b)
+    a, b = run_metrics(run_a), run_metrics(run_b)
     assert sorted(b) == [3, 4]  # the remaining iterations were trained, not 0
     assert b[3] == a[3] and b[4] == a[4]
-    _assert_same_weights(run_a / "actor", run_b / "actor")
+    assert_same_weights(run_a / "actor", run_b / "actor")
 
 
 def _task_overrides(out: Path, iterations: int, *extra: str) -> list[str]:
@@ -140,11 +121,11 @@ def test_task_run_extended_from_final_checkpoint(tmp_path):
     config = json.loads((extended / "config.json").read_text())
     assert config["model"]["actor_path"] == str(first / "task" / "sft")
     assert config["data"]["eval_path"] == str(first / "task" / "eval.jsonl")
-    b, c = _metrics(extended), _metrics(straight)
+    b, c = run_metrics(extended), run_metrics(straight)
     train_b = {k: v for k, v in b[3].items() if not k.startswith("eval/")}
     train_c = {k: v for k, v in c[3].items() if not k.startswith("eval/")}
     assert train_b["kl"] != 0.0 and train_b == train_c
-    _assert_same_weights(straight / "actor", extended / "actor")
+    assert_same_weights(straight / "actor", extended / "actor")
 
 
 def test_cli_resume_continues_the_checkpoints_own_config(tmp_path, capsys):
@@ -176,5 +157,5 @@ def test_cli_resume_continues_the_checkpoints_own_config(tmp_path, capsys):
     summary = json.loads((resumed / "summary.json").read_text())
     assert "eval_at_resume" in summary and "eval_before" not in summary
     # step 2: the evaluation before the resumed segment; step 3: the one iteration trained
-    assert sorted(_metrics(resumed)) == [2, 3]
-    assert "score" in _metrics(resumed)[3] and "score" not in _metrics(resumed)[2]
+    assert sorted(run_metrics(resumed)) == [2, 3]
+    assert "score" in run_metrics(resumed)[3] and "score" not in run_metrics(resumed)[2]
