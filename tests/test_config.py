@@ -429,3 +429,13 @@ def test_the_batch_plan_says_how_the_batches_are_sampled_ahead():
     here = batch_plan(load_config(None, [*BASE, "rollout.max_staleness=2", "rollout.name=vllm"]))
     assert "trainer's process (rollout.workers=0; workers do not go with rollout.name=vllm" in here
     assert "nothing overlaps" in here
+
+
+def test_shipped_dapo_config_is_found_by_name():
+    from proxima.cli.args import builtin_config
+    from proxima.config import load_config
+
+    cfg = load_config(builtin_config("dapo"))
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.filter_groups
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.reward.overlong_buffer_len == 2 and not cfg.kl_in_reward

@@ -166,16 +166,6 @@ def test_dapo_recipe_options_train(fast_overrides, make_model, tmp_path):
     assert "overlong_penalty_mean" in last
 
 
-def test_shipped_dapo_config_is_found_by_name():
-    from proxima.cli.args import builtin_config
-    from proxima.config import load_config
-
-    cfg = load_config(builtin_config("dapo"))
-    assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.filter_groups
-    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
-    assert cfg.reward.overlong_buffer_len == 2 and not cfg.kl_in_reward
-
-
 def test_token_budget_micro_batches_train(fast_overrides, make_model, tmp_path):
     rows = _run(
         fast_overrides,

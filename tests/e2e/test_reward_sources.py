@@ -13,11 +13,8 @@ import pytest
 import torch
 
 from proxima.cli import main
-from proxima.config import ConfigError, load_config
-from proxima.config.sources import reward_sources
 from proxima.logging import read_metrics
 from proxima.models import build_tiny_reward_model, load_tokenizer
-from proxima.rewards import WeightedPart, WeightedReward
 
 pytestmark = pytest.mark.slow
 
@@ -89,66 +86,6 @@ def test_gdpo_takes_the_sources_as_its_components(
     assert main(["train", *args]) == 0
     row = read_metrics(out / "metrics.jsonl")[-1]
     assert math.isfinite(row["actor/pg_loss"])
-
-
-def test_weighted_reward_combines_standardises_and_clips():
-    def const(values):
-        return lambda prompts, responses, columns, *_: torch.tensor(values)
-
-    reward = WeightedReward(
-        [
-            WeightedPart("a", 2.0, const([1.0, 3.0])),
-            WeightedPart("b", -1.0, const([10.0, -10.0]), clip=4.0, normalize=True),
-        ]
-    )
-    comps = reward.components(["p", "q"], ["x", "y"], {})
-    assert comps.tolist() == [[1.0, 10.0], [3.0, -10.0]]
-    # raw: 2 x a - clip(b, 4)
-    assert reward(["p", "q"], ["x", "y"], {}).tolist() == [2.0 - 4.0, 6.0 + 4.0]
-    # standardised b (mean 0, std 10), then clipped, then weighted
-    got = reward.combine(comps, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 10.0]))
-    assert got.tolist() == [2.0 - 1.0, 6.0 + 1.0]
-
-
-@pytest.mark.parametrize(
-    "sources, match",
-    [
-        ("[{name: a, function: f.py:g, model_path: m}]", "exactly one of"),
-        ("[{name: a, function: f.py:g, batch_size: 4}]", "unknown keys \\['batch_size'\\]"),
-        ("[{name: a, function: f.py:g}, {name: a, url: 'http://x'}]", "appear twice"),
-        ("[{name: 'a b', function: f.py:g}]", "short name"),
-        ("[{name: a, url: 'ftp://x'}]", "http://"),
-        ("[{name: a, url: 'http://x', on_error: ignore}]", "on_error"),
-        ("[{name: a, function: f.py:g, weight: heavy}]", "must be a number"),
-        (
-            "[{name: a, function: f.py:g, weight: 0}, {name: b, url: 'http://x', weight: 0.0}]",
-            "has weight 0",
-        ),
-    ],
-)
-def test_source_mistakes_are_named(sources, match):
-    with pytest.raises(ConfigError, match=match):
-        load_config(None, ["task.name=arithmetic", f"reward.sources={sources}"])
-
-
-def test_a_weight_in_exponent_notation_is_a_number():
-    """YAML 1.1 reads `1e30` (no dot) as a string; a weight takes it as the number."""
-    cfg = load_config(
-        None, ["task.name=arithmetic", "reward.sources=[{name: a, function: f.py:g, weight: 1e30}]"]
-    )
-    assert [s.weight for s in reward_sources(cfg)] == [1e30]
-
-
-def test_sources_and_the_single_keys_together_are_refused():
-    with pytest.raises(ConfigError, match="not both"):
-        load_config(
-            None,
-            [
-                "task.name=arithmetic",
-                "reward.function=f.py:g",
-                "reward.sources=[{name: a, function: f.py:g}]",
-            ],
-        )
 
 
 def test_a_run_scores_through_proxima_serve_reward(
