@@ -3,7 +3,7 @@ values (critic), sequence scores (reward model), for rollout scoring and trainin
 
 Prompts are left-padded, so positions are counted from each row's first real token
 (`position_ids_from_mask`); without that, padding would shift positions and change
-log-probs and values (tested in tests/trainer/test_forward.py).
+log-probs and values (tested in tests/models/test_forward.py).
 
 Given `keep` ([B, R] bool, the response positions that count), the LM head projects only
 those positions to the vocabulary: the logits come back packed, [N, V] for the N kept
