@@ -10,7 +10,7 @@ from proxima.config import load_config
 from proxima.config.choices import ENGINES, ENGINES_SERVING_ACTOR
 from proxima.config.run import run_plan
 from proxima.rollout.engines import ENGINES as ENGINE_CLASSES
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 
 BASE = ["task.name=arithmetic"]
 
@@ -64,7 +64,7 @@ def test_the_reference_in_the_update_is_the_kl_loss():
 def test_the_engine_names_and_who_serves_the_actor_agree_with_the_engine_classes():
     assert tuple(ENGINE_CLASSES) == ENGINES
     for name in ENGINES:
-        assert engine_class(name).serves_actor == (name in ENGINES_SERVING_ACTOR)
+        assert engine_spec(name).serves_actor == (name in ENGINES_SERVING_ACTOR)
 
 
 def test_the_plan_is_built_once_per_config():

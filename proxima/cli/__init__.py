@@ -67,7 +67,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
     from proxima.config.roles import role_plan
     from proxima.config.run import run_plan
     from proxima.models.loading import generation_config
-    from proxima.rollout.engines import engine_class
+    from proxima.rollout.engines import engine_spec
     from proxima.rollout.plan import plan_scoring
     from proxima.tasks import check_task, resumed_task_config
 
@@ -83,7 +83,7 @@ def cmd_config(ns: argparse.Namespace) -> int:
     print(role_plan(cfg).describe())
     print(run_plan(cfg).describe())
     if cfg.model.actor_path and Path(cfg.model.actor_path, "config.json").is_file():
-        engine = engine_class(cfg.rollout.name)
+        engine = engine_spec(cfg.rollout.name)
         print(plan_scoring(cfg, engine, generation_config(cfg.model.actor_path)).describe())
     return 0
 

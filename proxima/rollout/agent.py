@@ -44,8 +44,8 @@ from proxima import plugins
 from proxima.config import Config, ConfigError, RolloutConfig
 from proxima.data import PromptItem
 from proxima.guarded import Outcome, run_all
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
-from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import Episode, episode_rows, prompt_record
 from proxima.rollout.types import Generation, Sampling
 

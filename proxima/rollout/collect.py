@@ -1,6 +1,6 @@
 """Prompts -> responses (`generate_rollout`, phase 1) -> raw scores (`score_rollout`, phase
 2), shared by training and evaluation (`collect` does both). The responses come from a
-rollout engine (proxima.rollout.engine: `hf` or `vllm`); a plain model is served by the `hf`
+rollout engine (proxima.rollout.contract: `hf` or `vllm`); a plain model is served by the `hf`
 engine. Scores
 are the reward source's own output: every shaping (normalisation, no-stop penalty, clipping,
 KL) is `algos.shape_rewards`."""
@@ -15,7 +15,7 @@ from proxima.algos import EXTRA_INPUTS
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts
 from proxima.rollout.agent import play_agent_episodes
-from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.engines import as_engine
 from proxima.rollout.episodes import play_episodes
 from proxima.rollout.types import Generation, Sampling, cat_generations, cat_rows, take_rows

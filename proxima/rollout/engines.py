@@ -4,16 +4,16 @@ of its own (`held_memory`), whether its log-probs of the sampled tokens are the 
 (`logprobs_differ`), and builds itself once per run (`build`). The rest of proxima asks the
 engine's class instead of comparing `rollout.name`.
 
-- `hf` (`HF`): transformers `generate` on the trainer's own actor module
+- `hf` (`HFSpec`): transformers `generate` on the trainer's own actor module
   (`rollout.hf_engine.HFEngine`): under the trainer's autocast, its KV cache counted in the
   memory plan's generate phase, its log-probs exact under the conditions of
-  `HF.logprobs_differ`, and a value head's values come with the tokens.
-- `vllm` (`VLLM`): vLLM in the training process (`rollout.vllm_engine.VLLMEngine`, imported
+  `HFSpec.logprobs_differ`, and a value head's values come with the tokens.
+- `vllm` (`VLLMSpec`): vLLM in the training process (`rollout.vllm_engine.VLLMEngine`, imported
   only when chosen: an optional dependency), with its own copy of the weights, its own
   KV-cache reservation and its own kernels.
 
 An engine built outside proxima (a test's fake, a caller's own) is answered by the base class
-`Engine`: its own kernels, nothing known of its memory (`engine_of`).
+`EngineSpec`: its own kernels, nothing known of its memory (`spec_of`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from proxima.models import DTYPES
 from proxima.models.critic import policy_of
 from proxima.models.lora import export_adapter, is_lora
 from proxima.models.saving import export_base_weights, export_weights
-from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
 
@@ -36,7 +36,7 @@ GiB = 2**30
 VLLM_CPU_KV_GIB = 4
 
 
-class Engine:
+class EngineSpec:
     """A rollout engine as proxima knows it before one is built. This base class answers
     for an engine built outside proxima (named `name`): its own kernels, nothing held that
     the memory plan would count, nothing to check."""
@@ -75,7 +75,7 @@ class Engine:
         return f"the {self.name} engine has its own kernels"
 
 
-class HF(Engine):
+class HFSpec(EngineSpec):
     """`rollout.name=hf`: transformers `generate` with the KV cache on the trainer's actor."""
 
     name = "hf"
@@ -103,7 +103,7 @@ class HF(Engine):
         return ""
 
 
-class VLLM(Engine):
+class VLLMSpec(EngineSpec):
     """`rollout.name=vllm`: vLLM in the training process, loaded from the actor's folder and
     sent its weights after every update."""
 
@@ -111,10 +111,10 @@ class VLLM(Engine):
     logprob_fixes = ("rollout.vllm.dtype=float32",)
 
     def check(self, cfg: Config, model_path: str | None = None) -> None:
-        """vLLM installed, and able to run this model (`vllm_engine.check_engine`)."""
-        from proxima.rollout.vllm_engine import check_engine
+        """vLLM installed, and able to run this model (`vllm_engine.check_vllm`)."""
+        from proxima.rollout.vllm_engine import check_vllm
 
-        check_engine(cfg, model_path)
+        check_vllm(cfg, model_path)
 
     def build(self, cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
         from proxima.rollout.vllm_engine import VLLMEngine
@@ -135,10 +135,10 @@ class VLLM(Engine):
 
 
 # the names are config.choices.ENGINES, which validation checks rollout.name against
-ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (HF, VLLM)}
+ENGINES: dict[str, type[EngineSpec]] = {cls.name: cls for cls in (HFSpec, VLLMSpec)}
 
 
-def engine_class(name: str) -> Engine:
+def engine_spec(name: str) -> EngineSpec:
     """The engine `rollout.name`=`name` names; ConfigError for a name no engine has."""
     if name not in ENGINES:
         raise ConfigError(
@@ -147,23 +147,23 @@ def engine_class(name: str) -> Engine:
     return ENGINES[name]()
 
 
-def engine_of(engine: RolloutEngine | str) -> Engine:
+def spec_of(engine: RolloutEngine | str) -> EngineSpec:
     """The class answering for a built engine (or the name of one): its registered class,
-    or the base `Engine` for one built outside proxima."""
+    or the base `EngineSpec` for one built outside proxima."""
     name = engine if isinstance(engine, str) else engine.name
-    return ENGINES[name]() if name in ENGINES else Engine(name)
+    return ENGINES[name]() if name in ENGINES else EngineSpec(name)
 
 
 def check_engine(cfg: Config, model_path: str | None = None) -> None:
     """Stop before anything heavy when the configured engine cannot run (ConfigError naming
     the key and the fix); the `hf` engine always can."""
-    engine_class(cfg.rollout.name).check(cfg, model_path)
+    engine_spec(cfg.rollout.name).check(cfg, model_path)
 
 
 def build_engine(cfg: Config, actor: torch.nn.Module, tokenizer, device: torch.device):
     """The engine `rollout.name` names, for a run whose actor module is `actor` (the `hf`
     engine serves it directly; vLLM loads the actor's folder and gets its weights pushed)."""
-    return engine_class(cfg.rollout.name).build(cfg, actor, tokenizer, device)
+    return engine_spec(cfg.rollout.name).build(cfg, actor, tokenizer, device)
 
 
 def as_engine(actor_or_engine, tokenizer, cfg: RolloutConfig) -> RolloutEngine:

@@ -37,7 +37,7 @@ import torch
 from proxima.config import RolloutConfig
 from proxima.data import collate_prompts, observation_text, tokenize_text
 from proxima.guarded import Outcome, run_all
-from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.environments import load_env_class
 from proxima.rollout.types import Generation, Sampling
 

@@ -3,7 +3,7 @@ printed, and followed by `score.build_experience`.
 
 PPO's old log-probs are log-softmax(actor logits / temperature) of the sampled tokens. The
 rollout engine already computed the log-probs of what it sampled; where the two are the same
-quantity (the engine's class says when: `rollout.engines.Engine.logprobs_differ`; the `hf`
+quantity (the engine's class says when: `rollout.engines.EngineSpec.logprobs_differ`; the `hf`
 engine's are exact in float32 with no truncation and no logits processor, up to the
 KV-cached decode's float rounding, ~1e-7), the scoring forward pass of the actor is skipped
 (`rollout.old_logprobs=auto`). With `rollout.max_staleness` they never are: the samples come
@@ -42,7 +42,7 @@ NEUTRAL_GENERATION_FIELDS = {
 }
 
 
-class Engine(Protocol):
+class EngineSpec(Protocol):
     """What the plan asks of the engine that samples: its class in `rollout.engines`
     (imported by its callers: the engines import the decode loop, which imports this
     module)."""
@@ -92,7 +92,7 @@ class ScoringPlan:
         )
 
 
-def _old_logprobs(cfg: Config, engine: Engine, generation_config) -> tuple[str, str]:
+def _old_logprobs(cfg: Config, engine: EngineSpec, generation_config) -> tuple[str, str]:
     mode = cfg.rollout.old_logprobs
     if "sum_pi_squared" in _estimator_needs(cfg):
         name = cfg.algorithm.adv_estimator
@@ -130,9 +130,9 @@ def _estimator_needs(cfg: Config) -> tuple[str, ...]:
     return ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator].needs
 
 
-def plan_scoring(cfg: Config, engine: Engine, generation_config=None) -> ScoringPlan:
+def plan_scoring(cfg: Config, engine: EngineSpec, generation_config=None) -> ScoringPlan:
     """The scoring plan of a run whose samples come from `engine` (its class in
-    `rollout.engines`: `engine_class(cfg.rollout.name)`, or `engine_of` a built one) and
+    `rollout.engines`: `engine_spec(cfg.rollout.name)`, or `spec_of` a built one) and
     whose actor has `generation_config`. Raises ConfigError for a combination that cannot be
     scored."""
     old, why = _old_logprobs(cfg, engine, generation_config)

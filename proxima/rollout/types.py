@@ -1,5 +1,5 @@
 """What a rollout engine is given and what it returns (the contract of
-`proxima.rollout.engine`): `Sampling`, how to sample one batch, and `Generation`, the
+`proxima.rollout.contract`): `Sampling`, how to sample one batch, and `Generation`, the
 sampled rows; `cat_generations` joins generations of different widths; `take_rows` and
 `cat_rows` select and join the per-row fields of a batch, whatever their kind."""
 

@@ -101,7 +101,7 @@ def _head_size(model_path: str) -> int | None:
     return size or (c.hidden_size // heads if heads else None)
 
 
-def check_engine(cfg: Config, model_path: str | None = None) -> None:
+def check_vllm(cfg: Config, model_path: str | None = None) -> None:
     """Stop early when `rollout.name=vllm` cannot run: vLLM missing, a tensor-parallel size
     other than 1, or (vLLM's CPU build) an attention head size its kernels lack. Cheap:
     reads the model's config.json, builds nothing."""
@@ -200,7 +200,7 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, cfg: Config, tokenizer, device: torch.device) -> None:
-        check_engine(cfg)
+        check_vllm(cfg)
         _colocated_env()
         vllm = _import_vllm()
         from vllm.platforms import current_platform

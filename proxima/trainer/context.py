@@ -22,8 +22,8 @@ import torch
 from proxima.algos import ADVANTAGE_ESTIMATORS
 from proxima.config import Config
 from proxima.config.run import RunPlan, run_plan
-from proxima.rollout.engine import RolloutEngine
-from proxima.rollout.engines import build_engine, engine_of, sync_weights
+from proxima.rollout.contract import RolloutEngine
+from proxima.rollout.engines import build_engine, spec_of, sync_weights
 from proxima.trainer.device import autocast
 from proxima.trainer.dist import Dist
 from proxima.trainer.roles import Roles, load_rollout_roles
@@ -104,7 +104,7 @@ class RolloutContext:
     def precision(self, generation: bool = False):
         """Mixed-precision context (model.mixed_precision) of forward passes; for generation
         only around the hf engine (vLLM has its own dtype) and with rollout.autocast."""
-        if generation and not (self.cfg.rollout.autocast and engine_of(self.engine).serves_actor):
+        if generation and not (self.cfg.rollout.autocast and spec_of(self.engine).serves_actor):
             return nullcontext()
         return autocast(self.cfg, self.device)
 

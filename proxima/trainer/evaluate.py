@@ -19,7 +19,7 @@ from proxima.config import RolloutConfig
 from proxima.data.mixing import DATASET_COLUMN
 from proxima.models.forward import response_logprobs
 from proxima.rollout.collect import collect, generate_rollout, score_rollout
-from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.environments import load_env_class
 from proxima.rollout.types import Generation
 from proxima.trainer.dist import Dist

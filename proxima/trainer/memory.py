@@ -42,7 +42,7 @@ from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
 from proxima.config.run import offload_problem, run_plan
 from proxima.models import DTYPES
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.trainer.host_memory import cpu_available, device_available, resident_bytes
 from proxima.trainer.model_sizes import (
     CHUNK_ELEMENTS,
@@ -358,7 +358,7 @@ def _engine_bytes(cfg: Config, actor: Shape, device: torch.device) -> dict[str, 
     """The rollout engine's own memory (`rollout.engines`: vLLM's copy of the weights and
     its KV-cache reservation, or on a GPU its share of the device; none for hf)."""
     total = (device_available(device)[1] or 0) if device.type == "cuda" else None
-    engine = engine_class(cfg.rollout.name)
+    engine = engine_spec(cfg.rollout.name)
     return engine.held_memory(cfg, actor.params, actor.dtype_bytes, total)
 
 

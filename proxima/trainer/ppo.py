@@ -36,8 +36,8 @@ from proxima.models.critic import optimizer_groups
 from proxima.models.unwrap import base_model, unwrap
 from proxima.rng import rng_state, seed_everything, set_rng_state
 from proxima.rollout.collect import Rollout, sampled_inputs
-from proxima.rollout.engine import LogprobMismatchWarning, RolloutEngine
-from proxima.rollout.engines import build_engine, engine_class, engine_of
+from proxima.rollout.contract import LogprobMismatchWarning, RolloutEngine
+from proxima.rollout.engines import build_engine, engine_spec, spec_of
 from proxima.rollout.experience import build_experience, rollout_correction
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.trainer.advantages import (
@@ -108,7 +108,7 @@ class PPOTrainer:
         self.generator = torch.Generator().manual_seed(cfg.trainer.seed)
         self.clock = Clock()  # the iteration, the policy and weight versions
         if plan is None:  # before the engine is built: a plan that cannot be fails first
-            kind = engine_of(engine) if engine is not None else engine_class(cfg.rollout.name)
+            kind = spec_of(engine) if engine is not None else engine_spec(cfg.rollout.name)
             plan = plan_scoring(cfg, kind, base_model(roles.actor).generation_config)
         self.plan = plan
         # the estimator's options, those the reward sources supply filled in; the extra
@@ -152,7 +152,7 @@ class PPOTrainer:
         off = Offload(
             self.device,
             reference_in_update=run_plan(self.cfg).reference_in_update,
-            release=not engine_of(self.engine).serves_actor,  # vLLM allocates beside torch
+            release=not spec_of(self.engine).serves_actor,  # vLLM allocates beside torch
         )
         if "critic" in self.trained:
             off.add_weights("critic weights", [self.trained["critic"].unwrapped])
@@ -437,7 +437,7 @@ class PPOTrainer:
 
     def _mismatch(self, m: dict[str, float], limit: float) -> str:
         engine = self.engine.name
-        fixes = ["algorithm.rollout_correction=token", *engine_of(self.engine).logprob_fixes]
+        fixes = ["algorithm.rollout_correction=token", *spec_of(self.engine).logprob_fixes]
         also = ""
         if self.cfg.rollout.max_staleness:  # the gap includes updates: expected there
             also = (

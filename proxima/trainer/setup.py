@@ -12,7 +12,7 @@ from proxima.data.mixing import all_items
 from proxima.models.loading import generation_config
 from proxima.rewards import load_reward_function
 from proxima.rollout.agent import check_agent
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.rollout.environments import check_env
 from proxima.rollout.plan import ScoringPlan, plan_scoring
 from proxima.trainer.checks import check_lengths, check_models, with_key
@@ -41,7 +41,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     check_rollout_devices(cfg)
     check_env(cfg)
     check_agent(cfg)
-    engine = engine_class(cfg.rollout.name)
+    engine = engine_spec(cfg.rollout.name)
     plan = plan_scoring(cfg, engine, generation_config(cfg.model.actor_path))
     prompts, eval_items, sft = load_data(cfg, tok)
     check_lengths(cfg, all_items(prompts), eval_items)

@@ -17,7 +17,7 @@ import torch
 from proxima.cli import main
 from proxima.config import ConfigError, load_config
 from proxima.logging import read_metrics
-from proxima.rollout.engine import LogprobMismatchWarning
+from proxima.rollout.contract import LogprobMismatchWarning
 from proxima.rollout.engines import check_engine
 from proxima.rollout.hf_engine import HFEngine
 from proxima.trainer.datasets import load_prompts

@@ -16,7 +16,7 @@ import torch
 from proxima.config import Config
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.models.saving import export_weights, load_named_weights
-from proxima.rollout.engine import RolloutEngine
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.types import Sampling

@@ -14,13 +14,13 @@ from proxima.config.choices import ENGINES as ENGINE_NAMES
 from proxima.models import build_char_tokenizer, build_tiny_model
 from proxima.rollout.engines import (
     ENGINES,
-    HF,
-    VLLM,
-    Engine,
+    EngineSpec,
+    HFSpec,
+    VLLMSpec,
     build_engine,
     check_engine,
-    engine_class,
-    engine_of,
+    engine_spec,
+    spec_of,
 )
 from proxima.rollout.hf_engine import HFEngine
 
@@ -36,29 +36,29 @@ def cfg(*overrides: str):
 def test_the_registry_holds_the_names_rollout_name_takes():
     assert tuple(ENGINES) == ENGINE_NAMES  # the config's choices are the registry's names
     for name in ENGINE_NAMES:  # each name builds its own class, which knows its name
-        assert engine_class(name).name == name
-    assert type(engine_class("hf")) is HF and type(engine_class("vllm")) is VLLM
+        assert engine_spec(name).name == name
+    assert type(engine_spec("hf")) is HFSpec and type(engine_spec("vllm")) is VLLMSpec
 
 
 def test_an_unknown_engine_is_refused_with_the_names_there_are():
     with pytest.raises(ConfigError, match=r"`rollout.name`='sglang' .* Use one of: hf, vllm"):
-        engine_class("sglang")
+        engine_spec("sglang")
 
 
 def test_a_built_engine_is_answered_by_its_class_or_the_base_one():
     class Fake:
         name = "fake"
 
-    assert type(engine_of(Fake())) is Engine and engine_of(Fake()).name == "fake"
-    assert type(engine_of("vllm")) is VLLM
-    fake = engine_of(Fake())
+    assert type(spec_of(Fake())) is EngineSpec and spec_of(Fake()).name == "fake"
+    assert type(spec_of("vllm")) is VLLMSpec
+    fake = spec_of(Fake())
     assert not fake.serves_actor and fake.logprob_fixes == ()
     assert fake.logprobs_differ(cfg()) == "the fake engine has its own kernels"
     assert fake.held_memory(cfg(), 10, 4, None) == {}
 
 
 def test_what_each_engine_answers():
-    hf, vllm = engine_class("hf"), engine_class("vllm")
+    hf, vllm = engine_spec("hf"), engine_spec("vllm")
     assert hf.serves_actor and not vllm.serves_actor
     assert hf.logprob_fixes == () and vllm.logprob_fixes == ("rollout.vllm.dtype=float32",)
     assert vllm.logprobs_differ(cfg(*FP32)) == "the vllm engine has its own kernels"
@@ -76,14 +76,14 @@ def test_what_each_engine_answers():
     ],
 )
 def test_the_hf_engine_log_probs_are_exact_only_where_nothing_differs(overrides, why):
-    got = engine_class("hf").logprobs_differ(cfg(*overrides))
+    got = engine_spec("hf").logprobs_differ(cfg(*overrides))
     assert why in got if why else got == ""
 
 
 def test_the_hf_engine_is_told_apart_by_the_actors_generation_config():
     from transformers import GenerationConfig
 
-    hf, c = engine_class("hf"), cfg(*FP32)
+    hf, c = engine_spec("hf"), cfg(*FP32)
     assert hf.logprobs_differ(c, GenerationConfig(eos_token_id=2, top_k=0)) == ""
     rep = GenerationConfig(repetition_penalty=1.3)
     assert hf.logprobs_differ(c, rep) == "the actor's generation_config sets repetition_penalty"
@@ -91,7 +91,7 @@ def test_the_hf_engine_is_told_apart_by_the_actors_generation_config():
 
 def test_memory_shares(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    hf, vllm = engine_class("hf"), engine_class("vllm")
+    hf, vllm = engine_spec("hf"), engine_spec("vllm")
     assert hf.held_memory(cfg(), 1000, 4, None) == {}
     # a CPU: its weights in the actor's dtype (vllm.dtype=auto) and 4 GiB of KV cache
     assert vllm.held_memory(cfg(), 1000, 4, None) == {
@@ -113,7 +113,7 @@ def test_the_hf_engine_builds_around_the_actor_and_always_runs():
     actor = build_tiny_model("llama", tok, "nano", max_positions=32)
     engine = build_engine(c, actor, tok, torch.device("cpu"))
     assert isinstance(engine, HFEngine) and engine.name == "hf"
-    assert engine_of(engine).serves_actor
+    assert spec_of(engine).serves_actor
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")

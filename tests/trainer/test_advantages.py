@@ -12,7 +12,7 @@ import torch
 
 from proxima.algos import compute_gae, explained_variance, masked_whiten, shape_rewards
 from proxima.config import Config
-from proxima.rollout.engine import LogprobMismatchWarning
+from proxima.rollout.contract import LogprobMismatchWarning
 from proxima.trainer.advantages import BatchView, estimate_advantages
 from tests.trainer.nano import nano_files, nano_trainer
 

@@ -23,7 +23,7 @@ from proxima.algos import truncated_is_weights
 from proxima.config import ConfigError, load_config
 from proxima.rng import seed_everything
 from proxima.rollout.collect import Rollout, rollout_from_state, rollout_state
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.rollout.experience import sequence_logprobs
 from proxima.rollout.plan import plan_scoring
 from proxima.rollout.types import Generation
@@ -40,7 +40,7 @@ from proxima.trainer.workers import (
 )
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
-HF = engine_class("hf")
+HF = engine_spec("hf")
 
 ASYNC = "rollout.max_staleness=1"
 IN_PROCESS = "rollout.workers=0"

@@ -12,14 +12,14 @@ from proxima.algos import EXTRA_INPUTS
 from proxima.config import ConfigError, load_config
 from proxima.models.forward import response_logits
 from proxima.rollout.collect import Rollout, collect, sampled_inputs
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.rollout.plan import plan_scoring
 from proxima.trainer.advantages import BatchView
 from proxima.trainer.dist import Dist
 from proxima.types import Experience
 from tests.trainer.nano import nano_files, nano_trainer
 
-HF = engine_class("hf")
+HF = engine_spec("hf")
 
 
 @pytest.fixture(scope="module")

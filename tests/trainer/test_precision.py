@@ -14,14 +14,14 @@ import torch
 
 from proxima.config import ConfigError, load_config
 from proxima.models import load_causal_lm
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.rollout.experience import build_experience
 from proxima.rollout.plan import plan_scoring
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import REWARD, nano_files, nano_trainer
 
-HF, VLLM = engine_class("hf"), engine_class("vllm")
+HF, VLLM = engine_spec("hf"), engine_spec("vllm")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,7 +20,7 @@ from proxima.models.forward import (
     response_logits,
     response_logits_values,
 )
-from proxima.rollout.engines import engine_class
+from proxima.rollout.engines import engine_spec
 from proxima.rollout.experience import build_experience, sequence_logprobs
 from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import plan_scoring
@@ -29,7 +29,7 @@ from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.update import PolicyObjective
 from tests.trainer.nano import nano_files, nano_trainer
 
-HF, VLLM = engine_class("hf"), engine_class("vllm")
+HF, VLLM = engine_spec("hf"), engine_spec("vllm")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,9 +19,9 @@ import torch
 
 from proxima.config import AgentConfig
 from proxima.data import PromptItem, collate_prompts
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
 from proxima.rollout.endpoint.schema import RequestError, episode_ended
-from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.episodes import first_stop
 from proxima.rollout.types import Sampling
 

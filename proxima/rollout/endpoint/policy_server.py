@@ -13,12 +13,12 @@ from pydantic import BaseModel
 
 from proxima.config import AgentConfig
 from proxima.data import render_prompt, tokenize_text
+from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.endpoint import app, schema
 from proxima.rollout.endpoint.dispatcher import Dispatcher, Pending, SamplingKey
 from proxima.rollout.endpoint.records import Call, Choice, EpisodeLog
 from proxima.rollout.endpoint.schema import Decoded, RequestError, episode_ended
 from proxima.rollout.endpoint.tool_calls import parse_tool_calls
-from proxima.rollout.engine import RolloutEngine
 from proxima.rollout.types import Sampling
 
 
