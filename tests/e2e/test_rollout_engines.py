@@ -84,7 +84,8 @@ def test_no_push_while_the_actor_waits_and_after_loading_weights(
 def test_a_missed_push_is_caught(make_model, fast_overrides, tmp_path, monkeypatch):
     trainer, _ = _trainer(make_model, fast_overrides, tmp_path)
     trainer.step()
-    monkeypatch.setattr(trainer, "sync_engine", lambda: None)
+    # no push from here on, neither the trainer's after an update nor sampling's before one
+    monkeypatch.setattr(type(trainer.context), "sync_engine", lambda self: None)
     trainer.step()  # samples the weights pushed after step 1, then updates the actor
     with pytest.raises(StaleWeightsError, match="stale weights"):
         trainer.step()
