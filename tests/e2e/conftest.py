@@ -4,10 +4,12 @@ the reward file, and the overrides of a fast run (nano models, a handful of sequ
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from proxima.cli import main
 
@@ -109,3 +111,27 @@ def fast_overrides(prompt_file: Path, reward_spec) -> Callable[..., list[str]]:
         ]
 
     return overrides
+
+
+def arithmetic_pairs(tmp_path: Path, wrong_per_prompt: int) -> tuple[Path, Path]:
+    """Preference pairs on one-digit sums: `wrong_per_prompt` training pairs per prompt (the
+    right sum chosen, a wrong one rejected) and one held-out pair with a wrong answer unseen
+    in training; 100 prompts."""
+    rng = random.Random(0)
+    train, held = [], []
+    for a in range(10):
+        for b in range(10):
+            wrong = [s for s in range(19) if s != a + b]
+            rng.shuffle(wrong)
+            for i, w in enumerate(wrong[: wrong_per_prompt + 1]):
+                row = {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(w)}
+                (held if i == wrong_per_prompt else train).append(row)
+    return write_jsonl(tmp_path / "pairs.jsonl", train), write_jsonl(tmp_path / "held.jsonl", held)
+
+
+@pytest.fixture
+def keep_threads():
+    """Restore torch's thread count after a test that sets it (it is process-wide)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

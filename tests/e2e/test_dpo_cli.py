@@ -10,7 +10,6 @@ prefer the correct sum rather than only avoid the rejected strings it was shown.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import proxima.recipes.dpo as dpo_recipe
 from proxima.cli import main
 from proxima.models import load_causal_lm
 from proxima.models.folders import policy_folder_problem
-from tests.e2e.conftest import write_jsonl
+from tests.e2e.conftest import arithmetic_pairs
 
 TRAIN_WRONG = 4  # wrong answers per prompt in training: 100 prompts x 4 = 400 pairs
 
@@ -28,24 +27,7 @@ TRAIN_WRONG = 4  # wrong answers per prompt in training: 100 prompts x 4 = 400 p
 @pytest.fixture
 def pair_files(tmp_path: Path) -> tuple[Path, Path]:
     """400 training pairs and 100 held-out pairs (one unseen wrong answer per prompt)."""
-    rng = random.Random(0)
-    train, held = [], []
-    for a in range(10):
-        for b in range(10):
-            wrong = [s for s in range(19) if s != a + b]
-            rng.shuffle(wrong)
-            for i, w in enumerate(wrong[: TRAIN_WRONG + 1]):
-                row = {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(w)}
-                (held if i == TRAIN_WRONG else train).append(row)
-    return write_jsonl(tmp_path / "pairs.jsonl", train), write_jsonl(tmp_path / "held.jsonl", held)
-
-
-@pytest.fixture
-def keep_threads():
-    """Restore torch's thread count after a test that sets it (it is process-wide)."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+    return arithmetic_pairs(tmp_path, TRAIN_WRONG)
 
 
 def _dpo_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:

@@ -8,7 +8,6 @@ must rank the correct sum first rather than remember the rejected strings.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -18,31 +17,9 @@ from proxima.cli import main
 from proxima.data.preferences import PreferenceDataset, collate_preferences
 from proxima.models import load_reward_model, load_tokenizer, reward_model_scores
 from proxima.trainer.rm import pair_scores
-from tests.e2e.conftest import write_jsonl
+from tests.e2e.conftest import arithmetic_pairs, write_jsonl
 
 TRAIN_WRONG = 8  # wrong answers per prompt in training: 100 prompts x 8 = 800 pairs
-
-
-def _pair_files(tmp_path: Path) -> tuple[Path, Path]:
-    """800 training pairs and 100 held-out pairs (one unseen wrong answer per prompt)."""
-    rng = random.Random(0)
-    train, held = [], []
-    for a in range(10):
-        for b in range(10):
-            wrong = [s for s in range(19) if s != a + b]
-            rng.shuffle(wrong)
-            for i, w in enumerate(wrong[: TRAIN_WRONG + 1]):
-                row = {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(w)}
-                (held if i == TRAIN_WRONG else train).append(row)
-    return write_jsonl(tmp_path / "pairs.jsonl", train), write_jsonl(tmp_path / "held.jsonl", held)
-
-
-@pytest.fixture
-def keep_threads():
-    """Restore torch's thread count after a test that sets it (it is process-wide)."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _rm_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
@@ -54,7 +31,7 @@ def test_rm_learns_sums_and_plugs_into_ppo(
     tmp_path, make_model, fast_overrides, capsys, keep_threads
 ):
     init = make_model("llama")
-    train_file, held_file = _pair_files(tmp_path)
+    train_file, held_file = arithmetic_pairs(tmp_path, TRAIN_WRONG)
     out = tmp_path / "rm"
     steps = ["--steps", "300", "--lr", "3e-3", "--batch-size", "32", "--max-length", "16"]
     steps += ["--threads", "1"]  # nano matrices: one thread is fastest, and immune to a busy CPU
