@@ -11,9 +11,9 @@ import pytest
 
 from proxima.cli import main
 from proxima.logging import read_metrics
+from tests.helpers import run_metrics as _metrics
 
 from .conftest import write_jsonl
-from .test_resume import _metrics
 
 pytestmark = pytest.mark.slow
 
