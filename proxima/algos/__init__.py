@@ -28,6 +28,7 @@ from .advantages import (
     rloo_vectorized,
     tir_optimal_token_baseline,
 )
+from .distill import distill, reverse_kl_stats, teacher_advantages
 from .dpo import DPO_LOSS_TYPES, PER_TOKEN_LOSSES, dpo_logits, dpo_loss
 from .drift import (
     distinct_n,
@@ -114,6 +115,7 @@ __all__ = [
     "compute_advantages",
     "compute_gae",
     "discounted_returns",
+    "distill",
     "distinct_n",
     "dominated",
     "dppo_kl_loss",
@@ -154,6 +156,7 @@ __all__ = [
     "sample_preferences",
     "policy_loss",
     "reinforce_plus_plus",
+    "reverse_kl_stats",
     "rejection_mask",
     "repetition",
     "repetition_rate",
@@ -165,6 +168,7 @@ __all__ = [
     "sapo_loss",
     "shape_rewards",
     "sum_pi_squared",
+    "teacher_advantages",
     "token_rewards",
     "truncated_is_weights",
     "value_loss",

@@ -16,7 +16,9 @@ of its token rewards over real tokens, and follow verl 0.9.1's ``core_algos.py``
 per name of verl's ``AdvantageEstimator``. They have no value function; as in verl their
 ``returns`` equal their ``advantages``, except reinforce_plus_plus, whose returns are the
 discounted returns before whitening, and remax and the optimal token baselines, whose returns
-are the returns-to-go.
+are the returns-to-go. One estimator is proxima's own, registered by ``algos.distill``:
+``distill`` (on-policy distillation: the teacher's per-token log-ratio, no outcome; verl
+has no estimator of that name, its distillation is an option of the actor's loss).
 
 Some estimators read more than the shared inputs: the extra per-batch inputs of
 ``EXTRA_INPUTS`` (a greedy response's score for remax, the rollout policy's log-probs and
@@ -63,6 +65,7 @@ EXTRA_INPUTS: dict[str, str] = {
     ),
     "is_weights": "[B, T] rollout importance weights",
     "score_components": "[B, K] per-response reward components (K columns)",
+    "teacher_logprobs": "[B, T] log-probs of the sampled tokens under a frozen teacher",
 }
 
 
@@ -749,14 +752,15 @@ def compute_advantages(
     sum_pi_squared: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     score_components: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The estimator ``name`` of ``ADVANTAGE_ESTIMATORS`` on these inputs.
 
     values, gamma, group_ids and the ``EXTRA_INPUTS`` (reward_baselines, old_logprobs,
-    sum_pi_squared, is_weights, score_components) are passed to the estimators that take
-    them (values only matter for gae); one of the estimator's ``needs`` left None is a
-    ValueError naming it. ``options`` are the estimator's own (e.g. ``lam`` for gae,
+    sum_pi_squared, is_weights, score_components, teacher_logprobs) are passed to the
+    estimators that take them (values only matter for gae); one of the estimator's ``needs``
+    left None is a ValueError naming it. ``options`` are the estimator's own (e.g. ``lam`` for gae,
     ``norm_adv_by_std_in_grpo`` for grpo), an option it does not have is an error.
     Returns (advantages, returns), [B, T].
     """
@@ -777,6 +781,7 @@ def compute_advantages(
         "sum_pi_squared": sum_pi_squared,
         "is_weights": is_weights,
         "score_components": score_components,
+        "teacher_logprobs": teacher_logprobs,
     }
     for need in estimator.needs:
         if extra[need] is None:

@@ -460,6 +460,7 @@ def test_estimators_do_not_modify_inputs_or_track_grad():
         "sum_pi_squared": torch.full((6, 3), 0.4),
         "is_weights": torch.full((6, 3), 1.2),
         "score_components": torch.ones(6, 2),
+        "teacher_logprobs": torch.full((6, 3), -0.25),
     }
     extra = {k: v.requires_grad_(True) for k, v in extra.items()}
     before = {k: v.detach().clone() for k, v in extra.items()}

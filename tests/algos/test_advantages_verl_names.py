@@ -54,6 +54,7 @@ def test_needs_options_and_inputs_of_each_estimator():
         "remax": ("reward_baselines",),
         "optimal_token_baseline": ("old_logprobs", "sum_pi_squared"),
         "tir_optimal_token_baseline": ("old_logprobs", "sum_pi_squared"),
+        "distill": ("old_logprobs", "teacher_logprobs"),
     }
     inputs = {n: e.inputs for n, e in ADVANTAGE_ESTIMATORS.items() if e.inputs}
     assert inputs == {
@@ -61,6 +62,7 @@ def test_needs_options_and_inputs_of_each_estimator():
         "optimal_token_baseline": ("old_logprobs", "sum_pi_squared", "is_weights"),
         "tir_optimal_token_baseline": ("old_logprobs", "sum_pi_squared", "is_weights"),
         "gdpo": ("score_components",),
+        "distill": ("old_logprobs", "teacher_logprobs"),
     }
     options = {n: e.options for n, e in ADVANTAGE_ESTIMATORS.items()}
     assert options["grpo_passk"] == ("norm_adv_by_std_in_grpo",)
@@ -77,6 +79,7 @@ def test_needs_options_and_inputs_of_each_estimator():
         "sum_pi_squared",
         "is_weights",
         "score_components",
+        "teacher_logprobs",
     }
 
 

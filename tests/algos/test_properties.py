@@ -103,8 +103,9 @@ def test_right_padding_changes_nothing_on_real_tokens(data, extra, fill, gamma, 
         "sum_pi_squared": pi_squared,
         "is_weights": is_weights + 0.5,
         "score_components": torch.randn(batch, 2, generator=gen),
+        "teacher_logprobs": -3 * pi_squared,
     }
-    per_token = ("values", "old_logprobs", "sum_pi_squared", "is_weights")
+    per_token = ("values", "old_logprobs", "sum_pi_squared", "is_weights", "teacher_logprobs")
     padded = {**inputs, **{k: _pad(inputs[k], extra, fill) for k in per_token}}
     alone = bool((torch.bincount(group_ids) == 1).any())
     for name in ADVANTAGE_ESTIMATORS:

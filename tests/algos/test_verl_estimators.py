@@ -251,13 +251,19 @@ def ill_conditioned(name: str, adv: torch.Tensor, real: torch.Tensor) -> bool:
     return float(adv[real].double().std()) < 0.99999
 
 
+# proxima's own estimators, under names verl does not have (algos/advantages.py says why)
+PROXIMA_ONLY = {"distill"}
+VERL_NAMES = sorted(set(ADVANTAGE_ESTIMATORS) - PROXIMA_ONLY)
+
+
 def test_every_verl_estimator_name_is_registered():
     missing = [e.value for e in core.AdvantageEstimator if e.value not in ADVANTAGE_ESTIMATORS]
     assert not missing
-    assert set(ADVANTAGE_ESTIMATORS) == set(core.ADV_ESTIMATOR_REGISTRY)
+    assert set(VERL_NAMES) == set(core.ADV_ESTIMATOR_REGISTRY)
+    assert not PROXIMA_ONLY & set(core.ADV_ESTIMATOR_REGISTRY)
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", VERL_NAMES)
 def test_matches_verl_on_random_batches(name):
     compared, worst, ill, ill_worst = 0, 0.0, 0, 0.0
     for seed in range(CASES):
