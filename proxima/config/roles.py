@@ -5,8 +5,8 @@ printed at start-up with the batch and scoring plans.
 Loading (`trainer.setup`), the memory plan (`trainer.memory`), the batch plan (`plans`),
 the scoring plan (`rollout.plan`) and the pipeline read it instead of the flags it comes
 from (`actor.use_kl_loss`, `algorithm.use_kl_in_reward`, `model.lora_rank`,
-`model.reference_path`, `critic.shared_backbone`, `model.critic_*`, the estimator), as
-torchtitan's `ParallelDims` answers every "is X enabled?" question of a run.
+`model.reference_path`, `model.teacher_path`, `critic.shared_backbone`, `model.critic_*`,
+the estimator), as torchtitan's `ParallelDims` answers every "is X enabled?" question of a run.
 
 - reference (the frozen policy of the KL term): `adapters off` (a LoRA actor with its
   adapters disabled: no weights of its own), `folder` (a frozen model loaded from
@@ -14,13 +14,16 @@ torchtitan's `ParallelDims` answers every "is X enabled?" question of a run.
 - critic: `head` (a value head on the actor's backbone, trained in the actor's steps),
   `model` (a value model of its own, started from `critic_folder`) or `none` (a
   critic-free estimator);
+- teacher (on-policy distillation, `model.teacher_path`): a frozen model of its own, or
+  none; a run or checkpoint folder names its trained policy (`policy_folder`);
 - rewards: the reward sources (`config.sources.RewardSource`), none when a multi-turn
-  environment gives every reward.
+  environment gives every reward, or under on-policy distillation alone (`distill`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from proxima.config.schema import Config, ConfigError
 from proxima.config.sections import ActorConfig, CriticConfig
@@ -52,6 +55,13 @@ class RolePlan:
     vf_coef: float = 0.0  # a value head's weight in the actor loss (critic.vf_coef)
     estimator: str = ""  # algorithm.adv_estimator (what a critic-free plan names)
     rewards: tuple[RewardSource, ...] = ()
+    teacher_folder: str = ""  # the folder of model.teacher_path's model; "" = no teacher
+    distill_coef: float = 0.0  # the teacher term's weight (algorithm.distill_coef)
+
+    @property
+    def has_teacher(self) -> bool:
+        """On-policy distillation: a frozen teacher scores every sampled token."""
+        return bool(self.teacher_folder)
 
     @property
     def has_reference(self) -> bool:
@@ -112,9 +122,27 @@ class RolePlan:
         else:
             critic = f"none ({self.estimator} trains no critic)"
         rewards = "; ".join(_describe_source(s, len(self.rewards)) for s in self.rewards)
+        if not rewards:
+            rewards = "none (the environment or agent gives every reward)"
+            if self.estimator == "distill":
+                rewards = "none (distill: the teacher's log-probs are the only signal)"
+        elif self.estimator == "distill":
+            rewards += " (scored and logged, not trained on: distill reads no reward)"
+        lines = [f"role plan:\n  reference: {reference}\n  critic   : {critic}"]
+        if self.has_teacher:
+            lines.append(f"  teacher  : {self._describe_teacher()}")
+        lines.append(f"  reward   : {rewards}")
+        return "\n".join(lines)
+
+    def _describe_teacher(self) -> str:
+        use = (
+            "the whole advantage"
+            if self.estimator == "distill"
+            else f"added to {self.estimator}'s advantage"
+        )
         return (
-            f"role plan:\n  reference: {reference}\n  critic   : {critic}\n"
-            f"  reward   : {rewards or 'none (the environment or agent gives every reward)'}"
+            f"a frozen model, from {_named('model.teacher_path', self.teacher_folder)}: "
+            f"{self.distill_coef:g} x (teacher - student log-prob) per token, {use}"
         )
 
 
@@ -149,6 +177,14 @@ def trained_sections(cfg: Config) -> dict[str, ActorConfig | CriticConfig]:
     return {role: getattr(cfg, role) for role in role_plan(cfg).trained}
 
 
+def policy_folder(path: str) -> str:
+    """The model folder `path` names as a policy: a `proxima train` run folder's or a
+    checkpoint's trained policy (its actor/; their own config.json is proxima's), else
+    `path` itself. Read from the files alone."""
+    actor = Path(path) / "actor"
+    return str(actor) if (actor / "config.json").is_file() else path
+
+
 def plan_roles(cfg: Config) -> RolePlan:
     """The role plan of `cfg`, built anew (`role_plan` builds it once per config)."""
     m = cfg.model
@@ -164,6 +200,9 @@ def plan_roles(cfg: Config) -> RolePlan:
             fields.update(reference="folder", reference_folder=m.actor_path)
             fields["reference_key"] = "model.actor_path"
     fields["estimator"] = cfg.algorithm.adv_estimator
+    if m.teacher_path:
+        fields.update(teacher_folder=policy_folder(m.teacher_path))
+        fields.update(distill_coef=cfg.algorithm.distill_coef)
     if cfg.uses_critic and cfg.critic.shared_backbone:
         fields.update(critic="head", vf_coef=cfg.critic.vf_coef)
     elif cfg.uses_critic:

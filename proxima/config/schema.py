@@ -256,8 +256,11 @@ class Config:
         """Whether -kl_coef * KL goes into the token rewards: algorithm.use_kl_in_reward as
         set, and when unset (None) on unless the KL is already in the actor loss (verl's
         docs on actor.use_kl_loss: "When used, we are not applying KL in the reward
-        function", https://verl.readthedocs.io/en/latest/examples/config.html)."""
+        function", https://verl.readthedocs.io/en/latest/examples/config.html); off when
+        unset under adv_estimator=distill, which reads no token reward."""
         explicit = self.algorithm.use_kl_in_reward
+        if explicit is None and self.algorithm.adv_estimator == "distill":
+            return False  # it reads no token reward: the KL would be computed for nothing
         return (not self.actor.use_kl_loss) if explicit is None else explicit
 
     @property

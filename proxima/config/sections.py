@@ -36,6 +36,16 @@ class ModelConfig:
         "policy's vocabulary (checked).",
         fixed=True,
     )
+    teacher_path: str = _f(
+        "",
+        "On-policy distillation's teacher: a Hugging Face folder, a `proxima train` run "
+        "folder (its trained actor/) or a .gguf file; empty = none. Loaded frozen and scored "
+        "on every sampled token beside the reference; its per-token log-ratio to the student "
+        "is the advantage of algorithm.adv_estimator=distill, or is added to another "
+        "estimator's (algorithm.distill_coef). Must share the policy's tokenizer (checked "
+        "before any model loads).",
+        fixed=True,
+    )
     critic_path: str = _f(
         "",
         "Folder the critic starts from; empty = actor_path. Its tokenizer must number every "
@@ -466,7 +476,9 @@ class AlgorithmConfig:
         "Advantage estimator (verl's algorithm.adv_estimator; docs/algorithms.md): "
         "gae (with a critic) | grpo | grpo_vectorized | rloo | rloo_vectorized | "
         "reinforce_plus_plus | reinforce_plus_plus_baseline | remax | opo | grpo_passk | gpg | "
-        "gdpo | optimal_token_baseline | tir_optimal_token_baseline (critic-free).",
+        "gdpo | optimal_token_baseline | tir_optimal_token_baseline (critic-free) | distill "
+        "(on-policy distillation from model.teacher_path alone; no reward needed, docs/"
+        "distillation.md).",
         fixed=True,
     )
     gamma: float = _f(1.0, "Discount factor.")
@@ -492,11 +504,25 @@ class AlgorithmConfig:
         "optimal_token_baseline, tir_optimal_token_baseline: no baseline on the part of a "
         "group's longest response beyond the second longest (verl's default).",
     )
+    distill_coef: float = _f(
+        1.0,
+        "On-policy distillation (model.teacher_path): each response token's advantage gets "
+        "distill_coef x (teacher log-prob - old log-prob) of its sampled token, added to the "
+        "estimator's advantage (after its normalisation); with adv_estimator=distill it is "
+        "the whole advantage. > 0.",
+    )
+    distill_clip: float = _f(
+        0.0,
+        "On-policy distillation: clamp each token's log-ratio teacher - student to "
+        "[-distill_clip, distill_clip] before distill_coef (verl's loss_max_clamp), so a "
+        "token the teacher finds nearly impossible cannot dominate the batch; 0 = off.",
+    )
     use_kl_in_reward: bool | None = _f(
         None,
         "Put -kl_coef * KL into the token rewards. Unset (null): on, unless actor.use_kl_loss "
         'is on; then the KL is in the loss only, as in verl ("When used, we are not applying '
-        'KL in the reward function") and start-up says so. true together with '
+        'KL in the reward function") and start-up says so; off with adv_estimator=distill, '
+        "which reads no token reward. true together with "
         "actor.use_kl_loss=true counts the KL twice (reward and loss): only when set explicitly.",
     )
     kl_penalty: str = _f(
@@ -795,7 +821,8 @@ class FSDPConfig:
     )
     reduce_dtype: str = _f("float32", "FSDP2 mixed precision: dtype of the gradient reduction.")
     offload_frozen: bool = _f(
-        False, "FSDP2: keep the frozen reference model's shards on the CPU (CPUOffloadPolicy)."
+        False,
+        "FSDP2: keep the frozen reference's (and teacher's) shards on the CPU (CPUOffloadPolicy).",
     )
 
 

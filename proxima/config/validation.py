@@ -111,6 +111,7 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "guard.drift_max_dominated_rise",
     "guard.drift_min_entropy_ratio",
     "guard.drift_max_ref_logprob_drop",
+    "algorithm.distill_clip",
     "pipeline.label_temperature",
     "pipeline.kl_budget",
 )
@@ -130,6 +131,7 @@ def validate(cfg: Config) -> None:
     _check_rollout_correction(cfg)
     _check_actor(cfg)
     _check_critic(cfg)
+    _check_distill(cfg)
     _check_processes(cfg)
     _check_offload(cfg)
     _check_reward_sources(cfg)
@@ -690,6 +692,40 @@ def _check_critic(cfg: Config) -> None:
         )
 
 
+def _check_distill(cfg: Config) -> None:
+    """On-policy distillation: a teacher to learn from, a weight to learn with, and nothing
+    computed that the `distill` estimator never reads (it reads no token reward)."""
+    a, teacher = cfg.algorithm, cfg.model.teacher_path
+    alone = a.adv_estimator == "distill"
+    if alone and not teacher:
+        raise ConfigError(
+            "`algorithm.adv_estimator=distill` learns from a teacher's log-probs: set "
+            "`model.teacher_path` (a model folder, a `proxima train` run folder or a .gguf "
+            "file sharing the policy's tokenizer), e.g. `proxima distill --teacher T "
+            "--student S data.train_path=prompts.jsonl`."
+        )
+    if teacher and a.distill_coef <= 0:
+        raise ConfigError(
+            f"`algorithm.distill_coef`={a.distill_coef}: the teacher's term would be "
+            f"{'reversed' if a.distill_coef < 0 else 'zero'} (model.teacher_path is set). "
+            "Set it > 0 (1.0 as in Tinker and verl), or unset model.teacher_path."
+        )
+    if not alone:
+        return
+    if a.use_kl_in_reward:
+        raise ConfigError(
+            "`algorithm.use_kl_in_reward=true` puts a KL penalty into the token rewards, which "
+            "`adv_estimator=distill` does not read (its advantage is the teacher's log-ratio "
+            "alone). For a KL to the reference use actor.use_kl_loss=true; or leave "
+            "use_kl_in_reward unset."
+        )
+    if a.filter_groups:
+        raise ConfigError(
+            "`algorithm.filter_groups` drops groups by their scores, which "
+            "`adv_estimator=distill` does not train on: set algorithm.filter_groups=false."
+        )
+
+
 def _check_reward_sources(cfg: Config) -> None:
     """Each `reward.sources` entry (config.sources)."""
     if cfg.reward.sources:
@@ -773,9 +809,16 @@ def _require(cfg: Config, key: str, what: str) -> None:
 def _require_one_reward(cfg: Config, flags: bool = False) -> None:
     if cfg.reward.sources:  # each entry checked by validate (_check_reward_sources)
         return
+    distill = cfg.algorithm.adv_estimator == "distill"
+    if distill and cfg.data.eval_path and not (cfg.reward.function or cfg.reward.model_path):
+        raise ConfigError(
+            "`data.eval_path`: held-out prompts are scored by the reward source, and none is "
+            "set. Set `reward.function` (under adv_estimator=distill it is scored and logged, "
+            "never trained on), or unset data.eval_path."
+        )
     episodes = run_plan(cfg).multi_turn
-    if episodes and not (cfg.reward.function and cfg.reward.model_path):
-        return  # the environment's or the agent's rewards, plus at most one final score
+    if (episodes or distill) and not (cfg.reward.function and cfg.reward.model_path):
+        return  # the environment's, the agent's or the teacher's signal, at most one score
     if bool(cfg.reward.function) == bool(cfg.reward.model_path):
         fn, rm = (" (--reward)", " (--reward-model)") if flags else ("", "")
         key = "rollout.env" if cfg.rollout.env.cls else "rollout.agent"
@@ -801,7 +844,21 @@ def check_sources(cfg: Config, command: str = "train") -> None:
         _require(cfg, "model.actor_path", model + ", or set `task.name=arithmetic` for the example")
         _require(cfg, "data.train_path", "a prompt file (.jsonl, .json, .parquet, .csv)")
         _require_one_reward(cfg)
-    elif command == "sft":
+    elif command == "distill":
+        _require(cfg, "model.actor_path", model + ", the student to start from (--student)")
+        _require(
+            cfg,
+            "model.teacher_path",
+            "the teacher: " + model + ", a run folder or a .gguf file (--teacher)",
+        )
+        _require(cfg, "data.train_path", "a prompt file (--data; .jsonl, .json, .parquet, .csv)")
+        _require_one_reward(cfg)
+    if command not in ("train", "distill", "config") and cfg.model.teacher_path:
+        raise ConfigError(
+            "`model.teacher_path` is read by `proxima train` and `proxima distill` "
+            f"(on-policy distillation); `proxima {command}` has no teacher: unset it."
+        )
+    if command == "sft":
         _require(cfg, "model.actor_path", model + " (--model)")
         _require(cfg, "data.sft_path", "a file of prompt/response records (--data)")
         _require(cfg, "sft.out", "a new folder for the fine-tuned model (--out)")

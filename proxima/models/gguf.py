@@ -318,7 +318,12 @@ def gguf_keys(cfg) -> dict[str, str]:
     a list are named `reward.sources[i].model_path`."""
     found = {
         key: getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])
-        for key in ("model.actor_path", "model.reference_path", "model.critic_path")
+        for key in (
+            "model.actor_path",
+            "model.reference_path",
+            "model.teacher_path",
+            "model.critic_path",
+        )
     }
     found["reward.model_path"] = cfg.reward.model_path
     for i, source in enumerate(cfg.reward.sources or ()):

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from proxima.config import ConfigError
+from proxima.config.roles import policy_folder
 from proxima.data.prompts import UnknownCharactersWarning, unknown_pieces
 from proxima.models.gguf import (
     GGUFError,
@@ -31,9 +32,7 @@ from proxima.recipes.common import writable_file, writable_place
 def model_folder(path: str | Path) -> Path:
     """The model folder `path` names: the trained actor of a run folder (`actor/`; the run
     folder's own config.json is proxima's), else itself when it holds a model (config.json)."""
-    p = Path(path)
-    if (p / "actor" / "config.json").is_file():
-        return p / "actor"
+    p = Path(policy_folder(str(path)))
     if (p / "config.json").is_file():
         return p
     raise GGUFError(

@@ -26,7 +26,8 @@ from proxima.models.folders import safetensors_problem
 
 def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
     """(config key, folder, fix) of every model other than the actor that reads the policy's
-    token ids: the critic (GAE runs) and the reference, when they come from another folder."""
+    token ids: the critic (GAE runs) and the reference, when they come from another folder,
+    and the teacher."""
     roles, out = role_plan(cfg), []
     if roles.critic_reads_other_folder:
         fix = "point it at a model with the policy's tokenizer, or leave it empty"
@@ -43,6 +44,13 @@ def _id_readers(cfg: Config) -> list[tuple[str, str, str]]:
     if roles.reference_reads_other_folder:
         fix = "point it at a model with the policy's tokenizer, or leave it empty"
         out.append((roles.reference_key, roles.reference_folder, fix))
+    if roles.has_teacher:
+        fix = (
+            "on-policy distillation scores the student's sampled tokens by their ids, so "
+            "teacher and student must share one tokenizer: distil from a teacher of the "
+            "student's family (or a student with the teacher's tokenizer)"
+        )
+        out.append(("model.teacher_path", roles.teacher_folder, fix))
     return out
 
 
@@ -78,6 +86,8 @@ def role_folders(cfg: Config, command: str = "train") -> list[tuple[str, str, bo
             out.append((roles.reference_key, roles.reference_folder, False))
         if roles.critic_model and roles.critic_key == "model.critic_path":
             out.append((roles.critic_key, roles.critic_folder, False))
+        if roles.has_teacher:
+            out.append(("model.teacher_path", roles.teacher_folder, False))
     if command in ("train", "eval"):
         for i, src in enumerate(roles.rewards):
             if src.kind == "model_path":

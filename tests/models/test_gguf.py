@@ -255,3 +255,7 @@ def test_model_paths_resolve_to_a_cached_import(llama, tmp_path, monkeypatch):
     assert again.model.actor_path == folder
     assert (G.cached_folder(file) / "model.safetensors").stat().st_mtime_ns == stamp
     assert G.resolve_gguf_paths(resolved) is resolved  # nothing left to resolve
+    # a teacher (on-policy distillation) given as the file: the same import, the same folder
+    teacher = cfg.replace({"model.teacher_path": str(file)})
+    assert G.gguf_keys(teacher)["model.teacher_path"] == str(file)
+    assert G.resolve_gguf_paths(teacher).model.teacher_path == folder

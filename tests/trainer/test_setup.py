@@ -98,6 +98,33 @@ def test_other_vocabulary_stops_before_any_model_loads(folders, monkeypatch, cha
         assert f"an embedding table of {rows} rows, the actor's 16" in msg
 
 
+def test_a_teacher_with_another_tokenizer_is_refused_naming_both(folders, monkeypatch):
+    # on-policy distillation scores the student's token ids with the teacher: another
+    # tokenizer would score other tokens; refused before any weights load
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the vocabulary check")
+
+    monkeypatch.setattr(roles, "load_causal_lm", no_model)
+    cfg = _cfg(
+        folders,
+        **{
+            "model.teacher_path": folders["bpe_lm"],
+            "algorithm.adv_estimator": "distill",
+            "reward.model_path": "",
+        },
+    )
+    with pytest.raises(ConfigError) as err:
+        roles.load_roles(cfg, torch.device("cpu"))
+    msg = str(err.value)
+    assert msg.startswith(f"`model.teacher_path`: {folders['bpe_lm']} has another vocabulary")
+    assert f"(model.actor_path={folders['actor']})" in msg
+    assert "teacher and student must share one tokenizer" in msg
+    checks.check_vocabularies(  # the same tokenizer passes
+        _cfg(folders, **{"model.teacher_path": folders["actor"]}),
+        load_tokenizer(folders["actor"]),
+    )
+
+
 def test_same_vocabulary_passes(folders):
     for changes in (
         {"model.critic_init": "reward_model"},
