@@ -25,6 +25,7 @@ PER_TOKEN = (
     "rollout_logprobs",
     "is_weights",
     "sum_pi_squared",
+    "teacher_logprobs",
     "turn_rewards",
 )
 
@@ -62,6 +63,9 @@ class Experience:
     score_components: torch.Tensor | None = None
     # [B, R] multi-turn episodes: each turn's reward at its last action token, else None
     turn_rewards: torch.Tensor | None = None
+    # [B, R] on-policy distillation: the frozen teacher's log-probs of the sampled tokens
+    # (logits / temperature, as old_logprobs), else None
+    teacher_logprobs: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -2,8 +2,10 @@
 
 Old log-probs (an actor pass, logits / temperature; or the engine's own), reference
 log-probs, values and the per-token KL estimate of each generated sequence, computed in
-micro-batches as the run's `ScoringPlan` (`rollout.plan`) says, and the rollout
-correction's weights (importance weights, rejection).
+micro-batches as the run's `ScoringPlan` (`rollout.plan`) says, the teacher's log-probs of
+the sampled tokens (on-policy distillation; at the sampling temperature, as the
+reference's and the old ones, so the three compare the same distributions), and the
+rollout correction's weights (importance weights, rejection).
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ def build_experience(
     critic: Critic | None,
     rollout: RolloutConfig,
     algorithm: AlgorithmConfig,
+    teacher: torch.nn.Module | None = None,
 ) -> Experience:
     """Run the scoring passes `plan` asks for and pack everything into one Experience.
 
@@ -229,10 +232,15 @@ def build_experience(
     or `full`, exact over the vocabulary. The engine's own log-probs (`gen.logprobs`), when
     they are not the old log-probs, travel as `rollout_logprobs`, with the weights of
     `rollout_correction(algorithm)` (importance weights old / engine, rejection).
+    `teacher`: on-policy distillation's teacher, whose log-probs of the sampled tokens
+    travel as `teacher_logprobs`; None without one.
     """
     temperature, chunks = rollout.temperature, Chunks.of(rollout)
     old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
     ref = sequence_logprobs(reference, gen, temperature, chunks) if reference is not None else None
+    teacher_lp = None
+    if teacher is not None:
+        teacher_lp = sequence_logprobs(teacher, gen, temperature, chunks)
     if plan.values == "critic":
         values = sequence_values(critic.model, gen, chunks)
     if reference is None:
@@ -261,5 +269,6 @@ def build_experience(
         rollout_logprobs=engine_lp,
         is_weights=is_weights,
         sum_pi_squared=spsq,
+        teacher_logprobs=teacher_lp,
         turn_rewards=None if gen.turn_rewards is None else gen.turn_rewards.to(old.device),
     )

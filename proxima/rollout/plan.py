@@ -9,7 +9,7 @@ KV-cached decode's float rounding, ~1e-7), the scoring forward pass of the actor
 (`rollout.old_logprobs=auto`). With `rollout.max_staleness` they never are: the samples come
 from weights up to that many versions behind the trainer's. A critic on the actor's backbone gives
 its values from the same pass as the old log-probs: from the actor's scoring pass, or from
-the generation itself. Which reference and critic the run has is the role plan's
+the generation itself. Which reference, critic and teacher the run has is the role plan's
 (`config.roles`).
 """
 
@@ -68,6 +68,9 @@ class ScoringPlan:
     # sum over the vocabulary of pi^2 at each response token, from the actor's scoring pass
     # (the advantage estimator needs it: optimal_token_baseline)
     sum_pi_squared: bool = False
+    # on-policy distillation: a pass of the frozen teacher, its log-probs of the sampled
+    # tokens (in micro-batches of its own, as the reference's), beside the reference's
+    teacher: bool = False
 
     @property
     def old_from_engine(self) -> bool:
@@ -86,9 +89,14 @@ class ScoringPlan:
         }[self.values]
         kl = f"a reference pass, KL estimator {self.kl}" if self.kl else "none (no KL)"
         spsq = "\n  sum pi^2     : the actor's pass" if self.sum_pi_squared else ""
+        teacher = (
+            "\n  teacher      : a teacher pass (log-probs of the sampled tokens)"
+            if self.teacher
+            else ""
+        )
         return (
             f"scoring plan:\n  old log-probs: {old} ({self.why})\n  values       : {values}\n"
-            f"  reference    : {kl}{spsq}"
+            f"  reference    : {kl}{teacher}{spsq}"
         )
 
 
@@ -149,4 +157,5 @@ def plan_scoring(cfg: Config, engine: EngineSpec, generation_config=None) -> Sco
     elif roles.critic_model:
         values = "critic"
     kl = cfg.algorithm.kl_penalty if roles.has_reference else ""
-    return ScoringPlan(old, values, kl, why, "sum_pi_squared" in _estimator_needs(cfg))
+    spsq = "sum_pi_squared" in _estimator_needs(cfg)
+    return ScoringPlan(old, values, kl, why, spsq, teacher=roles.has_teacher)

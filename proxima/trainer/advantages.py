@@ -14,7 +14,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from proxima.algos import ADVANTAGE_ESTIMATORS, compute_advantages, shape_rewards
+from proxima.algos import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    shape_rewards,
+    teacher_advantages,
+)
 from proxima.config import AlgorithmConfig
 from proxima.trainer.dist import Dist
 from proxima.types import Experience
@@ -123,7 +128,11 @@ def estimate_advantages(
     penalised, clipped score at the last (and, in multi-turn episodes, each turn's reward
     at its last action token); phase 5, `algos.compute_advantages` with the
     estimator `algorithm.adv_estimator` and its own options, read from the config fields
-    its registry entry names."""
+    its registry entry names. With a teacher's log-probs in the batch (on-policy
+    distillation) and an estimator that does not read them itself, the teacher's term is
+    added to its advantages, after its own normalisation (`algos.teacher_advantages`:
+    A = A_task + distill_coef x (teacher_lp - old_lp), as Tinker adds it); the returns a
+    critic learns from stay the task's."""
     token_rewards, stats = shape_rewards(
         batch.scores,
         batch.stopped,
@@ -150,6 +159,15 @@ def estimate_advantages(
         **inputs,
         **options,
     )
+    teacher = batch.inputs.get("teacher_logprobs")
+    if teacher is not None and "teacher_logprobs" not in estimator.inputs:
+        advantages = advantages + teacher_advantages(
+            teacher,
+            batch.inputs["old_logprobs"],
+            batch.response_mask,
+            algorithm.distill_coef,
+            algorithm.distill_clip,
+        )
     stats = {k: float(v) for k, v in stats.items()}
     return Estimates(
         token_rewards=token_rewards, advantages=advantages, returns=returns, stats=stats

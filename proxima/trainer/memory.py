@@ -4,10 +4,10 @@ stopped before it starts (`trainer.memory_check`).
 
 What is counted, per process:
 
-- weights of every loaded role (actor, reference, critic, reward models; the LoRA reference
-  is the actor with its adapters off, a shared-backbone critic a head on the actor), counted
-  exactly from a model built on the meta device; gradients and AdamW's two states of what is
-  trained (the adapters only under LoRA), in the parameter's dtype;
+- weights of every loaded role (actor, reference, teacher, critic, reward models; the LoRA
+  reference is the actor with its adapters off, a shared-backbone critic a head on the
+  actor), counted exactly from a model built on the meta device; gradients and AdamW's two
+  states of what is trained (the adapters only under LoRA), in the parameter's dtype;
 - activations kept for the backward pass of one training micro-batch, with or without
   `model.gradient_checkpointing`: measured by running the model's forward and the loss's
   log-softmax on fake tensors (no memory, no compute) and summing the tensors autograd saves;
@@ -17,8 +17,8 @@ What is counted, per process:
 - under torchrun: DDP keeps full copies per process, FSDP2 a shard of weights, gradients and
   optimizer state;
 - under `model.offload` (`trainer.offload`), each phase holds only what it uses: the held
-  optimizer states, value-model, reference and reward-model weights move into the phases
-  that need them, and the reward models' forward becomes a phase of its own (`offloaded`).
+  optimizer states, value-model, reference, teacher and reward-model weights move into the
+  phases that need them, and the reward models' forward becomes a phase of its own (`offloaded`).
   `model.offload=auto` offloads when the plan without it does not fit the free device
   memory and offloading lowers the peak; the plan says so in a note (and, when it does not
   offload, what offloading would make of each phase).
@@ -165,6 +165,9 @@ def _roles(cfg: Config) -> list[_Role]:
     if plan.reference == "folder":
         shape = model_shape(plan.reference_folder, "causal_lm", frozen, "none", cfg)
         out.append(_Role("reference", plan.reference_folder, "causal_lm", shape, False))
+    if plan.has_teacher:
+        shape = model_shape(plan.teacher_folder, "causal_lm", frozen, "none", cfg)
+        out.append(_Role("teacher", plan.teacher_folder, "causal_lm", shape, False))
     if plan.critic_model:
         mode = "lora" if plan.critic_lora else "all"
         shape = model_shape(plan.critic_folder, "value", dtype, mode, cfg)
@@ -206,7 +209,8 @@ def plan_memory(
     grads: dict[str, int] = {}
     for r in roles:
         weights = r.shape.weight_bytes // shards
-        if r.name == "reference" and cfg.fsdp.offload_frozen and strategy == "fsdp2" and not cpu:
+        frozen_shards = r.name in ("reference", "teacher") and strategy == "fsdp2"
+        if frozen_shards and cfg.fsdp.offload_frozen and not cpu:
             weights = 0  # its shards are on the CPU
         parts = {"weights": weights}
         if r.trained:
@@ -318,7 +322,8 @@ def _offload_part(key: str) -> str | None:
         return key
     if what != "weights" or role == "actor":
         return None
-    return {"critic": "critic weights", "reference": "reference"}.get(role, "reward models")
+    parts = {"critic": "critic weights", "reference": "reference", "teacher": "teacher"}
+    return parts.get(role, "reward models")
 
 
 def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:

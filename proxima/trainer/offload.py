@@ -4,9 +4,10 @@ waits in CPU memory, as verl, OpenRLHF and ROLL offload the trained models.
 The actor's weights stay on the device (every phase uses them). The rest is a `Part`: the
 trained roles' AdamW state with their gradients (used only by the update), a value model's
 weights (scoring and the update), the reference (scoring; the update too under
-actor.use_kl_loss) and the reward models (the reward phase and evaluations). Before each
-phase, `Offload.enter` puts what the phase needs on the device and the rest on the CPU
-(`RESIDENT`); a phase it does not name changes nothing. Every parameter keeps its
+actor.use_kl_loss), on-policy distillation's teacher (scoring) and the reward models (the
+reward phase and evaluations). Before each phase, `Offload.enter` puts what the phase
+needs on the device and the rest on the CPU (`RESIDENT`); a phase it does not name changes
+nothing. Every parameter keeps its
 identity (its `.data` is swapped; an optimizer state entry or a gradient is replaced by its
 copy), so the optimizer's keys, DDP's parameters and the trainer's references stay valid,
 and a round trip is exact bit for bit.
@@ -33,7 +34,7 @@ from proxima.rewards import ModelReward
 RESIDENT: dict[str, frozenset[str]] = {
     "generate": frozenset(),
     "reward": frozenset({"reward models"}),
-    "score": frozenset({"critic weights", "reference"}),
+    "score": frozenset({"critic weights", "reference", "teacher"}),
     "update": frozenset({"actor optimizer", "critic optimizer", "critic weights"}),
     "evaluate": frozenset({"reward models"}),
 }
@@ -165,8 +166,8 @@ class Offload:
         self.resident = resident(reference_in_update)
 
     def add_weights(self, name: str, modules: Iterable[torch.nn.Module]) -> None:
-        """The parameters of `modules` (a value model, the frozen reference and reward
-        models) as part `name`; nothing when they have none (the LoRA reference is the
+        """The parameters of `modules` (a value model, the frozen reference, teacher and
+        reward models) as part `name`; nothing when they have none (the LoRA reference is the
         actor with its adapters off)."""
         params = list(dict.fromkeys(p for m in modules for p in m.parameters()))
         if params:

@@ -27,6 +27,7 @@ from proxima.algos import (
     masked_mean,
     masked_var,
     mismatch_stats,
+    reverse_kl_stats,
 )
 from proxima.config import Config
 from proxima.config.run import run_plan
@@ -115,6 +116,8 @@ class PPOTrainer:
         # inputs phases 4-5 gather (score_components: the sources' metrics, standardisation)
         self.algorithm = with_source_options(cfg.algorithm, roles.reward)
         inputs = ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator].inputs
+        if plan.teacher:  # the teacher's term, added to any estimator's (and its metrics)
+            inputs = (*inputs, "old_logprobs", "teacher_logprobs")
         self.batch_inputs = tuple(dict.fromkeys((*inputs, "score_components")))
         if engine is None:
             engine = build_engine(cfg, roles.actor, roles.tokenizer, device)
@@ -126,8 +129,9 @@ class PPOTrainer:
             else None
         )
         self.trained, self.objectives = self._trained_roles()
-        if dist.strategy == "fsdp2" and roles.reference is not None:
-            shard(roles.reference, cfg.fsdp, trainable=False)
+        for frozen in (roles.reference, roles.teacher):
+            if dist.strategy == "fsdp2" and frozen is not None:
+                shard(frozen, cfg.fsdp, trainable=False)
         self.context = rollout_context(  # what phases 1-2 read
             cfg,
             roles,
@@ -148,7 +152,8 @@ class PPOTrainer:
 
     def _offload(self) -> Offload:
         """model.offload: the parts that wait on the CPU while a phase does not use them (a
-        value model's weights, the reference, the reward models, the optimizers' state)."""
+        value model's weights, the reference, the teacher, the reward models, the
+        optimizers' state)."""
         off = Offload(
             self.device,
             reference_in_update=run_plan(self.cfg).reference_in_update,
@@ -158,6 +163,8 @@ class PPOTrainer:
             off.add_weights("critic weights", [self.trained["critic"].unwrapped])
         if self.roles.reference is not None:
             off.add_weights("reference", [self.roles.reference])
+        if self.roles.teacher is not None:
+            off.add_weights("teacher", [self.roles.teacher])
         off.add_weights("reward models", reward_models(self.roles.reward))
         for name, role in self.trained.items():
             off.add_optimizer(f"{name} optimizer", role.optimizer)
@@ -276,6 +283,7 @@ class PPOTrainer:
             critic=roles.critic,
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
+            teacher=roles.teacher,
         )
         sampled = sampled_inputs(ro)
         exp = replace(exp, **{k: v.to(exp.scores.device) for k, v in sampled.items()})
@@ -368,6 +376,10 @@ class PPOTrainer:
             m.update(self._source_stats(len(local.scores)))
         if self.cfg.kl_in_reward:  # the coefficient of the KL in the reward (beta)
             m["kl_coef"] = float(self.kl_ctl.value)
+        teacher = batch.inputs.get("teacher_logprobs")
+        if teacher is not None:  # on-policy distillation: the reverse KL to the teacher
+            kl = reverse_kl_stats(teacher, batch.inputs["old_logprobs"], mask)
+            m.update({f"teacher/{k}": float(v) for k, v in kl.items()})
         if batch.values is not None:
             m["values_mean"] = float(masked_mean(batch.values, mask))
             # how much of the returns' variance the rollout's values explained, whole batch

@@ -1,5 +1,6 @@
 """The roles of a run, loaded: the actor (trained), the reference (frozen; under LoRA the
-actor with its adapters off), the critic, the reward source, as the role plan names them."""
+actor with its adapters off), the critic, the reward source and, for on-policy
+distillation, the teacher (frozen), as the role plan names them."""
 
 from __future__ import annotations
 
@@ -40,13 +41,15 @@ class Roles:
     `actor` is the module every forward pass of the policy goes through (generation,
     scoring, updates): the actor itself, or the actor with the critic's value head on it
     (`models.critic.PolicyValue`). `critic`: the critic object (`models.critic`), None for
-    the critic-free estimators."""
+    the critic-free estimators. `teacher`: on-policy distillation's frozen teacher, or
+    None."""
 
     tokenizer: object
     actor: torch.nn.Module
     reference: torch.nn.Module | None
     critic: Critic | None
     reward: object  # callable reward source, see proxima.rewards
+    teacher: torch.nn.Module | None = None
 
     def report(self) -> str:
         """What each role costs in memory (parameters, trainable, bytes) and where it
@@ -59,6 +62,8 @@ class Roles:
         else:
             lines.append(_model_line("critic", self.critic.model))
             lines.append(f"             {self.critic.describe()}")
+        if self.teacher is not None:
+            lines.append(_model_line("teacher", self.teacher))
         lines.append(f"  reward   : {self.reward.name}")
         return "\n".join(lines)
 
@@ -81,10 +86,12 @@ def build_reward(cfg: Config, tokenizer, device: torch.device, fn=None):
     """The reward source: the function of reward.function (`fn` when already imported), the
     reward model of reward.model_path, or the weighted sum of `reward.sources`
     (`rewards.WeightedReward`; a remote source's server is asked whether it is up); none
-    in a multi-turn run whose environment gives every reward (`rewards.NoScore`)."""
-    sources = role_plan(cfg).rewards
+    in a multi-turn run whose environment gives every reward, or in on-policy distillation
+    alone (`rewards.NoScore`)."""
+    plan = role_plan(cfg)
+    sources = plan.rewards
     if not sources:
-        return NoScore()
+        return NoScore(plan.estimator == "distill")
     if not cfg.reward.sources:  # a single-source key: the source itself, no weighted sum
         if cfg.reward.function:
             fn = fn or with_key("reward.function", load_reward_function, cfg.reward.function)
@@ -131,7 +138,8 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     With model.lora_rank > 0 the actor (and a value model, if model.critic_lora) trains LoRA
     adapters. The reference is the one the role plan names (`config.roles`): under LoRA
     the actor with its adapters disabled (no second copy of the weights) unless
-    model.reference_path names another model."""
+    model.reference_path names another model. The teacher (model.teacher_path) loads as
+    a frozen reference from a folder does."""
     if tokenizer is None:
         tokenizer = check_models(cfg)
     actor = load_actor(cfg, device)
@@ -139,16 +147,20 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
     if plan.reference == "adapters off":
         reference = AdapterDisabled(actor)
     elif plan.reference == "folder":
-        reference = load_causal_lm(
-            plan.reference_folder, dtype=frozen_dtype(cfg), device=device, trainable=False
-        )
+        reference = _frozen(cfg, plan.reference_folder, device)
+    teacher = _frozen(cfg, plan.teacher_folder, device) if plan.has_teacher else None
     actor, critic = build_critic(cfg, actor, device)
     if cfg.model.gradient_checkpointing:
         for trained in (actor, critic.model if critic is not None else None):
             if trained is not None:
                 checkpoint_activations(trained)
     reward = build_reward(cfg, tokenizer, device, reward_fn)
-    return Roles(tokenizer, actor, reference, critic, reward)
+    return Roles(tokenizer, actor, reference, critic, reward, teacher)
+
+
+def _frozen(cfg: Config, folder: str, device: torch.device) -> torch.nn.Module:
+    """A frozen causal LM (the reference, the teacher) in the frozen roles' dtype."""
+    return load_causal_lm(folder, dtype=frozen_dtype(cfg), device=device, trainable=False)
 
 
 def load_actor(cfg: Config, device: torch.device) -> torch.nn.Module:

@@ -123,6 +123,26 @@ def test_plan_roles_weights_grads_and_adamw(llama):
     assert plan.peak == max(plan.phase_total(p) for p in plan.phases)
 
 
+def test_the_teacher_is_counted_and_its_pass_planned(llama, tmp_path, monkeypatch):
+    # a teacher of the same shape but a vocabulary of 5000: its logits are the largest
+    # scoring tensor; weights 5000 x 64 (embeddings) + 2 layers + norm + 5000 x 64 (head)
+    teacher = tmp_path / "teacher"
+    LlamaConfig(**{**LLAMA, "vocab_size": 5000}).save_pretrained(teacher)
+    extra = (f"model.teacher_path={teacher}", "algorithm.adv_estimator=distill")
+    plan = plan_memory(_cfg(llama, *extra), torch.device("cpu"), baseline=0)
+    weights = 4 * (5000 * 64 + 2 * 36992 + 64 + 5000 * 64)
+    assert plan.roles["teacher"] == {"weights": weights}
+    assert plan.held["teacher weights"] == weights
+    assert "reference" not in plan.roles and "critic" not in plan.roles  # distill alone
+    assert plan.phases["score"] == {"teacher logits": logits_bytes(8, 8, 5000)}
+    assert "  teacher       : weights 3 MiB" in plan.describe()  # 2,856,192 bytes
+    # offloaded: the teacher joins the scoring phase only
+    off = _gpu_plan(monkeypatch, llama, 2**40, *extra, "model.offload=trained")
+    assert "teacher weights" not in off.held
+    assert off.phases["score"]["teacher weights"] == weights
+    assert all("teacher weights" not in off.phases[p] for p in ("generate", "update actor"))
+
+
 def test_scoring_under_a_token_budget(llama):
     # 48 tokens a pass, as one row: 48 x (3 x 128 + 6 x 64) floats, whatever the row count
     plan = plan_memory(

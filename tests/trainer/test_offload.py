@@ -109,7 +109,7 @@ def test_the_cpu_buffers_are_allocated_once():
 def test_each_phase_finds_what_it_needs():
     parts = {}
     off = Offload(CPU, reference_in_update=True)
-    for name in ("critic weights", "reference", "reward models"):
+    for name in ("critic weights", "reference", "teacher", "reward models"):
         parts[name] = torch.nn.Linear(2, 2)
         off.add_weights(name, [parts[name]])
     _, opt = _trained()
@@ -117,7 +117,7 @@ def test_each_phase_finds_what_it_needs():
     want = {
         "generate": set(),
         "reward": {"reward models"},
-        "score": {"critic weights", "reference"},
+        "score": {"critic weights", "reference", "teacher"},
         "update": {"critic weights", "reference", "actor optimizer"},  # use_kl_loss
         "evaluate": {"reward models"},
     }
