@@ -1,5 +1,5 @@
-"""`proxima train | config | sft | rm | dpo | eval | pipeline | init-model | serve-reward | import |
-export | chat`."""
+"""`proxima train | distill | config | sft | rm | dpo | eval | pipeline | init-model |
+serve-reward | import | export | chat`."""
 
 from __future__ import annotations
 
@@ -39,9 +39,23 @@ def cmd_train(ns: argparse.Namespace) -> int:
     """0: trained all iterations; 128 + signal number: stopped by SIGINT / SIGTERM with a
     checkpoint to resume; 3: stopped as diverged (the result is the last good checkpoint)."""
     from proxima.recipes import train
+
+    return _finished(train(load_args(ns, default_example=True)))
+
+
+def cmd_distill(ns: argparse.Namespace) -> int:
+    """`proxima train` on the built-in distillation config (`configs/distill.yaml`): the
+    student (`--student`) learns from the teacher's log-probs (`--teacher`) of its own
+    samples; the same exit statuses."""
+    from proxima.recipes import train
+
+    return _finished(train(load_args(ns)))
+
+
+def _finished(summary: dict) -> int:
+    """What a training command prints at its end, and its exit status."""
     from proxima.trainer.health import EXIT_DIVERGED
 
-    summary = train(load_args(ns, default_example=True))
     if not launch.is_main_process():
         return 0
     line = held_out_line(summary)
@@ -254,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     _config_command(
         sub, "train", "PPO training (no arguments: the built-in default example)", cmd_train
+    )
+    _config_command(
+        sub,
+        "distill",
+        "on-policy distillation: the student (--student) learns from a teacher's (--teacher) "
+        "log-probs of its own samples (docs/distillation.md)",
+        cmd_distill,
     )
     _config_command(
         sub, "config", "print the resolved config and batch plan, then exit", cmd_config

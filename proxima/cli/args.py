@@ -1,5 +1,5 @@
 """The command line's config arguments: `[CONFIG.yaml] [key=value ...]` and the flags of
-`sft`, `rm`, `dpo` and `eval` as overrides, the built-in config a command starts from, a
+`sft`, `rm`, `dpo`, `eval` and `distill` as overrides, the built-in config a command starts from, a
 resumed run's saved config as its base, and the paths `proxima config` checks."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from proxima.plugins import split_spec
 
 DEFAULT_EXAMPLE = "arithmetic.yaml"
 PIPELINE_EXAMPLE = "pipeline.yaml"  # `proxima pipeline`'s base config: the preference task
+DISTILL_EXAMPLE = "distill.yaml"  # `proxima distill`'s base config: on-policy distillation
 
 
 def default_config_path() -> Path:
@@ -28,8 +29,8 @@ def builtin_config(name: str) -> str:
     return str(shipped) if "/" not in name and shipped.is_file() else name
 
 
-# Flags of `sft`, `rm`, `dpo` and `eval`: short names of config keys, nothing more (no defaults of
-# their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
+# Flags of `sft`, `rm`, `dpo`, `eval` and `distill`: short names of config keys, nothing more
+# (no defaults of their own): `proxima rm --lr 1e-5` is `proxima rm rm.lr=1e-5`.
 FLAGS: dict[str, dict[str, str]] = {
     "sft": {
         "--model": "model.actor_path",
@@ -96,6 +97,20 @@ FLAGS: dict[str, dict[str, str]] = {
         "--device": "model.device",
         "--threads": "trainer.threads",
     },
+    "distill": {
+        "--teacher": "model.teacher_path",
+        "--student": "model.actor_path",
+        "--data": "data.train_path",
+        "--eval-data": "data.eval_path",
+        "--reward": "reward.function",
+        "--iterations": "trainer.iterations",
+        "--lr": "actor.optim.lr",
+        "--coef": "algorithm.distill_coef",
+        "--output-dir": "trainer.output_dir",
+        "--seed": "trainer.seed",
+        "--device": "model.device",
+        "--threads": "trainer.threads",
+    },
 }
 SWITCHES = {"--sampled"}  # flags that take no value: they set their key to true
 
@@ -133,14 +148,17 @@ def split_config_args(
     Without a YAML file `proxima train` starts from the built-in default example, unless the
     overrides name your own model (`model.actor_path=...`) or a checkpoint to resume (then
     its saved config is the base, see `resume_base`): then, as for every other command
-    but `pipeline`, from the plain defaults. `proxima pipeline` always starts from its
-    built-in config unless given a YAML file.
+    but `pipeline` and `distill`, from the plain defaults. `proxima pipeline` always starts
+    from its built-in config unless given a YAML file; `proxima distill` from its own
+    (`distill.yaml`) unless given one or resuming a checkpoint.
     """
     check_order(args, command)
     if args and "=" not in args[0]:
         return builtin_config(args[0]), args[1:]
     if command == "pipeline":  # its tiny-model settings suit a user's prompts too
         return builtin_config(PIPELINE_EXAMPLE), args
+    if command == "distill" and not any(a.startswith("trainer.resume_from=") for a in args):
+        return builtin_config(DISTILL_EXAMPLE), args
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
     if not default_example or named:
         return None, args
@@ -171,9 +189,10 @@ def load(ns: argparse.Namespace, default_example: bool = False):
         if value is not None and value is not False:
             overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
     path, overrides = split_config_args(overrides, default_example, ns.command)
-    base = resume_base(path, overrides) if ns.command in ("train", "config") else None
+    trains = ns.command in ("train", "distill")
+    base = resume_base(path, overrides) if trains or ns.command == "config" else None
     label = path or ("the checkpoint's saved config" if base else "defaults")
-    if (ns.command == "train" or base) and launch.is_main_process():
+    if (trains or base) and launch.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     cfg = load_config(path, overrides, base=base, command=ns.command)
     if ns.command == "config":  # checks only: `path_warnings` reads each GGUF file's header
@@ -187,6 +206,7 @@ def load(ns: argparse.Namespace, default_example: bool = False):
 PATH_KEYS = (
     "model.actor_path",
     "model.reference_path",
+    "model.teacher_path",
     "model.critic_path",
     "data.train_path",
     "data.eval_path",
