@@ -124,3 +124,16 @@ def test_the_teacher_beside_grpo_and_a_reward(
     assert "0.5 x (teacher - student log-prob) per token, added to grpo's advantage" in said
     rows = run_metrics(out)
     assert all("teacher/reverse_kl" in m and "score" in m for m in rows.values())
+
+
+def test_a_distillation_run_resumes_exactly(student_and_teacher, prompt_file, tmp_path):
+    # `proxima distill trainer.resume_from=...` continues the checkpoint's own config (not
+    # distill.yaml): iteration 3 replays as in the uninterrupted run
+    student, teacher = student_and_teacher
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    argv = ["distill", "--teacher", str(teacher), "--student", str(student), "--data"]
+    argv += [str(prompt_file), "--iterations", "3", "trainer.save_every=1", *FAST]
+    assert main([*argv, "--output-dir", str(whole)]) == 0
+    checkpoint = whole / "checkpoints" / "iter_2"
+    assert main(["distill", f"trainer.resume_from={checkpoint}", "--output-dir", str(resumed)]) == 0
+    assert run_metrics(resumed) == {3: run_metrics(whole)[3]}

@@ -50,6 +50,9 @@ def test_each_policy_loss_trains(fast_overrides, make_model, tmp_path, mode):
 
 @pytest.mark.parametrize("name", sorted(n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.critic))
 def test_each_critic_free_estimator_trains(fast_overrides, make_model, tmp_path, name):
-    rows = _train(fast_overrides, make_model, tmp_path, f"algorithm.adv_estimator={name}", *GROUPS)
+    # distill learns from a teacher: another nano model on the same tokenizer
+    teacher = (f"model.teacher_path={make_model(seed=1)}",) if name == "distill" else ()
+    estimator = f"algorithm.adv_estimator={name}"
+    rows = _train(fast_overrides, make_model, tmp_path, estimator, *GROUPS, *teacher)
     assert "actor/pg_loss" in rows[-1]
     assert not (tmp_path / "run" / "critic").exists()
