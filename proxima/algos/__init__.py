@@ -13,6 +13,7 @@ from .advantages import (
     compute_advantages,
     compute_gae,
     discounted_returns,
+    distill,
     gae,
     gdpo,
     gpg,
@@ -28,7 +29,7 @@ from .advantages import (
     rloo_vectorized,
     tir_optimal_token_baseline,
 )
-from .distill import distill, reverse_kl_stats, teacher_advantages
+from .distill import reverse_kl_stats, teacher_advantages
 from .dpo import DPO_LOSS_TYPES, PER_TOKEN_LOSSES, dpo_logits, dpo_loss
 from .drift import (
     distinct_n,

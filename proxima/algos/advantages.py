@@ -16,9 +16,9 @@ of its token rewards over real tokens, and follow verl 0.9.1's ``core_algos.py``
 per name of verl's ``AdvantageEstimator``. They have no value function; as in verl their
 ``returns`` equal their ``advantages``, except reinforce_plus_plus, whose returns are the
 discounted returns before whitening, and remax and the optimal token baselines, whose returns
-are the returns-to-go. One estimator is proxima's own, registered by ``algos.distill``:
-``distill`` (on-policy distillation: the teacher's per-token log-ratio, no outcome; verl
-has no estimator of that name, its distillation is an option of the actor's loss).
+are the returns-to-go. One estimator is proxima's own: ``distill`` (on-policy
+distillation, ``algos.distill``: the teacher's per-token log-ratio, no outcome; verl has no
+estimator of that name, its distillation is an option of the actor's loss).
 
 Some estimators read more than the shared inputs: the extra per-batch inputs of
 ``EXTRA_INPUTS`` (a greedy response's score for remax, the rollout policy's log-probs and
@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import check_same_shape, select
+from .distill import teacher_advantages
 from .masked import masked_whiten
 
 # Added to the group std in grpo (verl's epsilon) so identical outcomes do not divide by 0.
@@ -737,6 +738,33 @@ def tir_optimal_token_baseline(
     members = _group_sum(member.long(), group, n_groups)[group]
     _warn_singletons(where, members, member, _NO_TOKEN_BASELINE)
     return advantages, returns
+
+
+@register_advantage(
+    "distill",
+    options=("distill_coef", "distill_clip"),
+    needs=("old_logprobs", "teacher_logprobs"),
+)
+@torch.no_grad()
+def distill(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
+    distill_coef: float = 1.0,
+    distill_clip: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation alone: advantages = returns = ``algos.teacher_advantages`` of
+    the teacher's and the old log-probs (distill_coef x (teacher - old), each log-ratio
+    clamped to distill_clip first when > 0). The token rewards (a score, a KL penalty) are
+    not read: only their shape is checked."""
+    check_same_shape("distill", token_rewards=token_rewards, response_mask=response_mask)
+    _require("distill", old_logprobs=old_logprobs, teacher_logprobs=teacher_logprobs)
+    adv = teacher_advantages(
+        teacher_logprobs, old_logprobs, response_mask, distill_coef, distill_clip
+    )
+    return adv, adv.clone()
 
 
 def compute_advantages(

@@ -15,10 +15,10 @@ ones; verl's distillation with ``use_policy_gradient`` feeds the same ``-k1`` (c
 
 ``student_lp`` is the old log-probs of the sampled tokens (the policy that sampled them, as
 Tinker's sampled log-probs): the advantage is fixed for the update, and the policy loss
-(its importance ratio and clipping) trains on it as on any other advantage. The
-``distill`` estimator of ``ADVANTAGE_ESTIMATORS`` is this term alone (no token reward is
-read); ``teacher_advantages`` is the term itself, which a trainer adds to another
-estimator's advantages (``A = A_task + coef * (teacher_lp - student_lp)``).
+(its importance ratio and clipping) trains on it as on any other advantage.
+``teacher_advantages`` is the term: the ``distill`` estimator of ``ADVANTAGE_ESTIMATORS``
+(``algos.advantages``) is it alone (no token reward is read), and a trainer adds it to
+another estimator's advantages (``A = A_task + coef * (teacher_lp - student_lp)``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_same_shape, select
-from .advantages import register_advantage
 from .masked import masked_mean, masked_var
 
 
@@ -54,36 +53,6 @@ def teacher_advantages(
     if clip > 0:
         diff = diff.clamp(-clip, clip)
     return select(coef * diff, response_mask)
-
-
-@register_advantage(
-    "distill",
-    options=("distill_coef", "distill_clip"),
-    needs=("old_logprobs", "teacher_logprobs"),
-)
-@torch.no_grad()
-def distill(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    old_logprobs: torch.Tensor | None = None,
-    teacher_logprobs: torch.Tensor | None = None,
-    distill_coef: float = 1.0,
-    distill_clip: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """On-policy distillation alone: advantages = returns = ``teacher_advantages`` of the
-    teacher's and the old log-probs. The token rewards (a score, a KL penalty) are not read:
-    only their shape is checked."""
-    check_same_shape("distill", token_rewards=token_rewards, response_mask=response_mask)
-    for name, value in (("old_logprobs", old_logprobs), ("teacher_logprobs", teacher_logprobs)):
-        if value is None:
-            raise ValueError(
-                f"distill: needs {name}, [B, T] log-probs of the sampled tokens; pass {name}=..."
-            )
-    adv = teacher_advantages(
-        teacher_logprobs, old_logprobs, response_mask, distill_coef, distill_clip
-    )
-    return adv, adv.clone()
 
 
 @torch.no_grad()
