@@ -674,6 +674,16 @@ class CriticConfig:
         "decay, warm-up, schedule) set the value head's own optimizer group.",
         fixed=True,
     )
+    head_init: str = _f(
+        "random",
+        "How a new value head starts (critic.shared_backbone, or a value model from the "
+        "actor): random (weight ~ N(0, 1/sqrt(hidden+1)), bias 0: distinct values from the "
+        "start) | zero (every value 0 until it learns, as the value head of OpenAI's "
+        "lm-human-preferences starts: on a real model's large hidden states a random head's "
+        "values are of the order of the rewards, noise in the first advantages; "
+        "docs/real-models.md).",
+        fixed=True,
+    )
     vf_coef: float = _f(
         0.5,
         "With shared_backbone: weight c1 of the value loss in the shared network's loss "
