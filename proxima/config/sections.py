@@ -478,6 +478,14 @@ class AlgorithmConfig:
         "(norm_adv_by_std_in_grpo), reinforce_plus_plus(_baseline) and gdpo over the batch, "
         "the others not.",
     )
+    whiten_shift_mean: bool = _f(
+        True,
+        "With whiten_advantages: subtract the batch's mean advantage (true, verl's and "
+        "OpenRLHF's whitening) or keep it, scaling only (false, TRL's shift_mean=False). The "
+        "mean is over tokens: where failed answers are longer than the rest it is negative, "
+        "and subtracting it makes a short failed answer's advantage positive, a pull "
+        "toward empty answers (docs/real-models.md measures it on SmolLM2).",
+    )
     norm_adv_by_std_in_grpo: bool = _f(
         True,
         "grpo, grpo_passk, gdpo: divide by the group's std (False = Dr.GRPO).",
