@@ -291,6 +291,7 @@ def test_yaml_errors_name_the_file_and_the_line(tmp_path):
             r"`data.train_weights` are all 0: no prompt set would be sampled",
         ),
         ("model.offload=always", r"`model.offload` must be one of none, auto, trained"),
+        ("critic.head_init=ones", r"`critic.head_init` must be one of random, zero"),
         (
             ("model.offload=trained", "model.device=cpu"),
             r"`model.offload=trained` moves state between the GPU and CPU memory, and "

@@ -85,7 +85,12 @@ from .rollout_correction import (
     rejection_mask,
     truncated_is_weights,
 )
-from .value import explained_variance, value_loss
+from .value import (
+    explained_variance,
+    first_token_explained_variance,
+    leave_one_out_mean,
+    value_loss,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -126,6 +131,8 @@ __all__ = [
     "dro_loss",
     "entropy_from_logits",
     "explained_variance",
+    "first_token_explained_variance",
+    "leave_one_out_mean",
     "gdpo",
     "gpg",
     "grpo",

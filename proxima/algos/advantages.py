@@ -178,7 +178,7 @@ def compute_gae(
     return advantages, returns
 
 
-@register_advantage("gae", critic=True, options=("lam", "whiten_advantages"))
+@register_advantage("gae", critic=True, options=("lam", "whiten_advantages", "whiten_shift_mean"))
 def gae(
     token_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -186,10 +186,13 @@ def gae(
     gamma: float = 1.0,
     lam: float = 0.95,
     whiten_advantages: bool = False,
+    whiten_shift_mean: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``compute_gae``, the advantages whitened over the batch (``masked_whiten``) when
-    ``whiten_advantages``: the actor's step then does not depend on the reward's scale. The
-    returns, the critic's targets, are never whitened. Returns (advantages, returns) [B, T]."""
+    ``whiten_advantages``: the actor's step then does not depend on the reward's scale;
+    with ``whiten_shift_mean=False`` only the scale changes (the batch's mean advantage is
+    kept, TRL's ``shift_mean=False``). The returns, the critic's targets, are never
+    whitened. Returns (advantages, returns) [B, T]."""
     if values is None:
         free = [n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.critic]
         raise ValueError(
@@ -198,7 +201,7 @@ def gae(
         )
     advantages, returns = compute_gae(token_rewards, values, response_mask, gamma, lam)
     if whiten_advantages:
-        advantages = masked_whiten(advantages, response_mask)
+        advantages = masked_whiten(advantages, response_mask, shift_mean=whiten_shift_mean)
     return advantages, returns
 
 

@@ -34,6 +34,51 @@ def explained_variance(
     return explained.clamp(min=torch.finfo(torch.float32).min)
 
 
+def leave_one_out_mean(x: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Each row's mean over the *other* rows of its group (RLOO's baseline), [B] from x [B]
+    and group_ids [B]; NaN for a row alone in its group (no other row to average)."""
+    check_same_shape("leave_one_out_mean", x=x, group_ids=group_ids)
+    _, group = torch.unique(group_ids, return_inverse=True)
+    n = int(group.max()) + 1 if group.numel() else 0
+    sums = x.new_zeros(n).index_add_(0, group, x)
+    sizes = x.new_zeros(n).index_add_(0, group, torch.ones_like(x))
+    others = (sizes[group] - 1).to(x.dtype)
+    return torch.where(others > 0, (sums[group] - x) / others.clamp(min=1), torch.nan)
+
+
+def first_token_explained_variance(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    min_var: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How well each response's return at its first token (the whole answer's, from the
+    prompt) is predicted, over the rows that have a first token: (by the critic's value
+    there, by the leave-one-out mean of the group's other returns). The first tells a
+    critic that reads the prompt from one that learned only the batch's mean (about 0);
+    the second is the reference a baseline of the group's other samples reaches (RLOO's;
+    rows alone in their group left out). Each `explained_variance`: 0 where nothing varies
+    or no row applies."""
+    check_same_shape(
+        "first_token_explained_variance",
+        values=values,
+        returns=returns,
+        response_mask=response_mask,
+    )
+    rows = response_mask[:, 0] > 0  # responses are left-aligned: token 0 is the first
+    v, r, g = values[rows, 0], returns[rows, 0], group_ids[rows]
+    critic = explained_variance(v[None], r[None], torch.ones_like(r)[None], min_var=min_var)
+    loo = leave_one_out_mean(r.double(), g)
+    paired = ~loo.isnan()
+    if not paired.any():
+        return critic, torch.zeros_like(critic)
+    group = explained_variance(
+        loo[paired][None], r[paired][None], torch.ones_like(r[paired])[None], min_var=min_var
+    )
+    return critic, group
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

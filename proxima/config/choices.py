@@ -9,6 +9,7 @@ math; the validation reads them from there. Nothing here imports anything.
 """
 
 CRITIC_INIT = ("actor", "reward_model", "critic")  # model.critic_init
+HEAD_INITS = ("random", "zero")  # critic.head_init
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # model.dtype, fsdp.param_dtype / reduce_dtype
 VLLM_DTYPES = ("auto", *DTYPE_NAMES)  # rollout.vllm.dtype: auto = model.dtype
 MIXED_PRECISION = ("no", "bf16")  # model.mixed_precision

@@ -490,6 +490,14 @@ class AlgorithmConfig:
         "(norm_adv_by_std_in_grpo), reinforce_plus_plus(_baseline) and gdpo over the batch, "
         "the others not.",
     )
+    whiten_shift_mean: bool = _f(
+        True,
+        "With whiten_advantages: subtract the batch's mean advantage (true, verl's and "
+        "OpenRLHF's whitening) or keep it, scaling only (false, TRL's shift_mean=False). The "
+        "mean is over tokens: where failed answers are longer than the rest it is negative, "
+        "and subtracting it makes a short failed answer's advantage positive, a pull "
+        "toward empty answers (docs/real-models.md measures it on SmolLM2).",
+    )
     norm_adv_by_std_in_grpo: bool = _f(
         True,
         "grpo, grpo_passk, gdpo: divide by the group's std (False = Dr.GRPO).",
@@ -698,6 +706,16 @@ class CriticConfig:
         "and gradient clip apply (critic.ppo_*, critic.shuffle and critic.optim.grad_clip "
         "must match them or keep their defaults); critic.optim.* (lr, betas, eps, weight "
         "decay, warm-up, schedule) set the value head's own optimizer group.",
+        fixed=True,
+    )
+    head_init: str = _f(
+        "random",
+        "How a new value head starts (critic.shared_backbone, or a value model from the "
+        "actor): random (weight ~ N(0, 1/sqrt(hidden+1)), bias 0: distinct values from the "
+        "start) | zero (every value 0 until it learns, as the value head of OpenAI's "
+        "lm-human-preferences starts: on a real model's large hidden states a random head's "
+        "values are of the order of the rewards, noise in the first advantages; "
+        "docs/real-models.md).",
         fixed=True,
     )
     vf_coef: float = _f(

@@ -21,6 +21,7 @@ from proxima.config.choices import (
     CRITIC_INIT,
     DTYPE_NAMES,
     ENGINES,
+    HEAD_INITS,
     KL_CONTROLLERS,
     LOGGERS,
     MEMORY_CHECKS,
@@ -43,6 +44,7 @@ from proxima.plugins import split_spec
 
 _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "model.critic_init": CRITIC_INIT,
+    "critic.head_init": HEAD_INITS,
     "model.dtype": DTYPE_NAMES,
     "rollout.name": ENGINES,
     "rollout.old_logprobs": OLD_LOGPROBS,

@@ -41,7 +41,7 @@ from proxima.algos import value_loss
 from proxima.config import Config, ConfigError, CriticConfig, OptimConfig
 from proxima.config.roles import CRITIC_STARTS, role_plan
 from proxima.models.forward import response_values
-from proxima.models.loading import DTYPES, load_critic
+from proxima.models.loading import DTYPES, load_critic, new_head_weight
 from proxima.models.lora import add_lora
 from proxima.models.saving import load_role, read_role_weights, save_role
 from proxima.models.unwrap import base_model
@@ -66,15 +66,20 @@ def lm_head(model: nn.Module) -> nn.Module:
 
 
 def new_value_head(
-    actor: nn.Module, seed: int, dtype: torch.dtype = torch.float32, device="cpu"
+    actor: nn.Module,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    init: str = "random",
 ) -> nn.Linear:
-    """Linear(hidden, 1) drawn as a new critic's head: weight ~ N(0, 1/sqrt(hidden+1)),
-    bias 0, reproducible given `seed` without touching the global RNG."""
+    """Linear(hidden, 1) as a new critic's head (`critic.head_init`): random, weight ~
+    N(0, 1/sqrt(hidden+1)), reproducible given `seed` without touching the global RNG; or
+    zero, weight 0. Bias 0 either way."""
     hidden = lm_head(actor).weight.shape[-1]
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = nn.Linear(hidden, 1)  # its default init draws too: inside the fork
-        head.weight.copy_(torch.randn(1, hidden) / (hidden + 1) ** 0.5)
+        head.weight.copy_(new_head_weight((1, hidden), init))
         head.bias.zero_()
     return head.to(device=device, dtype=dtype)
 
@@ -324,7 +329,9 @@ def build_critic(
     critic-free estimators."""
     dtype, plan = DTYPES[cfg.model.dtype], role_plan(cfg)
     if plan.critic_on_actor:
-        head = new_value_head(actor, seed=cfg.trainer.seed, dtype=dtype, device=device)
+        head = new_value_head(
+            actor, seed=cfg.trainer.seed, dtype=dtype, device=device, init=cfg.critic.head_init
+        )
         return PolicyValue(actor, head), ValueHead(cfg.critic, head)
     if not plan.critic_model:
         return actor, None
@@ -334,6 +341,7 @@ def build_critic(
         device=device,
         init_from=plan.critic_init,
         seed=cfg.trainer.seed,
+        head_init=cfg.critic.head_init,
     )
     if plan.critic_lora:
         model = add_lora(model, cfg.model, "TOKEN_CLS", seed=cfg.trainer.seed + 1)

@@ -37,7 +37,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from proxima.config.choices import CRITIC_INIT, DTYPE_NAMES
+from proxima.config.choices import CRITIC_INIT, DTYPE_NAMES, HEAD_INITS
 from proxima.models.folders import policy_folder_problem, weights_problem
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # model.dtype -> torch dtype
@@ -305,19 +305,32 @@ def _head_from_reward_model(folder: Path, dtype: torch.dtype) -> dict[str, torch
     return found
 
 
+def new_head_weight(shape: tuple[int, ...], init: str = "random") -> torch.Tensor:
+    """A new scalar head's weight (`critic.head_init`), float32, from the global RNG (fork
+    it to keep the caller's draws): random, ~ N(0, 1/sqrt(fan_in+1)), the init of the
+    *reward* head in OpenAI's lm-human-preferences, distinct initial values to learn from;
+    zero, as the value head starts there."""
+    if init not in HEAD_INITS:
+        raise ValueError(f"unknown head init {init!r}; choose one of {HEAD_INITS}")
+    if init == "zero":
+        return torch.zeros(shape)
+    return torch.randn(shape, dtype=torch.float32) / (shape[-1] + 1) ** 0.5
+
+
 @torch.no_grad()
-def _set_head(critic: PreTrainedModel, weights: dict[str, torch.Tensor] | None, seed: int) -> None:
-    """Copy a head (bias 0 when absent), or with `weights=None` draw a new one:
-    weight ~ N(0, 1/sqrt(hidden+1)), bias 0, reproducible given `seed`. This is the init of
-    the *reward* head in OpenAI's lm-human-preferences (there the value head starts at zero);
-    a random head gives the critic distinct initial values to learn from."""
+def _set_head(
+    critic: PreTrainedModel,
+    weights: dict[str, torch.Tensor] | None,
+    seed: int,
+    init: str = "random",
+) -> None:
+    """Copy a head (bias 0 when absent), or with `weights=None` make a new one
+    (`new_head_weight`), bias 0, reproducible given `seed`."""
     head = scalar_head(critic)
     if weights is None:
-        fan_in = head.weight.shape[-1]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            new = torch.randn(head.weight.shape, dtype=torch.float32) / (fan_in + 1) ** 0.5
-        weights = {"weight": new}
+            weights = {"weight": new_head_weight(tuple(head.weight.shape), init)}
     head.weight.copy_(weights["weight"].reshape(head.weight.shape))
     if getattr(head, "bias", None) is not None:
         bias = weights.get("bias")
@@ -331,10 +344,11 @@ def load_critic(
     init_from: str = "actor",
     trainable: bool = True,
     seed: int = 0,
+    head_init: str = "random",
 ) -> PreTrainedModel:
     """Critic as AutoModelForTokenClassification(num_labels=1).
 
-    init_from="actor": backbone from a causal-LM folder, new seeded head.
+    init_from="actor": backbone from a causal-LM folder, new seeded head (`head_init`).
     init_from="reward_model": backbone and head from a sequence-classification folder, so
     the critic starts as the reward model (as OpenRLHF and the InstructGPT setup advise).
     init_from="critic": a saved critic.
@@ -355,7 +369,7 @@ def load_critic(
     else:
         _require_loaded(info, folder, role, allowed=_HEAD_NAMES)
         head = _head_from_reward_model(folder, dtype) if init_from == "reward_model" else None
-        _set_head(model, head, seed)
+        _set_head(model, head, seed, head_init)
     return _finish(model, device, trainable)
 
 

@@ -110,7 +110,14 @@ PLOT_KEYS = [
     "actor/clipfrac",
     "actor/approx_kl",
     "critic/vf_loss",
-    "critic/explained_variance",
+    (
+        "explained variance",
+        [
+            "critic/explained_variance",
+            "critic/explained_variance_first",
+            "critic/explained_variance_group",
+        ],
+    ),
     "kl_coef",
     "actor/grad_norm",
     "rollout/logprob_diff_mean",

@@ -9,6 +9,7 @@ of the sampled tokens (`SampledLogprobs`).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 from transformers import (
@@ -19,6 +20,7 @@ from transformers import (
 )
 
 from proxima.models.critic import generate_with_values
+from proxima.models.unwrap import base_model
 from proxima.rollout.decode import (
     EpisodeCaches,
     caches_kept_apply,
@@ -28,6 +30,18 @@ from proxima.rollout.decode import (
     synced_generation,
 )
 from proxima.rollout.types import Generation, Sampling, cat_generations
+
+
+def with_model_stops(sampling: Sampling, model: torch.nn.Module) -> Sampling:
+    """`sampling`, also stopping at the end-of-sequence ids of `model`'s generation_config
+    (one id or a list), as HF `generate` and vLLM do: an instruct model whose turn ends
+    with a token other than the tokenizer's EOS (Gemma 3's `<end_of_turn>`, added on
+    import) stops there without `rollout.stop_token_ids`."""
+    config = getattr(base_model(model), "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos if isinstance(eos, list | tuple) else [eos]
+    extra = tuple(int(i) for i in eos if i is not None and int(i) not in sampling.stop_ids)
+    return replace(sampling, stop_ids=sampling.stop_ids + extra) if extra else sampling
 
 
 class HFEngine:
@@ -111,6 +125,7 @@ class HFEngine:
         state, the one its logits came from). `kept`: the decode loop's episode caches and
         the rows' keys (`EpisodeSession`)."""
         model, pad_token_id = self.model, self.pad_token_id
+        sampling = with_model_stops(sampling, model)
         was_training = model.training
         model.eval()
         if loop_applies(model):

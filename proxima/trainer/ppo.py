@@ -23,6 +23,7 @@ from proxima.algos import (
     FixedKLController,
     RunningMoments,
     explained_variance,
+    first_token_explained_variance,
     logprob_diff,
     masked_mean,
     masked_var,
@@ -385,6 +386,11 @@ class PPOTrainer:
             # how much of the returns' variance the rollout's values explained, whole batch
             ev = explained_variance(batch.values, est.returns, mask, min_var=EV_MIN_VAR)
             m["critic/explained_variance"] = float(ev)
+            first, group = first_token_explained_variance(
+                batch.values, est.returns, mask, batch.group_ids, min_var=EV_MIN_VAR
+            )
+            m["critic/explained_variance_first"] = float(first)
+            m["critic/explained_variance_group"] = float(group)
         m.update(self._rollout_trust(local))
         for role in self.trained.values():
             m.update({f"{group}/lr": lr for group, lr in role.lrs().items()})

@@ -485,7 +485,7 @@ def test_gae_is_registered_with_its_options_and_whitens_when_asked():
     # 0.00058403 + 0.00000017 + 0.00060434, over 2), so A_w = (A - 0.4754167) *
     # rsqrt(0.00059427 + 1e-8) = [-0.99134, -0.01709, 1.00843].
     est = ADVANTAGE_ESTIMATORS["gae"]
-    assert est.critic and est.options == ("lam", "whiten_advantages")
+    assert est.critic and est.options == ("lam", "whiten_advantages", "whiten_shift_mean")
     assert all(not e.critic for n, e in ADVANTAGE_ESTIMATORS.items() if n != "gae")
     assert ADVANTAGE_ESTIMATORS["grpo"].options == ("norm_adv_by_std_in_grpo",)
     rewards, values, mask = (
@@ -501,6 +501,12 @@ def test_gae_is_registered_with_its_options_and_whitens_when_asked():
     want = torch.tensor([[-0.99134, -0.01709, 1.00843]])
     torch.testing.assert_close(white[0], want, atol=1e-4, rtol=0)
     torch.testing.assert_close(white[1], plain[1])  # the critic's targets are never whitened
+    # scale only: the mean 0.4754167 added back, [-0.51592, 0.45833, 1.48385]
+    scaled = compute_advantages(
+        "gae", rewards, mask, values=values, lam=0.95, whiten_advantages=True,
+        whiten_shift_mean=False,
+    )  # fmt: skip
+    torch.testing.assert_close(scaled[0], want + 0.4754167, atol=1e-4, rtol=0)
 
 
 def test_an_estimator_option_goes_to_its_estimator_only():

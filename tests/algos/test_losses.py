@@ -12,6 +12,8 @@ from proxima.algos import (
     PolicyLossOptions,
     entropy_from_logits,
     explained_variance,
+    first_token_explained_variance,
+    leave_one_out_mean,
     logprobs_and_entropy,
     logprobs_from_logits,
     policy_loss,
@@ -483,4 +485,31 @@ def test_sum_pi_squared_is_the_collision_probability():
     # temperature 2: probabilities proportional to 1 and sqrt(3)
     assert sum_pi_squared(logits, temperature=2.0).item() == pytest.approx(
         4 / (4 + 2 * math.sqrt(3))
+    )
+
+
+def test_leave_one_out_mean():
+    x = torch.tensor([1.0, 2.0, 3.0, 10.0, 5.0])
+    out = leave_one_out_mean(x, torch.tensor([0, 0, 0, 1, 2]))
+    torch.testing.assert_close(out[:3], torch.tensor([2.5, 2.0, 1.5]), rtol=0, atol=0)
+    assert out[3:].isnan().all()  # alone in their groups: no other row
+
+
+def test_first_token_explained_variance():
+    """The critic's value at each response's first token, and the group's leave-one-out
+    mean, against the return there; a row with no response token is left out."""
+    r = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 100.0]
+    v = [0.6, 0.6, 0.6, 0.4, 0.4, 0.4, 100.0]
+    returns = torch.tensor([[x, 7.0] for x in r])  # the second token's are never read
+    values = torch.tensor([[x, -3.0] for x in v])
+    mask = torch.tensor([[1, 1]] * 6 + [[0, 0]])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    critic, group = first_token_explained_variance(values, returns, mask, groups)
+    # residuals 0.4 -0.6 0.4 0.6 -0.4 -0.4 (mean 0, squares 1.36); returns' squares 1.5
+    torch.testing.assert_close(
+        critic, torch.tensor(1 - 1.36 / 1.5, dtype=torch.float64), rtol=1e-6, atol=1e-6
+    )
+    # leave-one-out means 0.5 1 0.5 | 0 0.5 0.5: residuals 0.5 -1 0.5 1 -0.5 -0.5 (3.0)
+    torch.testing.assert_close(
+        group, torch.tensor(1 - 3.0 / 1.5, dtype=torch.float64), rtol=1e-6, atol=1e-6
     )

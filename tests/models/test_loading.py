@@ -121,6 +121,19 @@ def test_critic_from_actor_shapes_backbone_and_head(folders):
     assert torch.count_nonzero(head.bias) == 0
 
 
+def test_a_zero_head_starts_every_value_at_zero(folders):
+    """critic.head_init=zero: a value model from the actor whose values are all 0 until it
+    learns (the value head of OpenAI's lm-human-preferences), the backbone as loaded."""
+    _, actor_dir, _, _ = folders
+    critic = load_critic(actor_dir, init_from="actor", seed=5, head_init="zero")
+    batch = _batch(actor_dir, "left")
+    values = critic_values(critic, batch["input_ids"], batch["attention_mask"])
+    assert torch.count_nonzero(values) == 0 and values.requires_grad
+    assert torch.count_nonzero(scalar_head(critic).weight) == 0
+    with pytest.raises(ValueError, match="unknown head init 'ones'.*'random', 'zero'"):
+        load_critic(actor_dir, init_from="actor", head_init="ones")
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_critic_values_padding_invariant(folders, side):
     _, actor_dir, _, _ = folders

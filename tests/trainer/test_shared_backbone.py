@@ -200,6 +200,17 @@ def test_warmup_trains_only_the_value_head(files):
     assert "actor/pg_loss" in metrics and trainer.weight_version == 1
 
 
+def test_a_zero_head_gives_zero_values_then_learns(files):
+    """critic.head_init=zero: the first batch's values are all 0 (the advantages are the
+    returns, whitened), and the head's first step moves it off zero."""
+    trainer = make_trainer(files, "critic.head_init=zero")
+    head = trainer.roles.critic.head
+    assert torch.count_nonzero(head.weight) == 0 and torch.count_nonzero(head.bias) == 0
+    torch.manual_seed(4)
+    trainer.step()
+    assert torch.count_nonzero(head.weight) > 0
+
+
 def test_models_and_optimizer_state_round_trip(files, tmp_path):
     trainer = make_trainer(files)
     torch.manual_seed(5)
