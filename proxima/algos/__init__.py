@@ -38,6 +38,7 @@ from .drift import (
     ngrams,
     repetition,
     repetition_rate,
+    wordless,
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_full, kl_penalty
 from .logprobs import (
@@ -124,6 +125,7 @@ __all__ = [
     "distill",
     "distinct_n",
     "dominated",
+    "wordless",
     "dppo_kl_loss",
     "dppo_tv_loss",
     "dpo_logits",

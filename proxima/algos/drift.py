@@ -21,6 +21,9 @@ no n-gram joins the end of one action to the start of the next across an observa
   keep a numbered list's token n-grams apart are not words. The most frequent word of
   English text, "the", is about 7% of its words (the Brown corpus, Zipf's law:
   https://en.wikipedia.org/wiki/Zipf%27s_law), so half is far from any sentence.
+- `wordless`: a response with no word at all: an end of turn alone, or only numbers and
+  punctuation. No reward has to pay for it to spread: a critic-based update whose advantages
+  are whitened around a negative mean pays a short failed answer (docs/real-models.md).
 - `loglik_per_token`: the reference's mean log-likelihood per sampled token. Its
   expectation under the policy is -(H(pi) + KL(pi || ref)) per token: it falls as the
   policy leaves what the reference would write, even where the entropy rises.
@@ -105,6 +108,11 @@ def dominated(
         count, words = top_word(text)
         out.append(count >= min_count and count >= share * words)
     return torch.tensor(out, dtype=torch.bool)
+
+
+def wordless(texts: Sequence[str]) -> torch.Tensor:
+    """[B] bool: the response has no word (no run of letters)."""
+    return torch.tensor([_WORD.search(t) is None for t in texts], dtype=torch.bool)
 
 
 def loglik_per_token(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -884,6 +884,12 @@ class GuardConfig:
         "Warn (once) when drift/dominated, the share of responses mostly made of one word "
         "said over and over, stays above its start plus this for 3 iterations; 0 = off.",
     )
+    drift_max_empty_rise: float = _f(
+        0.2,
+        "Warn (once) when drift/empty, the share of responses with no word at all (an end "
+        "of turn alone, only numbers or punctuation), stays above its start plus this for 3 "
+        "iterations; 0 = off.",
+    )
     drift_min_entropy_ratio: float = _f(
         0.3,
         "Warn (once) when actor/entropy stays below this fraction of its start for 3 "

@@ -111,6 +111,7 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "guard.drift_min_distinct_ratio",
     "guard.drift_max_repetition_rise",
     "guard.drift_max_dominated_rise",
+    "guard.drift_max_empty_rise",
     "guard.drift_min_entropy_ratio",
     "guard.drift_max_ref_logprob_drop",
     "algorithm.distill_clip",

@@ -103,7 +103,10 @@ PLOT_KEYS = [
     "eval/pass@1",
     "kl",
     "teacher/reverse_kl",
-    ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"]),
+    (
+        "drift (0-1)",
+        ["drift/repetition", "drift/dominated", "drift/empty", "drift/distinct_2"],
+    ),
     "drift/ref_logprob",
     "response_length",
     "actor/entropy",

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from proxima.algos import distinct_n, dominated, loglik_per_token, repetition
+from proxima.algos import distinct_n, dominated, loglik_per_token, repetition, wordless
 from proxima.config import Config
 from proxima.config.roles import role_plan
 from proxima.trainer.dist import Dist
@@ -36,13 +36,20 @@ def drift_metrics(
     ids: torch.Tensor,
     mask: torch.Tensor,
     dominated_rows: torch.Tensor,
+    wordless_rows: torch.Tensor,
     ref_logprobs: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """The drift/* metrics of a whole batch: token ids and mask [B, R], [B] bool
-    (`algos.dominated` of each response's text), the reference's log-probs [B, R] or None."""
+    """The drift/* metrics of a whole batch: token ids and mask [B, R], two [B] bool
+    (`algos.dominated` and `algos.wordless` of each response's text), the reference's
+    log-probs [B, R] or None."""
+
+    def share(rows: torch.Tensor) -> float:
+        return float(rows.float().mean()) if len(rows) else 0.0
+
     m = {
         "drift/repetition": float(repetition(ids, mask)),
-        "drift/dominated": float(dominated_rows.float().mean()) if len(dominated_rows) else 0.0,
+        "drift/dominated": share(dominated_rows),
+        "drift/empty": share(wordless_rows),
         "drift/distinct_1": float(distinct_n(ids, mask, 1)),
         "drift/distinct_2": float(distinct_n(ids, mask, 2)),
     }
@@ -60,8 +67,9 @@ def batch_drift(
     g = dist.gather_rows
     ids = g(local.response_ids)
     rows = g(dominated(texts).to(torch.float32)).bool()
+    empty = g(wordless(texts).to(torch.float32)).bool()
     ref = g(local.ref_logprobs) if local.ref_logprobs is not None else None
-    return drift_metrics(ids, mask, rows, ref)
+    return drift_metrics(ids, mask, rows, empty, ref)
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,10 @@ CHECKS = (
     DriftCheck(
         "dominated", "drift/dominated", "drift_max_dominated_rise", False, False,
         "more answers are one word said over and over",
+    ),
+    DriftCheck(
+        "empty", "drift/empty", "drift_max_empty_rise", False, False,
+        "more answers say nothing (no word at all)",
     ),
     DriftCheck(
         "entropy", "actor/entropy", "drift_min_entropy_ratio", True, True,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from proxima.algos import dominated, mean_at_k, pass_at_k_table
+from proxima.algos import dominated, mean_at_k, pass_at_k_table, wordless
 from proxima.config import RolloutConfig
 from proxima.data.mixing import DATASET_COLUMN
 from proxima.models.forward import response_logprobs
@@ -95,7 +95,9 @@ def _summary(
     }
     # the training iterations' drift/* of these responses (no reference pass: no ref_logprob)
     texts = [row[1] for row in samples]
-    out.update(drift_metrics(tokens.clamp(min=0), tokens != NO_TOKEN, dominated(texts)))
+    out.update(
+        drift_metrics(tokens.clamp(min=0), tokens != NO_TOKEN, dominated(texts), wordless(texts))
+    )
     if best is not None:
         out["accuracy"] = float((s >= best - 1e-6).float().mean())
     elif _is_binary(s):
@@ -287,6 +289,7 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "drift/dominated" in res:  # what the reward does not show: degenerate answers
             lines.append(
                 f"{mode}: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "
+                f"{res['drift/empty']:.0%} with no word, "
                 f"repetition {res['drift/repetition']:.3f}, "
                 f"distinct-2 {res['drift/distinct_2']:.3f}"
             )

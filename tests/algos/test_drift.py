@@ -10,6 +10,7 @@ from proxima.algos import (
     ngrams,
     repetition,
     repetition_rate,
+    wordless,
 )
 
 # row 0: a loop of one token; row 1: all different; row 2: "1 . river \n 2 . river \n 3 .
@@ -85,6 +86,12 @@ def test_dominated_by_one_word():
         "the cat and the dog and the bird",  # "the" 3 of 8 < half
     ]
     assert dominated(texts).tolist() == [True, True, False, False, False, False, False]
+
+
+def test_wordless_answers():
+    texts = ["", " ", "1. 2. 3.", "...", "<|im_end|>", "a", "42 apples", "\n\n"]
+    # "<|im_end|>" has letters: a special token decoded is not an empty answer's text
+    assert wordless(texts).tolist() == [True, True, True, True, False, False, False, True]
 
 
 def test_reference_loglik_per_token_by_hand():

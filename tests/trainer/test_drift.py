@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from proxima.algos import dominated
+from proxima.algos import dominated, wordless
 from proxima.config import Config
 from proxima.trainer.drift import (
     PERSIST,
@@ -54,18 +54,27 @@ def test_degenerate_batch_against_a_healthy_one():
     healthy = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
     loop = torch.tensor([[3, 3, 3, 3, 3, 3], [3, 3, 3, 3, 3, 3]])
     mask = torch.ones_like(healthy)  # (the texts' words: tests/algos/test_drift.py)
-    good = drift_metrics(healthy, mask, torch.tensor([False, False]))
-    bad = drift_metrics(loop, mask, torch.tensor([True, True]), torch.full((2, 6), -2.0))
+    no = torch.tensor([False, False])
+    good = drift_metrics(healthy, mask, no, no)
+    bad = drift_metrics(
+        loop,
+        mask,
+        torch.tensor([True, True]),
+        torch.tensor([False, True]),
+        torch.full((2, 6), -2.0),
+    )
     # healthy: no trigram repeats, every uni- and bigram is new
     assert good == {
         "drift/repetition": 0.0,
         "drift/dominated": 0.0,
+        "drift/empty": 0.0,
         "drift/distinct_1": 1.0,
         "drift/distinct_2": 1.0,
     }
     # the loop: 4 trigrams per row, 3 repeat -> 3/4; 1 unique unigram of 12, bigram of 10
     assert bad["drift/repetition"] == pytest.approx(3 / 4)
     assert bad["drift/dominated"] == 1.0
+    assert bad["drift/empty"] == 0.5
     assert bad["drift/distinct_1"] == pytest.approx(1 / 12)
     assert bad["drift/distinct_2"] == pytest.approx(1 / 10)
     assert bad["drift/ref_logprob"] == pytest.approx(-2.0)
@@ -77,16 +86,20 @@ def test_gathered_ranks_give_the_one_process_values():
     r1 = torch.tensor([[1, 2, 3, 9], [9, 9, 9, 9]])  # a narrower rank
     m1 = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]])
     lp0, lp1 = -torch.rand(2, 6), -torch.rand(2, 4)
-    texts0, texts1 = ["a b a b", "x x x"], ["one two", "now now now"]
+    texts0, texts1 = ["a b a b", "x x x"], ["1. 2.", "now now now"]
     whole_ids = torch.cat([r0, nn.functional.pad(r1, [0, 2])])
     whole_mask = torch.cat([m0, nn.functional.pad(m1, [0, 2])])
     whole_lp = torch.cat([lp0 * m0, nn.functional.pad(lp1 * m1, [0, 2])])
     exp0, exp1 = _experience(r0, m0, lp0), _experience(r1, m1, lp1)
-    other = [exp1.response_ids, dominated(texts1).float(), exp1.ref_logprobs]
+    other = [
+        exp1.response_ids, dominated(texts1).float(), wordless(texts1).float(), exp1.ref_logprobs
+    ]  # fmt: skip
     got = batch_drift(whole_mask, exp0, texts0, TwoRanks(other))
-    one = drift_metrics(whole_ids, whole_mask, dominated(texts0 + texts1), whole_lp)
+    texts = texts0 + texts1
+    one = drift_metrics(whole_ids, whole_mask, dominated(texts), wordless(texts), whole_lp)
     assert got == pytest.approx(one)
     assert got["drift/dominated"] == 0.5  # "x x x" and "now now now"
+    assert got["drift/empty"] == 0.25  # "1. 2."
 
 
 def _run(monitor: DriftMonitor, rows: list[dict]) -> list:
@@ -174,7 +187,8 @@ def test_a_step_logs_drift_and_the_reference_likelihood_with_a_reference(files, 
     exp = trainer.make_experience(ro)  # the same batch again: the same reference log-probs
     mask = ro.gen.response_mask
     ref = exp.ref_logprobs if reference else None
-    want = drift_metrics(ro.gen.response_ids, mask, dominated(ro.responses), ref)
+    texts = ro.responses
+    want = drift_metrics(ro.gen.response_ids, mask, dominated(texts), wordless(texts), ref)
     assert {k: v for k, v in metrics.items() if k.startswith("drift/")} == pytest.approx(want)
     assert ("drift/ref_logprob" in metrics) == reference
 
@@ -196,10 +210,12 @@ def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
         return torch.zeros(len(prompts))
 
     res = evaluate(trainer.roles.actor, tok, items, zero, cfg.rollout, torch.device("cpu"))
-    keys = ["drift/repetition", "drift/dominated", "drift/distinct_1", "drift/distinct_2"]
+    keys = [
+        "drift/repetition", "drift/dominated", "drift/empty", "drift/distinct_1", "drift/distinct_2"
+    ]  # fmt: skip
     assert all(0.0 <= res[k] <= 1.0 for k in keys) and "drift/ref_logprob" not in res
     for part in res["by_source"].values():  # per source the per-answer shares only
-        assert sorted(k for k in part if k.startswith("drift/")) == sorted(keys[:2])
+        assert sorted(k for k in part if k.startswith("drift/")) == sorted(keys[:3])
     line = f"greedy: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "
     assert any(x.startswith(line) for x in describe({"greedy": res}))
 
@@ -215,4 +231,5 @@ def test_curves_put_the_reward_sources_in_one_panel_beside_the_score():
     recipe.trainer.roles.reward = SimpleNamespace(names=["form", "judge"])
     keys = recipe._plot_keys()
     assert keys[:2] == ["score", ("reward sources", ["reward/form", "reward/judge"])]
-    assert ("drift (0-1)", ["drift/repetition", "drift/dominated", "drift/distinct_2"]) in keys
+    drift = ["drift/repetition", "drift/dominated", "drift/empty", "drift/distinct_2"]
+    assert ("drift (0-1)", drift) in keys
