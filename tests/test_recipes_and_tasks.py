@@ -106,6 +106,18 @@ def test_the_preference_task_trains_the_model_it_is_given(tmp_path):
     assert cfg.pipeline.prompts == str(tmp_path / "task" / "prompts.jsonl")
 
 
+def test_every_pipeline_task_is_built_in_and_an_unknown_one_is_refused():
+    from proxima.config.choices import PIPELINE_TASKS
+    from proxima.tasks import preference_task
+
+    assert all(callable(preference_task(name).prepare) for name in PIPELINE_TASKS)
+    assert preference_task("preferences").default_model is None  # a tiny model per task
+    with pytest.raises(ConfigError, match=r"`pipeline.task` must be one of preferences, chat"):
+        load_config(builtin_config("pipeline"), ["pipeline.task=poems"], command="pipeline")
+    with pytest.raises(ConfigError, match=r"Unknown `pipeline.task` 'poems'"):
+        preference_task("poems")
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [

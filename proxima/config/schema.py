@@ -164,6 +164,14 @@ class DPOConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    task: str = _f(
+        "preferences",
+        "`proxima pipeline`: the built-in task that writes the prompts and names the gold "
+        "when `prompts` is empty: preferences (letters, a tiny model) | chat (everyday "
+        "requests to SmolLM2-135M-Instruct or model.actor_path, proxima/tasks/"
+        "chat_preferences.py). With your `prompts` it writes nothing; chat then lends its "
+        "model when model.actor_path is empty.",
+    )
     gold: str = _f(
         "",
         "`proxima pipeline`: the gold scorer that labels the preferences and judges the "

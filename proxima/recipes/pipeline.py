@@ -5,8 +5,9 @@ place of the human labeller (Gao et al. 2022, "Scaling Laws for Reward Model
 Overoptimization", arXiv:2210.10760), so that what PPO does to the preferences' intent can
 be measured, not only what it does to the proxy:
 
-1. `task`: the built-in preference task writes its prompts, demonstrations and tiny model
-   (skipped when `pipeline.prompts` names yours);
+1. `task`: the built-in task `pipeline.task` writes its prompts (and demonstrations and
+   tiny model, or names its chat model) and names its gold (skipped when `pipeline.prompts`
+   names yours);
 2. `sft`: supervised fine-tuning on `pipeline.sft_data` (skipped without demonstrations);
 3. `pairs`: `pipeline.pairs` response pairs per prompt sampled from the SFT policy, labelled
    by Bradley-Terry samples of the gold scores (`algos.sample_preferences`);
@@ -55,7 +56,7 @@ from proxima.recipes.ppo import PPORecipe
 from proxima.recipes.rm import reward_model
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 from proxima.rollout.collect import generate_rollout, score_rollout
-from proxima.tasks import preferences
+from proxima.tasks import preference_task
 from proxima.trainer.checks import check_enough, check_lengths, with_key
 from proxima.trainer.datasets import load_prompts, load_sft
 from proxima.trainer.evaluate import scores_and_kl
@@ -159,10 +160,12 @@ class Pipeline:
     def prepare(self) -> None:
         """The built-in task (or the user's files), every input checked before training."""
         cfg = self.cfg
+        task = preference_task(cfg.pipeline.task)
         if not cfg.pipeline.prompts:
-            cfg, self.result["task"] = preferences.prepare(cfg, self.run_dir / "task")
+            cfg, self.result["task"] = task.prepare(cfg, self.run_dir / "task")
         elif not cfg.model.actor_path:
-            cfg = cfg.replace({"model.actor_path": str(self._tiny_policy())})
+            model = task.default_model() if task.default_model else self._tiny_policy()
+            cfg = cfg.replace({"model.actor_path": str(model)})
         self.cfg = cfg
         self.gold = with_key("pipeline.gold", FunctionReward.from_spec, cfg.pipeline.gold)
         self.tok = load_tokenizer(cfg.model.actor_path)
