@@ -38,7 +38,7 @@ from proxima.checkpoint import checkpoint_iteration, list_checkpoints
 from proxima.config import Config, ConfigError, validate
 from proxima.config.roles import role_plan
 from proxima.data import load_records
-from proxima.data.preferences import PreferenceDataset
+from proxima.data.preferences import ENDED_SUFFIX, PreferenceDataset
 from proxima.data.prompts import render_prompt
 from proxima.launch import Interrupted
 from proxima.logging import plot_overoptimization, progress, read_metrics, write_atomic
@@ -307,10 +307,10 @@ class Pipeline:
 
     def _sample_pairs(self, policy, items: list) -> dict:
         """2 x pipeline.pairs sampled responses per prompt, consecutive ones paired, with
-        their gold scores."""
+        their gold scores and whether each ended (stopped before the token limit)."""
         k = 2 * self.cfg.pipeline.pairs
         per_call = max(1, self.cfg.eval.batch_size // k)
-        prompts, responses, gold = [], [], []
+        prompts, responses, gold, ended = [], [], [], []
         for i in progress(range(0, len(items), per_call), desc="sampling pairs"):
             ro = generate_rollout(
                 policy, self.tok, items[i : i + per_call], self.cfg.rollout, self.device, n=k
@@ -318,6 +318,7 @@ class Pipeline:
             prompts += ro.prompts
             responses += ro.responses
             gold.append(score_rollout(ro, self.gold))
+            ended += ro.gen.stopped.tolist()
         g = torch.cat(gold).double()
         return {
             "prompts": prompts[0::2],
@@ -325,6 +326,8 @@ class Pipeline:
             "b": responses[1::2],
             "gold_a": g[0::2],
             "gold_b": g[1::2],
+            "ended_a": ended[0::2],
+            "ended_b": ended[1::2],
         }
 
     def _label(self, s: dict, scale: float, generator: torch.Generator) -> tuple[list, dict]:
@@ -344,6 +347,8 @@ class Pipeline:
                     self.cfg.data.prompt_key: s["prompts"][i],
                     r.chosen_key: s[win][i],
                     r.rejected_key: s[lose][i],
+                    r.chosen_key + ENDED_SUFFIX: s[f"ended_{win}"][i],
+                    r.rejected_key + ENDED_SUFFIX: s[f"ended_{lose}"][i],
                     "gold_chosen": g_win,
                     "gold_rejected": g_lose,
                 }

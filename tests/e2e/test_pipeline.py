@@ -95,6 +95,7 @@ def test_builtin_pipeline_writes_every_file_and_the_summary(tmp_path, keep_threa
     # the pairs' labels: chosen holds the response the labeller preferred, with its gold
     pair = json.loads((run / "pairs/train.jsonl").read_text().splitlines()[0])
     assert {"prompt", "chosen", "rejected", "gold_chosen", "gold_rejected"} <= pair.keys()
+    assert {type(pair["chosen_ended"]), type(pair["rejected_ended"])} == {bool}
     assert pair["gold_chosen"] != pair["gold_rejected"]  # ties are left out
     assert "best within KL" in capsys.readouterr().out
 
@@ -148,6 +149,9 @@ def test_the_chat_task_runs_the_pipeline_on_the_model_it_is_given(
     golds = [g for p in pairs for g in (p["gold_chosen"], p["gold_rejected"])]
     assert pairs and all(0 <= g <= 1 for g in golds)  # the rubric's range
     assert all(p["gold_chosen"] != p["gold_rejected"] for p in pairs)  # ties left out
+    # a random nano model seldom stops within 16 tokens: such answers are marked cut, so the
+    # reward model reads them without EOS, as PPO's rollouts show them to it
+    assert any(not (p["chosen_ended"] and p["rejected_ended"]) for p in pairs)
 
 
 def test_your_prompts_with_the_chat_task_borrow_its_model(tmp_path, monkeypatch, capsys):
