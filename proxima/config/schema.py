@@ -108,6 +108,12 @@ class RMConfig:
     margin_key: str = _f(
         "", "`proxima rm`: optional numeric column added as Llama 2's margin (empty = none)."
     )
+    probe_size: int = _f(
+        512,
+        "`proxima rm`: the first N training pairs whose accuracy is measured before and after "
+        "training (train_before / train_after); 0 = none (on a real model each costs a "
+        "forward pass of both responses).",
+    )
     normalize: bool = _f(
         True,
         "`proxima rm`: store the mean and std of the trained model's scores on the training "

@@ -117,6 +117,7 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "guard.drift_max_ref_logprob_drop",
     "pipeline.label_temperature",
     "pipeline.kl_budget",
+    "rm.probe_size",
 )
 
 
