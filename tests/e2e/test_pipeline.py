@@ -130,15 +130,19 @@ def printable_model(tmp_path) -> Path:
     return init_model(tmp_path / "model", size="nano", alphabet=alphabet, max_positions=160)
 
 
-def test_the_chat_task_runs_the_pipeline_on_the_model_it_is_given(
+def test_the_chat_recipe_runs_the_pipeline_on_the_model_it_is_given(
     tmp_path, keep_threads, printable_model
 ):
-    """`pipeline.task=chat`: its prompts and gold (the rubric of chat answers), no SFT stage
-    (no demonstrations: the model given is the SFT policy)."""
-    args = [*TINY, "pipeline.task=chat", f"model.actor_path={printable_model}"]
+    """`proxima pipeline pipeline_chat` (the real-model recipe: the chat task's prompts and
+    gold, no SFT stage, LoRA on the actor and on the critic from the reward model, the KL
+    reference) at the tiny sizes, on a nano model in SmolLM2's place."""
+    args = ["pipeline_chat", *TINY, f"model.actor_path={printable_model}"]
     assert main(["pipeline", *args, f"trainer.output_dir={tmp_path / 'runs'}"]) == 0
     run = tmp_path / "runs"
     summary = _check_run(run, iterations=4)
+    assert summary["config"]["model"]["lora_rank"] == 16
+    checkpoint = run / "ppo/checkpoints/iter_4"  # the newest is kept
+    assert (checkpoint / "actor_adapter").is_dir() and (checkpoint / "critic_adapter").is_dir()
     assert summary["details"]["task"]["name"] == "chat"
     assert "sft_final_loss" not in summary["details"]  # the SFT stage trained nothing
     assert summary["config"]["pipeline"]["gold"] == chat_preferences.GOLD_FN
