@@ -58,6 +58,37 @@ def test_list_items_are_members(response, n, category, ok):
     assert I.satisfied("list", response, n, category=category) is ok
 
 
+@pytest.mark.parametrize(
+    "text, items",
+    [
+        ("apple, banana, cherry.", ["apple", "banana", "cherry"]),  # one line: commas
+        (
+            "1. Robin\n2) Eagle\n\n- owl\n* wren\n\u2022 jay",
+            ["Robin", "Eagle", "owl", "wren", "jay"],
+        ),
+        ("Here they are:\n1. apple", ["Here they are:", "apple"]),  # every line is an item
+        ("  ", [""]),
+    ],
+)
+def test_list_items(text, items):
+    assert I.list_items(text) == items
+
+
+@pytest.mark.parametrize(
+    "kind, response, bad",
+    [
+        ("words", "now now now now", True),  # one word, 4 of 4 words
+        ("words", "rain rain falls", False),  # said twice: fewer than 3 times
+        ("list", "1. river\n2. river\n3. river", True),
+        ("list", "robin, Robin, owl", True),  # an item twice (case aside)
+        ("list", "robin, eagle, owl", False),
+        ("lowercase", "the sea, the sea, the sea is wide", False),  # "the" 3 of 8 words
+    ],
+)
+def test_degenerate(kind, response, bad):
+    assert I.degenerate(kind, response) is bad
+
+
 def test_reward_reads_the_columns():
     scores = I.reward(
         ["p"] * 3,

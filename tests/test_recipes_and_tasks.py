@@ -106,6 +106,28 @@ def test_the_preference_task_trains_the_model_it_is_given(tmp_path):
     assert cfg.pipeline.prompts == str(tmp_path / "task" / "prompts.jsonl")
 
 
+def test_every_pipeline_task_is_built_in_and_an_unknown_one_is_refused():
+    from proxima.config.choices import PIPELINE_TASKS
+    from proxima.tasks import preference_task
+
+    assert all(callable(preference_task(name).prepare) for name in PIPELINE_TASKS)
+    assert preference_task("preferences").default_model is None  # a tiny model per task
+    with pytest.raises(ConfigError, match=r"`pipeline.task` must be one of preferences, chat"):
+        load_config(builtin_config("pipeline"), ["pipeline.task=poems"], command="pipeline")
+    with pytest.raises(ConfigError, match=r"Unknown `pipeline.task` 'poems'"):
+        preference_task("poems")
+
+
+def test_the_real_model_pipeline_recipe_loads_as_shipped():
+    """pipeline_chat.yaml: the chat task, no demonstrations, LoRA, the critic from the reward
+    model and the KL reference on (its run: tests/e2e/test_pipeline.py, at tiny sizes)."""
+    cfg = load_config(builtin_config("pipeline_chat"), [], command="pipeline")
+    assert cfg.pipeline.task == "chat" and not cfg.pipeline.sft_data and not cfg.pipeline.prompts
+    assert cfg.model.lora_rank == 16 and cfg.model.critic_lora and cfg.pipeline.critic_from_rm
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.algorithm.use_kl_in_reward is not False
+    assert cfg.algorithm.kl_ctrl.kl_coef == 0.05 and not cfg.actor.use_kl_loss
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [

@@ -6,8 +6,9 @@ columns: `proxima/tasks/instructions.py`, or `make_data.py` here).
 exactly N words, a given first or last word, a list of N items. It pays "1. river\\n2.
 river\\n3. river" for "List 3 birds" and "now now now now" for "Describe rain in exactly 4
 words". `judge` asks more: the form, AND an answer that is not degenerate (not one word
-said over and over, `proxima.algos.dominated`; no list item twice), AND on its subject (a
-sentence names the prompt's topic word, a list's items are members of its category).
+said over and over, no list item twice: `proxima.tasks.instructions.degenerate`), AND on its
+subject (a sentence names the prompt's topic word, a list's items are members of its
+category).
 
 Train on the form and log the judge beside it (weight 0: logged as reward/judge, never
 paid), to watch the form's reward rise while the judge's falls:
@@ -18,62 +19,35 @@ paid), to watch the form's reward rise while the judge's falls:
 
 from __future__ import annotations
 
-import re
-
-from proxima.algos import dominated
-from proxima.tasks.instructions import is_member, mentions
-
-# words as a reader counts them: letters, digits and apostrophes ("don't" is one word)
-_WORD = re.compile(r"[A-Za-z0-9']+")
-# a list item's own marker: "1.", "2)", "-", "*", "•"
-_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*")
-
-
-def items(text: str) -> list[str]:
-    """The items of a list: one per non-empty line (markers removed) when there are several
-    lines, else the comma-separated parts."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    if len(lines) > 1:
-        return [_MARKER.sub("", line).strip() for line in lines]
-    return [part.strip() for part in text.strip().rstrip(".").split(",")]
+from proxima.tasks.instructions import degenerate, is_member, list_items, mentions, words
 
 
 def form_ok(kind: str, response: str, n: int = 0, word: str = "") -> bool:
     """Whether `response` has the form instruction `kind` asks for, whatever it says."""
     text = response.strip()
-    words = _WORD.findall(text)
-    if not words:
+    said = words(text)
+    if not said:
         return False
     if kind == "lowercase":
         return text == text.lower()
     if kind == "uppercase":
         return text == text.upper()
     if kind == "words":
-        return len(words) == n
+        return len(said) == n
     if kind == "first_word":
-        return words[0].lower() == word
+        return said[0].lower() == word
     if kind == "last_word":
-        return words[-1].lower() == word
+        return said[-1].lower() == word
     if kind == "list":
-        found = items(text)
-        return len(found) == n and all(_WORD.search(i) for i in found)
+        found = list_items(text)
+        return len(found) == n and all(words(i) for i in found)
     raise ValueError(f"unknown instruction kind {kind!r}")
-
-
-def degenerate(kind: str, response: str) -> bool:
-    """Mostly one word said over and over, or a list with an item twice."""
-    if bool(dominated([response])[0]):
-        return True
-    if kind == "list":
-        found = [i.lower() for i in items(response)]
-        return len(set(found)) < len(found)
-    return False
 
 
 def on_subject(kind: str, response: str, topic: str = "", category: str = "") -> bool:
     """A sentence names the topic's word; a list's items are members of the category."""
     if kind == "list":
-        return all(is_member(i, category) for i in items(response))
+        return all(is_member(i, category) for i in list_items(response))
     return mentions(response, topic)
 
 

@@ -26,3 +26,4 @@ STRATEGIES = ("auto", "none", "ddp", "fsdp2")  # trainer.strategy
 MEMORY_CHECKS = ("error", "warn", "off")  # trainer.memory_check
 WORKER_STARTS = ("auto", "fork", "spawn")  # rollout.worker_start (trainer.workers)
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")  # trainer.loggers (proxima.trackers)
+PIPELINE_TASKS = ("preferences", "chat")  # pipeline.task (proxima.tasks.preference_task)

@@ -108,6 +108,12 @@ class RMConfig:
     margin_key: str = _f(
         "", "`proxima rm`: optional numeric column added as Llama 2's margin (empty = none)."
     )
+    probe_size: int = _f(
+        512,
+        "`proxima rm`: the first N training pairs whose accuracy is measured before and after "
+        "training (train_before / train_after); 0 = none (on a real model each costs a "
+        "forward pass of both responses).",
+    )
     normalize: bool = _f(
         True,
         "`proxima rm`: store the mean and std of the trained model's scores on the training "
@@ -164,6 +170,14 @@ class DPOConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    task: str = _f(
+        "preferences",
+        "`proxima pipeline`: the built-in task that writes the prompts and names the gold "
+        "when `prompts` is empty: preferences (letters, a tiny model) | chat (everyday "
+        "requests to SmolLM2-135M-Instruct or model.actor_path, proxima/tasks/"
+        "chat_preferences.py). With your `prompts` it writes nothing; chat then lends its "
+        "model when model.actor_path is empty.",
+    )
     gold: str = _f(
         "",
         "`proxima pipeline`: the gold scorer that labels the preferences and judges the "

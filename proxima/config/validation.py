@@ -29,6 +29,7 @@ from proxima.config.choices import (
     OFFLOADS,
     OLD_LOGPROBS,
     OVERLONG_MODES,
+    PIPELINE_TASKS,
     PREFERENCE_OVERLONG,
     SCHEDULES,
     STRATEGIES,
@@ -62,6 +63,7 @@ _CHOICES = {  # checked in this order, then the names proxima.algos accepts
     "trainer.memory_check": MEMORY_CHECKS,
     "fsdp.param_dtype": DTYPE_NAMES,
     "fsdp.reduce_dtype": DTYPE_NAMES,
+    "pipeline.task": PIPELINE_TASKS,
 }
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")  # a rollout.devices entry
@@ -117,6 +119,7 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "algorithm.distill_clip",
     "pipeline.label_temperature",
     "pipeline.kl_budget",
+    "rm.probe_size",
 )
 
 

@@ -3,7 +3,8 @@
 Each side is tokenized exactly like an SFT example (prompt + response + EOS, prompt rendered
 with :func:`render_prompt`), so the reward model sees the same token layout it will score
 during PPO, where a finished response ends with EOS and the score is read at that last real
-token (DeepSpeed-Chat step 2 scores chosen and rejected in one batch).
+token (DeepSpeed-Chat step 2 scores chosen and rejected in one batch). A response marked as
+cut at the token limit (`<key>_ended` false) gets no EOS, as PPO scores such a response.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import torch
 from proxima.config.choices import PREFERENCE_OVERLONG
 from proxima.data.prompts import missing_column_error, render_prompt, tokenize_text
 from proxima.data.records import source_of
+
+# `<response column>_ended`: an optional boolean column per side, false for a response cut
+# at the token limit (no EOS after it), true when absent
+ENDED_SUFFIX = "_ended"
 
 
 class IdenticalPairWarning(UserWarning):
@@ -41,6 +46,10 @@ class PreferenceItem:
 
 class PreferenceDataset:
     """Tokenized preference pairs; ``dataset[i]`` is a :class:`PreferenceItem`.
+
+    Each side is the prompt, the response and EOS, or no EOS where the record's optional
+    boolean column ``<chosen_key>_ended`` / ``<rejected_key>_ended`` is false (a response
+    cut at the token limit, as PPO's rollouts and `proxima pipeline`'s pairs mark it).
 
     ``overlong`` handles pairs whose longer side exceeds ``max_length`` tokens: ``"error"``
     stops with the index, ``"drop"`` skips the pair (counted in ``num_dropped``).
@@ -155,7 +164,8 @@ def _make_item(
                 f"record {i}: column {keys[option]!r} holds a {type(text).__name__}, expected "
                 f"the response text (a string); point `{command} {option}` at the text column."
             )
-        ids, prompt_length = reward_input_ids(prompt, text, tokenizer, add_bos=add_bos)
+        ended = _ended(i, record, keys[option])
+        ids, prompt_length = reward_input_ids(prompt, text, tokenizer, ended, add_bos)
         sides.append(ids)
     margin = _margin(i, record, keys.get("--margin-key"))
     return PreferenceItem(sides[0], sides[1], prompt_length, margin)
@@ -178,6 +188,19 @@ def reward_input_ids(
     if ended and tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return ids, len(prompt_ids)
+
+
+def _ended(i: int, record: Mapping[str, Any], key: str) -> bool:
+    """Whether the response in column `key` ended (EOS follows it): the optional boolean
+    column `<key>_ended`, true when absent. A response cut at the token limit is false, so
+    it is laid out as PPO lays out a response that never stopped: no EOS after it."""
+    value = record.get(f"{key}{ENDED_SUFFIX}", True)
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"record {i}: column {key + ENDED_SUFFIX!r} holds {value!r:.50}, expected true "
+            "(the response ended: EOS follows it) or false (it was cut at the token limit)."
+        )
+    return value
 
 
 def _margin(i: int, record: Mapping[str, Any], key: str | None) -> float:

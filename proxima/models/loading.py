@@ -298,11 +298,21 @@ def _read_head_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def _head_from_reward_model(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The reward model's head as a critic starts from it: with a stored score normalisation
+    (mean m, std s) the head of the normalised score, weight / s and bias (b - m) / s, so
+    the critic's first values are on the scale of the rewards a run gets from the reward
+    model (as OpenRLHF's critic applies the reward model's mean and std to its values,
+    `openrlhf/models/model.py`)."""
     found = _read_head_weights(folder)
     if not found:  # not safetensors (e.g. pytorch_model.bin): build the reward model once
         rm_head = scalar_head(load_reward_model(folder, dtype))
         found = {k: v.detach() for k, v in rm_head.state_dict().items()}
-    return found
+    norm = score_normalization(folder)
+    if norm is None:
+        return found
+    mean, std = norm
+    bias = found.get("bias", torch.zeros(1, dtype=found["weight"].dtype))
+    return {"weight": found["weight"] / std, "bias": (bias - mean) / std}
 
 
 def new_head_weight(shape: tuple[int, ...], init: str = "random") -> torch.Tensor:
@@ -332,9 +342,15 @@ def _set_head(
             torch.manual_seed(seed)
             weights = {"weight": new_head_weight(tuple(head.weight.shape), init)}
     head.weight.copy_(weights["weight"].reshape(head.weight.shape))
+    bias = weights.get("bias")
     if getattr(head, "bias", None) is not None:
-        bias = weights.get("bias")
         head.bias.copy_(bias.reshape(head.bias.shape) if bias is not None else 0.0)
+    elif bias is not None and bool(bias.any()):
+        raise ValueError(
+            f"{type(critic).__name__}'s head has no bias to start from the reward model's "
+            "(or from its score normalisation's mean); start the critic from the actor "
+            "(model.critic_init=actor), or drop the reward model's score_normalization."
+        )
 
 
 def load_critic(
@@ -350,7 +366,8 @@ def load_critic(
 
     init_from="actor": backbone from a causal-LM folder, new seeded head (`head_init`).
     init_from="reward_model": backbone and head from a sequence-classification folder, so
-    the critic starts as the reward model (as OpenRLHF and the InstructGPT setup advise).
+    the critic starts as the reward model (as OpenRLHF and the InstructGPT setup advise),
+    as a run reads it: normalised by its stored score normalisation, if any.
     init_from="critic": a saved critic.
     """
     if init_from not in CRITIC_INIT:

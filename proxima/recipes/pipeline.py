@@ -5,8 +5,9 @@ place of the human labeller (Gao et al. 2022, "Scaling Laws for Reward Model
 Overoptimization", arXiv:2210.10760), so that what PPO does to the preferences' intent can
 be measured, not only what it does to the proxy:
 
-1. `task`: the built-in preference task writes its prompts, demonstrations and tiny model
-   (skipped when `pipeline.prompts` names yours);
+1. `task`: the built-in task `pipeline.task` writes its prompts (and demonstrations and
+   tiny model, or names its chat model) and names its gold (skipped when `pipeline.prompts`
+   names yours);
 2. `sft`: supervised fine-tuning on `pipeline.sft_data` (skipped without demonstrations);
 3. `pairs`: `pipeline.pairs` response pairs per prompt sampled from the SFT policy, labelled
    by Bradley-Terry samples of the gold scores (`algos.sample_preferences`);
@@ -37,7 +38,7 @@ from proxima.checkpoint import checkpoint_iteration, list_checkpoints
 from proxima.config import Config, ConfigError, validate
 from proxima.config.roles import role_plan
 from proxima.data import load_records
-from proxima.data.preferences import PreferenceDataset
+from proxima.data.preferences import ENDED_SUFFIX, PreferenceDataset
 from proxima.data.prompts import render_prompt
 from proxima.launch import Interrupted
 from proxima.logging import plot_overoptimization, progress, read_metrics, write_atomic
@@ -55,7 +56,7 @@ from proxima.recipes.ppo import PPORecipe
 from proxima.recipes.rm import reward_model
 from proxima.rewards import FunctionReward, ModelReward, load_reward_function
 from proxima.rollout.collect import generate_rollout, score_rollout
-from proxima.tasks import preferences
+from proxima.tasks import preference_task
 from proxima.trainer.checks import check_enough, check_lengths, with_key
 from proxima.trainer.datasets import load_prompts, load_sft
 from proxima.trainer.evaluate import scores_and_kl
@@ -159,10 +160,12 @@ class Pipeline:
     def prepare(self) -> None:
         """The built-in task (or the user's files), every input checked before training."""
         cfg = self.cfg
+        task = preference_task(cfg.pipeline.task)
         if not cfg.pipeline.prompts:
-            cfg, self.result["task"] = preferences.prepare(cfg, self.run_dir / "task")
+            cfg, self.result["task"] = task.prepare(cfg, self.run_dir / "task")
         elif not cfg.model.actor_path:
-            cfg = cfg.replace({"model.actor_path": str(self._tiny_policy())})
+            model = task.default_model() if task.default_model else self._tiny_policy()
+            cfg = cfg.replace({"model.actor_path": str(model)})
         self.cfg = cfg
         self.gold = with_key("pipeline.gold", FunctionReward.from_spec, cfg.pipeline.gold)
         self.tok = load_tokenizer(cfg.model.actor_path)
@@ -304,10 +307,10 @@ class Pipeline:
 
     def _sample_pairs(self, policy, items: list) -> dict:
         """2 x pipeline.pairs sampled responses per prompt, consecutive ones paired, with
-        their gold scores."""
+        their gold scores and whether each ended (stopped before the token limit)."""
         k = 2 * self.cfg.pipeline.pairs
         per_call = max(1, self.cfg.eval.batch_size // k)
-        prompts, responses, gold = [], [], []
+        prompts, responses, gold, ended = [], [], [], []
         for i in progress(range(0, len(items), per_call), desc="sampling pairs"):
             ro = generate_rollout(
                 policy, self.tok, items[i : i + per_call], self.cfg.rollout, self.device, n=k
@@ -315,6 +318,7 @@ class Pipeline:
             prompts += ro.prompts
             responses += ro.responses
             gold.append(score_rollout(ro, self.gold))
+            ended += ro.gen.stopped.tolist()
         g = torch.cat(gold).double()
         return {
             "prompts": prompts[0::2],
@@ -322,6 +326,8 @@ class Pipeline:
             "b": responses[1::2],
             "gold_a": g[0::2],
             "gold_b": g[1::2],
+            "ended_a": ended[0::2],
+            "ended_b": ended[1::2],
         }
 
     def _label(self, s: dict, scale: float, generator: torch.Generator) -> tuple[list, dict]:
@@ -341,6 +347,8 @@ class Pipeline:
                     self.cfg.data.prompt_key: s["prompts"][i],
                     r.chosen_key: s[win][i],
                     r.rejected_key: s[lose][i],
+                    r.chosen_key + ENDED_SUFFIX: s[f"ended_{win}"][i],
+                    r.rejected_key + ENDED_SUFFIX: s[f"ended_{lose}"][i],
                     "gold_chosen": g_win,
                     "gold_rejected": g_lose,
                 }

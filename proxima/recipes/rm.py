@@ -54,6 +54,7 @@ def reward_model(cfg: Config) -> dict:
             seed=cfg.trainer.seed,
             eval_dataset=held,
             device=device,
+            train_probe_size=r.probe_size,
         )
     except KeyboardInterrupt as err:
         raise Interrupted(

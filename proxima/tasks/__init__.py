@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from proxima.checkpoint import saved_config
@@ -46,6 +47,32 @@ def _tasks() -> dict[str, Task]:
             instructions.prepare, instructions.default_model, takes=("model.actor_path",)
         ),
     }
+
+
+@dataclass(frozen=True)
+class PreferenceTask:
+    """A built-in task of `proxima pipeline` (`pipeline.task`): `prepare` writes its prompts
+    (held-out prompts, demonstrations) and returns the config that names them, its gold
+    scorer and its model; `default_model`, the model it lends to the user's own prompts when
+    model.actor_path is empty (None: the pipeline builds a tiny model for them)."""
+
+    prepare: Callable[[Config, Path], tuple[Config, dict]]
+    default_model: Callable[[], str] | None = None
+
+
+def preference_task(name: str) -> PreferenceTask:
+    """The built-in task of `proxima pipeline` named `name` (config.choices.PIPELINE_TASKS)."""
+    from proxima.tasks import chat_preferences, instructions, preferences
+
+    tasks = {
+        "preferences": PreferenceTask(preferences.prepare),
+        "chat": PreferenceTask(
+            chat_preferences.prepare, partial(instructions.default_model, "pipeline.task=chat")
+        ),
+    }
+    if name not in tasks:
+        raise ConfigError(f"Unknown `pipeline.task` {name!r}. Built-in: {', '.join(tasks)}.")
+    return tasks[name]
 
 
 # the tasks whose preparation warm-starts their model by SFT on task.n_sft demonstrations

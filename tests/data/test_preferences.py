@@ -38,6 +38,23 @@ def test_items_are_prompt_response_eos_on_both_sides():
     assert len(ds) == 2 and ds.num_dropped == 0
 
 
+def test_a_response_cut_at_the_token_limit_gets_no_eos():
+    """`<key>_ended` false: laid out as PPO scores a response that never stopped; the policy
+    layout (DPO) then has no EOS among the response tokens either."""
+    records = [
+        {"prompt": "a", "chosen": "b", "rejected": "c d", "rejected_ended": False},
+        {"q": "a", "good": "b", "bad": "c", "good_ended": False, "bad_ended": True},
+    ]
+    ds = PreferenceDataset(records[:1], make_tokenizer())
+    assert ds[0] == PreferenceItem([8, 9, 2], [8, 10, 11], prompt_length=1)
+    keys = {"prompt_key": "q", "chosen_key": "good", "rejected_key": "bad"}
+    ds = PreferenceDataset(records[1:], make_tokenizer(), **keys)
+    assert ds[0] == PreferenceItem([8, 9], [8, 10, 2], prompt_length=1)
+    batch = collate_policy_pairs(ds.items, pad_token_id=0)
+    assert batch["response_ids"].tolist() == [[9, 0], [10, 2]]
+    assert batch["response_mask"].tolist() == [[1, 0], [1, 1]]
+
+
 def test_collate_right_pads_both_sides_to_one_width():
     items = [PreferenceItem([8, 10, 2], [8, 11, 11, 2], 1), PreferenceItem([9, 2], [9, 8, 2], 1)]
     batch = collate_preferences(items, pad_token_id=0)
@@ -109,6 +126,10 @@ def test_overlong_pairs_error_with_index_and_length_or_are_dropped():
         ({"prompt": 5, "chosen": "b", "rejected": "c"}, r"record 0, column 'prompt'"),
         ({"prompt": "a", "chosen": "b", "rejected": "c", "m": "x"}, r"'m' holds 'x'"),
         ({"prompt": "a", "chosen": "b", "rejected": "c", "m": math.nan}, r"'m' holds nan"),
+        (
+            {"prompt": "a", "chosen": "b", "rejected": "c", "chosen_ended": "no"},
+            r"record 0: column 'chosen_ended' holds 'no', expected true",
+        ),
     ],
 )
 def test_bad_values_are_named(record, match):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ import torch
 
 from proxima.cli import main
 from proxima.logging import read_metrics
+from proxima.models import init_model
+from proxima.tasks import chat_preferences, instructions
 from tests.e2e.conftest import write_jsonl
 
 SUMMARY_KEYS = (
@@ -92,6 +95,7 @@ def test_builtin_pipeline_writes_every_file_and_the_summary(tmp_path, keep_threa
     # the pairs' labels: chosen holds the response the labeller preferred, with its gold
     pair = json.loads((run / "pairs/train.jsonl").read_text().splitlines()[0])
     assert {"prompt", "chosen", "rejected", "gold_chosen", "gold_rejected"} <= pair.keys()
+    assert {type(pair["chosen_ended"]), type(pair["rejected_ended"])} == {bool}
     assert pair["gold_chosen"] != pair["gold_rejected"]  # ties are left out
     assert "best within KL" in capsys.readouterr().out
 
@@ -116,6 +120,61 @@ def test_pipeline_trains_dpo_on_the_same_pairs_and_scores_it_beside_ppo(
     assert status["finished"] == ["task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate"]
     printed = capsys.readouterr().out
     assert "[pipeline 6/7] dpo" in printed and "DPO on the same pairs" in printed
+
+
+@pytest.fixture
+def printable_model(tmp_path) -> Path:
+    """A nano Llama whose character tokenizer writes printable ASCII: chat prompts with no
+    chat template (rendered as a plain transcript)."""
+    alphabet = "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
+    return init_model(tmp_path / "model", size="nano", alphabet=alphabet, max_positions=160)
+
+
+def test_the_chat_recipe_runs_the_pipeline_on_the_model_it_is_given(
+    tmp_path, keep_threads, printable_model
+):
+    """`proxima pipeline pipeline_chat` (the real-model recipe: the chat task's prompts and
+    gold, no SFT stage, LoRA on the actor and on the critic from the reward model, the KL
+    reference) at the tiny sizes, on a nano model in SmolLM2's place."""
+    args = ["pipeline_chat", *TINY, f"model.actor_path={printable_model}"]
+    assert main(["pipeline", *args, f"trainer.output_dir={tmp_path / 'runs'}"]) == 0
+    run = tmp_path / "runs"
+    summary = _check_run(run, iterations=4)
+    assert summary["config"]["model"]["lora_rank"] == 16
+    checkpoint = run / "ppo/checkpoints/iter_4"  # the newest is kept
+    assert (checkpoint / "actor_adapter").is_dir() and (checkpoint / "critic_adapter").is_dir()
+    assert summary["details"]["task"]["name"] == "chat"
+    assert "sft_final_loss" not in summary["details"]  # the SFT stage trained nothing
+    assert summary["config"]["pipeline"]["gold"] == chat_preferences.GOLD_FN
+    assert summary["config"]["model"]["actor_path"] == str(printable_model)
+    held = [json.loads(line) for line in (run / "task/heldout.jsonl").read_text().splitlines()]
+    assert len(held) == 8 and {r["kind"] for r in held} == set(chat_preferences.KINDS)
+    pairs = [json.loads(line) for line in (run / "pairs/train.jsonl").read_text().splitlines()]
+    golds = [g for p in pairs for g in (p["gold_chosen"], p["gold_rejected"])]
+    assert pairs and all(0 <= g <= 1 for g in golds)  # the rubric's range
+    assert all(p["gold_chosen"] != p["gold_rejected"] for p in pairs)  # ties left out
+    # a random nano model seldom stops within 16 tokens: such answers are marked cut, so the
+    # reward model reads them without EOS, as PPO's rollouts show them to it
+    assert any(not (p["chosen_ended"] and p["rejected_ended"]) for p in pairs)
+
+
+def test_your_prompts_with_the_chat_task_borrow_its_model(tmp_path, monkeypatch, capsys):
+    """With your prompts `pipeline.task=chat` writes nothing and lends its model: without
+    the wheel, the message names the setting that wanted it, and no folder is left."""
+    monkeypatch.setattr(instructions, "SMOLLM_PACKAGE", "no_such_package_here")
+    (tmp_path / "gold.py").write_text(GOLD)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "target": "a"}] * 40)
+    args = [
+        "pipeline",
+        "pipeline.task=chat",
+        f"pipeline.prompts={prompts}",
+        f"pipeline.gold={tmp_path / 'gold.py'}:gold",
+        "pipeline.heldout_size=8",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+    ]
+    assert main(args) == 2
+    assert "`pipeline.task=chat` without `model.actor_path`" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
 
 
 GOLD = '''

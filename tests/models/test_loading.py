@@ -6,6 +6,9 @@ pooling or position ambiguity), and weights compared tensor by tensor.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -26,6 +29,7 @@ from proxima.models import (
     reward_model_scores,
     scalar_head,
 )
+from proxima.models.loading import SCORE_NORMALIZATION
 from tests.oracles import critic_values
 
 ALPHABET = "0123456789+= "
@@ -214,6 +218,27 @@ def test_critic_from_reward_model_starts_as_the_reward_model(folders):
             torch.testing.assert_close(last, reward_model_scores(rm, ids, mask), rtol=0, atol=1e-6)
 
 
+def test_critic_from_a_normalised_reward_model_starts_at_the_normalised_score(folders, tmp_path):
+    """A reward model with a stored score normalisation (mean 2, std 4): the critic's value
+    at the last token is (score - 2) / 4, the reward a run reads from the model."""
+    _, _, rm_dir, _ = folders
+    shutil.copytree(rm_dir, tmp_path / "rm")
+    config = json.loads((tmp_path / "rm/config.json").read_text())
+    config[SCORE_NORMALIZATION] = {"mean": 2.0, "std": 4.0, "n": 6}
+    (tmp_path / "rm/config.json").write_text(json.dumps(config))
+    rm = load_reward_model(rm_dir)
+    critic = load_critic(tmp_path / "rm", init_from="reward_model")
+    head = scalar_head(critic)
+    torch.testing.assert_close(head.weight.detach(), scalar_head(rm).weight / 4, rtol=0, atol=0)
+    assert head.bias.tolist() == [-0.5]  # (0 - 2) / 4
+    batch = _batch(rm_dir, "right")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        last = critic_values(critic, ids, mask)[torch.arange(3), last_token_index(mask)[0]]
+        expected = (reward_model_scores(rm, ids, mask) - 2) / 4
+    torch.testing.assert_close(last, expected, rtol=0, atol=1e-6)
+
+
 def test_wrong_folder_kinds_raise_with_the_fix(folders, tmp_path):
     _, actor_dir, rm_dir, _ = folders
     with pytest.raises(ValueError, match="ForSequenceClassification"):
@@ -393,3 +418,14 @@ def test_a_long_text_gets_no_indexing_errors_warning_from_the_tokenizer(tmp_path
         assert "indexing errors" in caplog.text  # the test sees the warning where it is given
     finally:
         hf_logging.disable_propagation()
+
+
+def test_a_critic_head_without_a_bias_cannot_take_a_normalised_mean():
+    from proxima.models.loading import _set_head
+
+    critic = nn.Module()
+    critic.score = nn.Linear(4, 1, bias=False)
+    _set_head(critic, {"weight": torch.ones(1, 4), "bias": torch.zeros(1)}, seed=0)  # no mean
+    assert critic.score.weight.tolist() == [[1.0] * 4]
+    with pytest.raises(ValueError, match=r"head has no bias .*\(model.critic_init=actor\)"):
+        _set_head(critic, {"weight": torch.ones(1, 4), "bias": torch.tensor([-0.5])}, seed=0)

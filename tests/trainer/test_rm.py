@@ -180,6 +180,10 @@ def test_rm_train_returns_curves_and_evaluations(setup, tok, tmp_path):
     assert "score.weight" in changed and any(k.startswith("model.") for k in changed)
     without = rm_train(model, tokenizer, pairs, steps=1, lr=1e-3, batch_size=8)
     assert "eval_before" not in without and "train_after" in without
+    no_probe = rm_train(model, tokenizer, pairs, steps=1, lr=1e-3, batch_size=8, train_probe_size=0)
+    assert "train_before" not in no_probe and len(no_probe["loss"]) == 1
+    small = rm_train(model, tokenizer, pairs, steps=1, lr=1e-3, batch_size=8, train_probe_size=3)
+    assert small["train_before"]["n"] == 3
 
 
 def test_rm_train_size_errors_name_the_option(setup):
