@@ -15,7 +15,7 @@ from proxima.config import ConfigError, load_config
 from proxima.tasks import check_task, own_data_config, uses_own_data
 from proxima.tasks import instructions as instructions_task
 
-RECIPES = ["arithmetic", "dapo", "chat", "tools"]
+RECIPES = ["arithmetic", "dapo", "chat", "chat_ppo", "tools"]
 
 
 def _resolved(recipe: str, *overrides: str):
