@@ -41,7 +41,9 @@ def _time_generation(model, ids, mask, tok, new_tokens: int, use_cache: bool) ->
     torch.manual_seed(0)
     start = time.perf_counter()
     if use_cache:
-        # an id the model can never emit as the stop: full length
+        # an id the model can never emit as the stop, and none from the generation config
+        # (the hf engine stops at its EOS too): full length
+        model.generation_config.eos_token_id = None
         sampling = Sampling(max_new_tokens=new_tokens, stop_ids=(len(tok) + 10,))
         HFEngine(model, tok.pad_token_id, len(ids)).generate(ids, mask, sampling)
     else:

@@ -69,8 +69,10 @@ def main() -> None:
     model = build_tiny_model("llama", tok, args.size, max_positions=256, seed=0).eval()
     ids = torch.randint(4, len(tok), (args.batch, args.prompt_len))
     mask = torch.ones_like(ids)
-    # no stop: every response has the full length (hf: an id outside the vocabulary; vLLM
-    # rejects those, and stops on nothing when given no stop id)
+    # no stop: every response has the full length (hf: an id outside the vocabulary, and no
+    # EOS in the generation config, which the hf engine also stops at; vLLM rejects such
+    # ids, and stops on nothing when given no stop id)
+    model.generation_config.eos_token_id = None
     sampling = Sampling(args.new_tokens, (len(tok) + 10,), temperature=1.0, logprobs=True)
     tokens = args.batch * args.new_tokens
     rows = {}
