@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -455,3 +456,34 @@ def progress(
     if disable is None:
         disable = not sys.stderr.isatty()
     return tqdm(iterable, total=total, desc=desc, disable=disable, dynamic_ncols=True)
+
+
+# where the bar is hidden (stderr is a log file, not a terminal): a line at the first step
+# and then every this many seconds, so that a log shows the run is alive and where it is
+LINE_EVERY_S = 30.0
+
+
+class StepProgress:
+    """The steps of `sft`, `rm` and `dpo`: a tqdm bar on a terminal; in a log file, where the
+    bar is hidden, a line (`<desc> step 3/40 | loss 0.6931 | 12 s`) at the first step, then
+    every `line_every_s` seconds, and at the last step."""
+
+    def __init__(self, total: int, desc: str, line_every_s: float | None = None) -> None:
+        self.bar = progress(total=total, desc=desc)
+        self.total, self.desc = total, desc
+        self.line_every_s = LINE_EVERY_S if line_every_s is None else line_every_s
+        self.start, self.said = time.monotonic(), None
+
+    def update(self, step: int, **shown: str) -> None:
+        self.bar.update(1)
+        self.bar.set_postfix(**shown)
+        now = time.monotonic()
+        due = self.said is None or now - self.said >= self.line_every_s or step == self.total
+        if self.bar.disable and due:
+            self.said = now
+            shown_parts = (f"{k} {v}" for k, v in shown.items())
+            parts = [f"{self.desc} step {step}/{self.total}", *shown_parts]
+            print(" | ".join([*parts, f"{now - self.start:.0f} s"]), flush=True)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 import proxima.logging as plog
-from proxima.logging import RunLogger, format_line, plot_metrics, progress, read_metrics
+from proxima.logging import (
+    RunLogger,
+    StepProgress,
+    format_line,
+    plot_metrics,
+    progress,
+    read_metrics,
+)
 
 
 def read_jsonl(path):
@@ -136,6 +143,31 @@ class _FullDisk:
 
     def __getattr__(self, name):
         return getattr(self.f, name)
+
+
+def test_step_progress_says_where_it_is_in_a_log_file(monkeypatch, capsys):
+    """Off a terminal (stderr captured, as in a log file) the bar is hidden and a line says the
+    step and what it is given: at the first step, every `line_every_s` and at the last."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    bar = StepProgress(4, "rm", line_every_s=3600)
+    for step in range(1, 5):
+        bar.update(step, loss=f"{1 / step:.4f}", acc="0.50")
+    bar.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(" | ", 1)[0] for line in lines] == [
+        "rm step 1/4 | loss 1.0000 | acc 0.50",
+        "rm step 4/4 | loss 0.2500 | acc 0.50",
+    ]
+    assert all(line.endswith(" s") for line in lines)
+    monkeypatch.setattr(plog, "LINE_EVERY_S", 0.0)  # the default, read when the bar is made
+    bar = StepProgress(3, "dpo")
+    for step in range(1, 4):
+        bar.update(step)
+    assert [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()] == [
+        "dpo step 1/3",
+        "dpo step 2/3",
+        "dpo step 3/3",
+    ]
 
 
 def test_a_full_disk_leaves_whole_lines_and_names_the_file(tmp_path):

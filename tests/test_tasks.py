@@ -96,15 +96,17 @@ def test_default_example_pipeline_runs_small(tmp_path):
 
 def test_sft_says_its_progress_in_a_log_file(monkeypatch, capsys):
     """Without a terminal (stderr captured here, as in a log file) the bar is hidden; a
-    line says the step and loss at the first step and then every LINE_EVERY_S seconds."""
-    from proxima.trainer import sft
+    line says the step and loss at the first step, then every LINE_EVERY_S seconds, and at
+    the last step."""
+    from proxima import logging as plog
 
     tok = build_char_tokenizer(ALPHABET)
     model = build_tiny_model("llama", tok, size="nano")
     records = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(20)]
     data = SFTDataset(records, tok, max_length=16)
     sft_train(model, tok, data, steps=3, lr=1e-3, batch_size=4)
-    assert re.findall(r"sft step (\d)/3 \| loss [\d.]+ \| \d+ s", capsys.readouterr().out) == ["1"]
-    monkeypatch.setattr(sft, "LINE_EVERY_S", 0.0)
+    said = capsys.readouterr().out
+    assert re.findall(r"sft step (\d)/3 \| loss [\d.]+ \| \d+ s", said) == ["1", "3"]
+    monkeypatch.setattr(plog, "LINE_EVERY_S", 0.0)
     sft_train(model, tok, data, steps=3, lr=1e-3, batch_size=4)
     assert re.findall(r"sft step (\d)/3", capsys.readouterr().out) == ["1", "2", "3"]

@@ -24,7 +24,7 @@ from proxima.algos import dpo_loss
 from proxima.config import DPOConfig
 from proxima.data import PromptLoader
 from proxima.data.preferences import PreferenceItem, collate_policy_pairs
-from proxima.logging import EVAL_PREFIX, format_line, progress
+from proxima.logging import EVAL_PREFIX, StepProgress, format_line
 from proxima.models.forward import response_logprobs
 from proxima.trainer.optim import finetune_optimizer, optimizer_step
 
@@ -178,7 +178,7 @@ def dpo_train(
     loader = PromptLoader(list(range(len(items))), d.batch_size, seed=seed)
     log = log or (lambda step, metrics: None)
     model.train()
-    bar = progress(total=steps, desc="dpo")
+    bar = StepProgress(steps, "dpo")
     for step in range(1, steps + 1):
         index = next(loader)
         batch, ref = [items[i] for i in index], reference.select(index)
@@ -186,8 +186,7 @@ def dpo_train(
         log(step, stats)
         if d.eval_every and step % d.eval_every == 0 and step < steps:
             _evaluate_and_log(model, probes[-1], d, pad, device, step, steps, log)
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['rewards/accuracies']:.2f}")
+        bar.update(step, loss=f"{stats['loss']:.4f}", acc=f"{stats['rewards/accuracies']:.2f}")
     bar.close()
     for p in probes:
         result[f"{p.name}_after"] = _evaluate_and_log(model, p, d, pad, device, steps, steps, log)

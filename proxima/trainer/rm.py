@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from proxima.data import PromptLoader
 from proxima.data.preferences import PreferenceItem, collate_preferences
-from proxima.logging import progress
+from proxima.logging import StepProgress
 from proxima.models.forward import reward_model_scores
 from proxima.trainer.optim import finetune_optimizer, optimizer_step
 
@@ -162,7 +162,7 @@ def rm_train(
     loader = PromptLoader(dataset, batch_size, seed=seed)
     curves: dict[str, list[float]] = {k: [] for k in CURVES}
     model.train()
-    bar = progress(total=steps, desc="rm")
+    bar = StepProgress(steps, "rm")
     for step in range(1, steps + 1):
         batch = collate_preferences(next(loader), pad)
         chosen, rejected = pair_scores(model, batch, device)
@@ -175,8 +175,7 @@ def rm_train(
         optimizer_step(model, opt, sched, grad_clip=1.0)  # a non-finite step is skipped
         for key in CURVES:
             curves[key].append(stats[key])
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['accuracy']:.2f}")
+        bar.update(step, loss=f"{stats['loss']:.4f}", acc=f"{stats['accuracy']:.2f}")
     bar.close()
     result.update(_evaluate_all(model, probes, pad, device, "after"))
     return {**curves, **result}
