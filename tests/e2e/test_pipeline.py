@@ -62,7 +62,7 @@ def keep_threads():
     torch.set_num_threads(threads)
 
 
-def _check_run(run: Path, iterations: int) -> dict:
+def _check_run(run: Path, iterations: int, dpo: bool = False) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     out = summary["pipeline"]
     assert set(SUMMARY_KEYS) <= out.keys()
@@ -75,14 +75,17 @@ def _check_run(run: Path, iterations: int) -> dict:
         assert (run / name).is_file(), name
     assert "score_normalization" in json.loads((run / "rm/config.json").read_text())
     rows = [json.loads(line) for line in (run / "pipeline_eval.jsonl").read_text().splitlines()]
-    assert [r["name"] for r in rows] == ["sft", f"iter_{iterations // 2}", f"iter_{iterations}"]
+    ppo_rows = ["sft", f"iter_{iterations // 2}", f"iter_{iterations}"]
+    assert [r["name"] for r in rows] == ppo_rows + ["dpo"] * dpo
     assert rows[0]["kl"] == 0.0  # the SFT policy against itself
-    assert out["kl_final"] == rows[-1]["kl"] and out["gold_ppo_mean"] == rows[-1]["gold_mean"]
+    last = rows[len(ppo_rows) - 1]
+    assert out["kl_final"] == last["kl"] and out["gold_ppo_mean"] == last["gold_mean"]
     metrics = [r for r in read_metrics(run / "ppo/metrics.jsonl") if "reward/gold" in r]
     assert len(metrics) == iterations  # the gold is logged at every PPO iteration
     assert all(math.isfinite(r["reward/rm"]) and math.isfinite(r["kl"]) for r in metrics)
     status = json.loads((run / "pipeline.json").read_text())
-    assert status["finished"] == ["task", "sft", "pairs", "rm", "ppo", "evaluate"]
+    stages = ["task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate"]
+    assert status["finished"] == [s for s in stages if dpo or s != "dpo"]
     return summary
 
 
@@ -139,12 +142,13 @@ def test_the_chat_recipe_runs_the_pipeline_on_the_model_it_is_given(
     args = ["pipeline_chat", *TINY, f"model.actor_path={printable_model}"]
     assert main(["pipeline", *args, f"trainer.output_dir={tmp_path / 'runs'}"]) == 0
     run = tmp_path / "runs"
-    summary = _check_run(run, iterations=4)
+    summary = _check_run(run, iterations=4, dpo=True)  # DPO (with LoRA) beside PPO
     assert summary["config"]["model"]["lora_rank"] == 16
     checkpoint = run / "ppo/checkpoints/iter_4"  # the newest is kept
     assert (checkpoint / "actor_adapter").is_dir() and (checkpoint / "critic_adapter").is_dir()
     assert summary["details"]["task"]["name"] == "chat"
     assert "sft_final_loss" not in summary["details"]  # the SFT stage trained nothing
+    assert math.isfinite(summary["pipeline"]["gold_gain_dpo_sft_std"])
     assert summary["config"]["pipeline"]["gold"] == chat_preferences.GOLD_FN
     assert summary["config"]["model"]["actor_path"] == str(printable_model)
     held = [json.loads(line) for line in (run / "task/heldout.jsonl").read_text().splitlines()]
