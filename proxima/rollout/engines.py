@@ -32,8 +32,10 @@ from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
 
 GiB = 2**30
-# vLLM's CPU backend reserves this many GiB for its KV cache unless VLLM_CPU_KVCACHE_SPACE says
-VLLM_CPU_KV_GIB = 4
+# GiB of KV cache vLLM's CPU backend reserves when VLLM_CPU_KVCACHE_SPACE is unset: proxima
+# sets it to this before building the engine (`vllm_engine._colocated_env`; vLLM's own default,
+# 4 GiB, is a lot next to training on a small machine), so the memory plan counts the same
+VLLM_CPU_KV_GIB = 1
 
 
 class EngineSpec:

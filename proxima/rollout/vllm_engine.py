@@ -47,6 +47,7 @@ from proxima import launch
 from proxima.config import Config, ConfigError
 from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
+from proxima.rollout.engines import VLLM_CPU_KV_GIB
 from proxima.rollout.types import Generation, Sampling
 
 INSTALL = (
@@ -88,8 +89,9 @@ def _colocated_env() -> None:
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())
     # vLLM's CPU build reserves this many GiB for the KV cache (its default, 4, is a lot
-    # next to training on a small machine; tiny models need far less)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # next to training on a small machine; tiny models need far less); the memory plan
+    # counts the same (`engines.VLLMSpec.held_memory`)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(VLLM_CPU_KV_GIB))
 
 
 def _head_size(model_path: str) -> int | None:
