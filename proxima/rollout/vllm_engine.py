@@ -48,7 +48,6 @@ from proxima.config import Config, ConfigError
 from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
 from proxima.rng import preserve_rng
-from proxima.rollout.engines import VLLM_CPU_KV_GIB
 from proxima.rollout.types import Generation, Sampling
 
 INSTALL = (
@@ -56,6 +55,13 @@ INSTALL = (
     "then `pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`, which "
     "pins its own torch), or use rollout.name=hf. See docs/engines.md."
 )
+
+
+# GiB of KV cache vLLM's CPU build reserves unless VLLM_CPU_KVCACHE_SPACE says otherwise:
+# proxima sets it to this (vLLM's own default, 4, is a lot next to training on a small
+# machine; tiny models need far less), and the memory plan counts the same
+# (`engines.VLLMSpec.held_memory`)
+CPU_KV_GIB = 1
 
 
 def _import_vllm():
@@ -89,10 +95,7 @@ def _colocated_env() -> None:
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())
-    # vLLM's CPU build reserves this many GiB for the KV cache (its default, 4, is a lot
-    # next to training on a small machine; tiny models need far less); the memory plan
-    # counts the same (`engines.VLLMSpec.held_memory`)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(VLLM_CPU_KV_GIB))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_GIB))  # its KV cache, GiB
 
 
 def _head_size(model_path: str) -> int | None:
