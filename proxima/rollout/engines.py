@@ -32,8 +32,6 @@ from proxima.rollout.hf_engine import HFEngine
 from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
 
 GiB = 2**30
-# vLLM's CPU backend reserves this many GiB for its KV cache unless VLLM_CPU_KVCACHE_SPACE says
-VLLM_CPU_KV_GIB = 4
 
 
 class EngineSpec:
@@ -126,11 +124,15 @@ class VLLMSpec(EngineSpec):
     ) -> dict[str, int]:
         """Its copy of the weights and its KV-cache reservation (VLLM_CPU_KVCACHE_SPACE GiB
         on a CPU); on a GPU its whole share, rollout.vllm.gpu_memory_utilization of it."""
+        # the reservation the engine asks for when VLLM_CPU_KVCACHE_SPACE is unset (not vLLM's
+        # own default): the plan runs before the engine sets it (`vllm_engine.CPU_KV_GIB`)
+        from proxima.rollout.vllm_engine import CPU_KV_GIB
+
         v = cfg.rollout.vllm
         if device_total is not None:
             return {"vllm engine": int(v.gpu_memory_utilization * device_total)}
         dtype_bytes = actor_dtype_bytes if v.dtype == "auto" else DTYPES[v.dtype].itemsize
-        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or VLLM_CPU_KV_GIB)
+        kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or CPU_KV_GIB)
         return {"vllm weights": actor_params * dtype_bytes, "vllm kv cache": int(kv * GiB)}
 
 

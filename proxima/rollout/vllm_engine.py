@@ -47,6 +47,7 @@ from proxima import launch
 from proxima.config import Config, ConfigError
 from proxima.models.folders import config_positions
 from proxima.models.lora import Adapter, adapter_problem
+from proxima.rng import preserve_rng
 from proxima.rollout.types import Generation, Sampling
 
 INSTALL = (
@@ -54,6 +55,13 @@ INSTALL = (
     "then `pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`, which "
     "pins its own torch), or use rollout.name=hf. See docs/engines.md."
 )
+
+
+# GiB of KV cache vLLM's CPU build reserves unless VLLM_CPU_KVCACHE_SPACE says otherwise:
+# proxima sets it to this (vLLM's own default, 4, is a lot next to training on a small
+# machine; tiny models need far less), and the memory plan counts the same
+# (`engines.VLLMSpec.held_memory`)
+CPU_KV_GIB = 1
 
 
 def _import_vllm():
@@ -87,9 +95,7 @@ def _colocated_env() -> None:
         os.environ.setdefault(key, value)
     if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())
-    # vLLM's CPU build reserves this many GiB for the KV cache (its default, 4, is a lot
-    # next to training on a small machine; tiny models need far less)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_GIB))  # its KV cache, GiB
 
 
 def _head_size(model_path: str) -> int | None:
@@ -228,25 +234,29 @@ class VLLMEngine:
         self.base_loaded = False  # the base of the adapters is what vLLM holds
         self._adapter_ids = itertools.count(1)
         self._adapter_root: Path | None = None
-        self.llm = vllm.LLM(
-            model=cfg.model.actor_path,
-            load_format="dummy",  # the trainer pushes the actor's weights before any rollout
-            distributed_executor_backend="external_launcher",
-            tensor_parallel_size=v.tensor_model_parallel_size,
-            # under torchrun: an engine per process, each on its own share of the prompts
-            # (vLLM's data parallelism with an external launcher: no load balancing of its own)
-            data_parallel_size=launch.world_size(),
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            enable_prefix_caching=v.enable_prefix_caching,
-            enable_sleep_mode=self.sleep_mode,
-            enforce_eager=v.enforce_eager,
-            dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
-            seed=v.seed + rank,
-            max_model_len=_context_length(cfg),
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",  # sampling is ours; not the model folder's defaults
-            **(lora if self.lora_rank else {}),
-        )
+        # vLLM's worker seeds Python's random, numpy and torch with `seed` as it starts, here
+        # in the trainer's process: put back the trainer's streams (seeded by trainer.seed;
+        # the rollout's per-request seeds are drawn from them), vLLM's sampling needs none
+        with preserve_rng():
+            self.llm = vllm.LLM(
+                model=cfg.model.actor_path,
+                load_format="dummy",  # the trainer pushes the actor's weights before any rollout
+                distributed_executor_backend="external_launcher",
+                tensor_parallel_size=v.tensor_model_parallel_size,
+                # under torchrun: an engine per process, each on its own share of the prompts
+                # (vLLM's data parallelism with an external launcher: no load balancing of its own)
+                data_parallel_size=launch.world_size(),
+                gpu_memory_utilization=v.gpu_memory_utilization,
+                enable_prefix_caching=v.enable_prefix_caching,
+                enable_sleep_mode=self.sleep_mode,
+                enforce_eager=v.enforce_eager,
+                dtype=cfg.model.dtype if v.dtype == "auto" else v.dtype,
+                seed=v.seed + rank,
+                max_model_len=_context_length(cfg),
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",  # sampling is ours; not the model folder's defaults
+                **(lora if self.lora_rank else {}),
+            )
         # the in-place reload warns about modules without checkpoint weights (rotary caches)
         # on every push; they are rebuilt from the config, nothing is lost
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(

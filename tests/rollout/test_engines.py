@@ -5,6 +5,7 @@ built outside proxima answered by the base class."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
@@ -93,10 +94,11 @@ def test_memory_shares(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     hf, vllm = engine_spec("hf"), engine_spec("vllm")
     assert hf.held_memory(cfg(), 1000, 4, None) == {}
-    # a CPU: its weights in the actor's dtype (vllm.dtype=auto) and 4 GiB of KV cache
+    # a CPU: its weights in the actor's dtype (vllm.dtype=auto) and the 1 GiB of KV cache
+    # proxima has vLLM reserve when VLLM_CPU_KVCACHE_SPACE is unset
     assert vllm.held_memory(cfg(), 1000, 4, None) == {
         "vllm weights": 4000,
-        "vllm kv cache": 4 * GiB,
+        "vllm kv cache": 1 * GiB,
     }
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1.5")
     half = vllm.held_memory(cfg("rollout.vllm.dtype=bfloat16"), 1000, 4, None)
@@ -104,6 +106,31 @@ def test_memory_shares(monkeypatch):
     # a GPU: its share of the device
     share = vllm.held_memory(cfg("rollout.vllm.gpu_memory_utilization=0.25"), 1000, 4, 8 * GiB)
     assert share == {"vllm engine": 2 * GiB}
+
+
+def test_the_kv_cache_planned_is_the_one_the_engine_sets(monkeypatch):
+    """The memory plan runs before the engine is built, while VLLM_CPU_KVCACHE_SPACE is still
+    unset: it counts the reservation the engine then asks vLLM for, not vLLM's own default."""
+    from proxima.rollout.vllm_engine import _colocated_env
+
+    for key in (
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        monkeypatch.setenv(key, "unset")  # so that the undo removes what the engine sets
+        monkeypatch.delenv(key)
+    planned = engine_spec("vllm").held_memory(cfg(), 1000, 4, None)["vllm kv cache"]
+    _colocated_env()
+    assert float(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * GiB == planned
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's own setting wins in both
+    _colocated_env()
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert engine_spec("vllm").held_memory(cfg(), 1000, 4, None)["vllm kv cache"] == 3 * GiB
 
 
 def test_the_hf_engine_builds_around_the_actor_and_always_runs():
