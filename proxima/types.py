@@ -186,11 +186,43 @@ def roll_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return x.gather(-1, idx.expand_as(x))
 
 
-def token_budget_groups(attention_mask: torch.Tensor, budget: int) -> list[list[int]]:
+def attended_lengths(attention_mask: torch.Tensor) -> list[int]:
+    """[B] how many tokens each row attends to."""
+    return attention_mask.bool().sum(dim=1).tolist()
+
+
+def packed_rows(lengths: list[int], width: int) -> list[list[int]]:
+    """Sequences of these `lengths` laid end to end in rows of at most `width` tokens
+    (first fit, longest first: each sequence goes into the first row it fits in, else a new
+    row; a sequence longer than `width` gets a row of its own). Returns each row's
+    sequences in order, by index."""
+    rows: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, load in enumerate(loads) if load + lengths[i] <= width), None)
+        if row is None:
+            rows.append([i])
+            loads.append(lengths[i])
+        else:
+            rows[row].append(i)
+            loads[row] += lengths[i]
+    return rows
+
+
+def token_budget_groups(
+    attention_mask: torch.Tensor, budget: int, packed: bool = False
+) -> list[list[int]]:
     """Row indices in groups by a token budget (verl's dynamic batch size): rows sorted by
     how many columns they attend to, longest first; each group as many rows as fit in
     `budget` padded tokens once the rows are right-aligned (`Experience.right_aligned`):
-    rows x its longest row; a row longer than the budget alone."""
+    rows x its longest row; a row longer than the budget alone.
+
+    `packed` (`model.packing`): a group's sequences are laid end to end in rows as wide
+    as its longest (`packed_rows`), so a group costs its packed rows x its longest row;
+    each sequence joins the first group it fits in (a shorter one fills a gap an earlier
+    group left), else starts one."""
+    if packed:
+        return _packed_groups(attended_lengths(attention_mask), budget)
     attended = attention_mask.bool()
     cols = torch.arange(attended.shape[1], device=attended.device)
     first = torch.where(attended, cols, attended.shape[1]).amin(dim=1)
@@ -203,4 +235,29 @@ def token_budget_groups(attention_mask: torch.Tensor, budget: int) -> list[list[
             groups[-1].append(i)
         else:
             groups.append([i])
+    return groups
+
+
+def _packed_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """`token_budget_groups` with packed rows: first fit over the groups, and inside a
+    group first fit over its rows, which is `packed_rows` on the group's sequences (they
+    arrive longest first), so the rows a pass packs are the rows counted here."""
+    groups: list[list[int]] = []
+    loads: list[list[int]] = []  # each group's rows, in tokens
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        for group, rows in zip(groups, loads, strict=True):
+            width = lengths[group[0]]  # the group's longest sequence
+            row = next((r for r, load in enumerate(rows) if load + n <= width), None)
+            if row is not None:
+                rows[row] += n
+            elif (len(rows) + 1) * width <= budget:
+                rows.append(n)
+            else:
+                continue
+            group.append(i)
+            break
+        else:
+            groups.append([i])
+            loads.append([n])
     return groups

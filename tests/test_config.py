@@ -105,6 +105,19 @@ def test_batch_plan_counts():
     )
 
 
+def test_the_batch_plan_says_how_the_passes_lay_out_their_sequences():
+    base = [*BASE, "data.train_batch_size=8", "rollout.n=2", "actor.ppo_mini_batch_size=16"]
+    base += ["critic.ppo_mini_batch_size=16"]
+    padded = batch_plan(load_config(None, base))
+    assert "layout: padded rows in every forward pass (model.packing=false)" in padded
+    packed = load_config(None, [*base, "model.packing=true", "actor.ppo_micro_batch_size=4"])
+    plan = batch_plan(packed)
+    assert "layout: packed rows (model.packing=true)" in plan
+    assert "4 micro-batch(es) of 4, packed" in plan
+    budget = load_config(None, [*base, "model.packing=true", "actor.ppo_max_tokens_per_micro=512"])
+    assert "micro-batches of at most 512 tokens in packed rows" in batch_plan(budget)
+
+
 @pytest.mark.parametrize("key", ["actor.ppo_max_tokens_per_micro", "rollout.max_tokens_per_micro"])
 def test_a_token_budget_below_one_row_is_refused(key):
     with pytest.raises(ConfigError, match=rf"`{key}` \(2\) is below one whole row: "):

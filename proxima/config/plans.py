@@ -25,21 +25,24 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
         + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
     lines += data_plan(cfg, mix)
+    packed = ", packed" if cfg.model.packing else ""
     for role, sec in trained_sections(cfg).items():
         mini = sec.ppo_mini_batch_size
         n_mini = rollout // mini
         n_micro = mini // world // sec.ppo_micro_batch_size
         per = f" ({mini // world} per process)" if world > 1 else ""
+        tokens = "tokens in packed rows" if cfg.model.packing else "padded tokens"
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
             f"{mini}{per} = {cfg.steps_per_iteration(sec)} optimizer step(s) per "
             f"iteration; "
             + (
-                f"micro-batches of at most {sec.ppo_max_tokens_per_micro} padded tokens"
+                f"micro-batches of at most {sec.ppo_max_tokens_per_micro} {tokens}"
                 if sec.ppo_max_tokens_per_micro
-                else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}"
+                else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}{packed}"
             )
         )
+    lines += packing_plan(cfg)
     lines += kl_plan(cfg)
     lines += async_plan(cfg)
     lines.append(
@@ -65,6 +68,18 @@ def data_plan(cfg: Config, mix: dict[str, float] | None = None) -> list[str]:
         shares = [f"{n} {w / total:.0%}" for n, w in zip(names, d.train_weights, strict=True)]
         return [f"  data  : {len(files)} prompt sets mixed in every batch: {', '.join(shares)}"]
     return [f"  data  : {len(files)} prompt sets mixed in proportion to their sizes"]
+
+
+def packing_plan(cfg: Config) -> list[str]:
+    """How the forward passes lay out their sequences (`model.packing`)."""
+    if not cfg.model.packing:
+        return ["  layout: padded rows in every forward pass (model.packing=false)"]
+    return [
+        "  layout: packed rows (model.packing=true): the scoring passes, the reward models and "
+        "the updates lay their sequences end to end in rows as wide as their longest, "
+        "positions from 0 and attention within each sequence (each model tried once "
+        "before the run)"
+    ]
 
 
 def kl_plan(cfg: Config) -> list[str]:

@@ -79,6 +79,17 @@ class ModelConfig:
         "them (the trained actor and critic): less memory per micro-batch, about one more "
         "forward of compute; the gradients are the same.",
     )
+    packing: bool = _f(
+        False,
+        "Packed sequences in the scoring passes (old log-probs, reference, values, teacher), "
+        "the reward models' forwards and the actor's and critic's updates: each forward lays "
+        "its sequences end to end in rows as wide as its longest, no padding between them, "
+        "positions from 0 at each sequence's start, attention within each sequence (the "
+        "model builds that mask from the position ids). Never more positions than padded "
+        "rows; the results equal the padded ones to float rounding; token budgets "
+        "(*.max_tokens_per_micro) count the packed rows. Each model is tried once before the "
+        "run and refused if a sequence would see another (docs/performance.md).",
+    )
     offload: str = _f(
         "auto",
         "On a GPU, what an iteration's phase does not use waits in (pinned) CPU memory: "

@@ -127,7 +127,8 @@ class PolicyValue(nn.Module):
 
     `forward` is the policy's (its output: logits, loss, ...); given `value_span` (which
     positions of the LM head's input to value, e.g. `slice(-R - 1, -1)` for the R response
-    tokens), the output also holds `vpreds` [B, R]. `values_only` (the critic's warm-up):
+    tokens), the output also holds `vpreds` [B, R]; a tensor of N flat places (row x L +
+    column; packed rows, `models.packing`) gives them as [N]. `values_only` (the critic's warm-up):
     the policy runs without gradient, so only the head learns. `generate` is the policy's;
     `generate(..., with_values=True)` also returns the values of the states the tokens are
     sampled from, computed inside the call (where FSDP2 holds the head's shards gathered).
@@ -138,14 +139,25 @@ class PolicyValue(nn.Module):
         self.policy = policy
         self.value_head = value_head
 
-    def forward(self, *args, value_span: slice | None = None, values_only: bool = False, **kw):
+    def forward(
+        self,
+        *args,
+        value_span: slice | torch.Tensor | None = None,
+        values_only: bool = False,
+        **kw,
+    ):
         grad = torch.is_grad_enabled() and not values_only
         if value_span is None:
             with torch.set_grad_enabled(grad):
                 return self.policy(*args, **kw)
         with HeadInput(self.policy) as seen, torch.set_grad_enabled(grad):
             out = self.policy(*args, **kw)
-        values = value_of(self.value_head, seen.calls[-1][:, value_span])
+        hidden = seen.calls[-1]
+        if isinstance(value_span, torch.Tensor):
+            hidden = hidden.flatten(0, 1)[value_span]
+        else:
+            hidden = hidden[:, value_span]
+        values = value_of(self.value_head, hidden)
         return PolicyValueOutput(loss=out.loss, logits=out.logits, vpreds=values)
 
     def generate(self, *args, with_values: bool = False, **kwargs):
@@ -217,8 +229,8 @@ class Critic:
 
     def objectives(self, actor: Objective) -> dict[str, Objective]:
         """The objective of each role trained with this critic, by role name, given the
-        actor's objective without a critic (a frozen dataclass with a `critic` field,
-        `trainer.update.PolicyObjective`)."""
+        actor's objective without a critic (a frozen dataclass with `critic` and `packed`
+        fields, `trainer.update.PolicyObjective`)."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -233,8 +245,9 @@ class ValueModel(Critic):
         self.model, self.source = model, source
 
     def objectives(self, actor: Objective) -> dict[str, Objective]:
-        """The actor's objective as given; the critic role's, the value loss."""
-        return {"actor": actor, "critic": ValueObjective(self)}
+        """The actor's objective as given; the critic role's, the value loss (its passes
+        packed as the actor's are)."""
+        return {"actor": actor, "critic": ValueObjective(self, packed=actor.packed)}
 
     def describe(self) -> str:
         return f"a value model of its own, initialised from {self.source}"
@@ -242,15 +255,18 @@ class ValueModel(Critic):
 
 @dataclass(frozen=True)
 class ValueObjective:
-    """A value model's loss on a micro-batch: its clipped value loss."""
+    """A value model's loss on a micro-batch: its clipped value loss. `packed`
+    (`model.packing`): its pass takes packed rows."""
 
     critic: Critic
+    packed: bool = False
 
     def during_warmup(self) -> ValueObjective:
         return self  # the critic's warm-up is what it trains in
 
     def __call__(self, model: nn.Module, mb: Experience):
-        values = response_values(model, mb.input_ids, mb.attention_mask, mb.response_mask.shape[1])
+        r = mb.response_mask.shape[1]
+        values = response_values(model, mb.input_ids, mb.attention_mask, r, self.packed)
         return self.critic.value_terms(values, mb)
 
 

@@ -6,16 +6,23 @@ Prompts are left-padded, so positions are counted from each row's first real tok
 log-probs and values (tested in tests/models/test_forward.py).
 
 Given `keep` ([B, R] bool, the response positions that count), the LM head projects only
-those positions to the vocabulary: the logits come back packed, [N, V] for the N kept
+those positions to the vocabulary: the logits come back flat, [N, V] for the N kept
 positions in row-major order (`logits[i]` is position `keep.nonzero()[i]`), and `unpack`
 puts per-position results back in [B, R]. A batch's responses end at different lengths,
 so many of its [B, R] positions can be padding, and the head and the log-softmax over a
 vocabulary of 32k-150k tokens are the largest per-position cost of the actor's passes.
+
+`packed=True` (`model.packing`): the batch's sequences go through the model end to end in
+packed rows (`models.packing`), its padding never computed; the results come back in the
+same places. Every pass that takes `packed` gives the padded pass's results (tested on
+every tiny architecture, with LoRA and the value head); `packing_problem` tries a model
+once before a run relies on it.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -23,6 +30,7 @@ from transformers import PreTrainedModel
 
 from proxima.algos import last_token_index, logprobs_from_logits
 from proxima.models.loading import scalar_head
+from proxima.models.packing import PackedRows, one_row_attention, pack
 from proxima.models.unwrap import base_model
 
 
@@ -66,33 +74,38 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature if temperature != 1.0 else logits
 
 
+Select = Callable[[torch.Tensor], torch.Tensor]  # [rows, L, ...] per position -> [N, ...]
+
+
+def _padded_select(keep: torch.Tensor, response_length: int) -> Select:
+    """The `keep` positions' outputs of a padded batch: position P + t - 1 -> token t."""
+    return lambda x: x[:, -response_length - 1 : -1][keep]
+
+
 @contextmanager
-def _head_only_at(model: torch.nn.Module, keep: torch.Tensor | None, response_length: int):
-    """While open, `model`'s LM head gets only the hidden states of the `keep` positions
-    among the R response positions ([N, H]), so its forward returns [N, V] logits. Yields
-    whether the head was found (if not, the caller selects the positions afterwards)."""
-    head = None if keep is None else base_model(model).get_output_embeddings()
+def _head_only_at(model: torch.nn.Module, select: Select | None):
+    """While open, `model`'s LM head gets only the hidden states `select` picks ([N, H]),
+    so its forward returns [N, V] logits. Yields whether the head was found (if not, the
+    caller selects the positions afterwards)."""
+    head = None if select is None else base_model(model).get_output_embeddings()
     if head is None:
         yield False
         return
 
-    def pack(module, args):
-        hidden = args[0][:, -response_length - 1 : -1]  # position P + t - 1 -> token t
-        return (hidden[keep], *args[1:])
+    def only(module, args):
+        return (select(args[0]), *args[1:])
 
-    handle = head.register_forward_pre_hook(pack)
+    handle = head.register_forward_pre_hook(only)
     try:
         yield True
     finally:
         handle.remove()
 
 
-def _response_logits(logits, packed: bool, keep, response_length: int, temperature: float):
-    """The forward's logits -> `response_logits`' ([B, R, V], or [N, V] given `keep`)."""
-    if keep is None or not packed:
-        logits = logits[:, -response_length - 1 : -1]
-        return _scaled(logits if keep is None else logits[keep], temperature)
-    n = int(keep.sum())
+def _kept_logits(logits, hooked: bool, select: Select, n: int, temperature: float):
+    """The forward's logits -> the [N, V] logits of the N kept positions."""
+    if not hooked:
+        return _scaled(select(logits), temperature)
     if logits.dim() != 2 or logits.shape[0] != n:
         raise RuntimeError(
             f"the model's forward changed the shape of its LM head's output (got "
@@ -102,6 +115,17 @@ def _response_logits(logits, packed: bool, keep, response_length: int, temperatu
     return _scaled(logits, temperature)
 
 
+def _packed_rows(model: torch.nn.Module, input_ids, attention_mask) -> PackedRows:
+    """The batch packed the way `model`'s attention implementation reads packed rows."""
+    return pack(input_ids, attention_mask, one_row_attention(base_model(model).config))
+
+
+def _packed_keep(keep: torch.Tensor | None) -> torch.Tensor:
+    if keep is None:
+        raise ValueError("packed rows give the kept positions' logits only: pass `keep`")
+    return keep
+
+
 def response_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -109,15 +133,28 @@ def response_logits(
     response_length: int,
     temperature: float = 1.0,
     keep: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """Logits that predict the response tokens, divided by the sampling temperature.
 
     input_ids, attention_mask: [B, P + R]; returns [B, R, V]. Position P + t - 1 predicts
-    response token t. With `keep` ([B, R] bool): those positions only, packed, [N, V].
+    response token t. With `keep` ([B, R] bool): those positions only, flat, [N, V].
+    `packed`: through packed rows (needs `keep`).
     """
-    with _head_only_at(model, keep, response_length) as packed:
+    if packed:
+        rows = _packed_rows(model, input_ids, attention_mask)
+        places = rows.predicting(_packed_keep(keep))
+        select = lambda x: rows.take(x, places)
+        with _head_only_at(model, select) as hooked:
+            out = model(**rows.inputs())
+        return _kept_logits(out.logits, hooked, select, len(places), temperature)
+    if keep is None:
         out = _response_forward(model, input_ids, attention_mask, response_length)
-    return _response_logits(out.logits, packed, keep, response_length, temperature)
+        return _scaled(out.logits[:, -response_length - 1 : -1], temperature)
+    select = _padded_select(keep, response_length)
+    with _head_only_at(model, select) as hooked:
+        out = _response_forward(model, input_ids, attention_mask, response_length)
+    return _kept_logits(out.logits, hooked, select, int(keep.sum()), temperature)
 
 
 def response_logits_values(
@@ -128,29 +165,41 @@ def response_logits_values(
     temperature: float = 1.0,
     values_only: bool = False,
     keep: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One pass of the actor with a value head (`models.critic.PolicyValue`): the
     `response_logits` ([B, R, V], or [N, V] given `keep`) and the values [B, R] of the same
     states, read where `response_values` reads a critic's (position P + t - 1 for response
-    token t). `values_only`: the policy without gradient (only the value head learns)."""
-    span = slice(-response_length - 1, -1)
-    with _head_only_at(model, keep, response_length) as packed:
+    token t). `values_only`: the policy without gradient (only the value head learns).
+    `packed`: through packed rows (needs `keep`; the values outside `keep` are then 0)."""
+    if packed:
+        keep = _packed_keep(keep)
+        rows = _packed_rows(model, input_ids, attention_mask)
+        places = rows.predicting(keep)
+        select = lambda x: rows.take(x, places)
+        with _head_only_at(model, select) as hooked:
+            out = model(**rows.inputs(), value_span=places, values_only=values_only)
+        logits = _kept_logits(out.logits, hooked, select, len(places), temperature)
+        return logits, unpack(out.vpreds, keep)
+    select = None if keep is None else _padded_select(keep, response_length)
+    with _head_only_at(model, select) as hooked:
         out = _response_forward(
             model,
             input_ids,
             attention_mask,
             response_length,
-            value_span=span,
+            value_span=slice(-response_length - 1, -1),
             values_only=values_only,
         )
-    logits = _response_logits(out.logits, packed, keep, response_length, temperature)
-    return logits, out.vpreds
+    if keep is None:
+        return _scaled(out.logits[:, -response_length - 1 : -1], temperature), out.vpreds
+    return _kept_logits(out.logits, hooked, select, int(keep.sum()), temperature), out.vpreds
 
 
-def unpack(packed: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def unpack(flat: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """[N, ...] values of the `keep` positions -> [B, R, ...], zero elsewhere (the gradient
-    flows back to `packed`)."""
-    return packed.new_zeros((*keep.shape, *packed.shape[1:])).index_put((keep,), packed)
+    flows back to `flat`)."""
+    return flat.new_zeros((*keep.shape, *flat.shape[1:])).index_put((keep,), flat)
 
 
 def response_logprobs(
@@ -159,12 +208,13 @@ def response_logprobs(
     attention_mask: torch.Tensor,
     response_ids: torch.Tensor,
     temperature: float = 1.0,
+    packed: bool = False,
 ) -> torch.Tensor:
     """[B, R] float32 log-probs of `response_ids` under `model` at the sampling temperature,
     computed only at the response positions the mask attends to, zero at the others."""
     r = response_ids.shape[1]
     keep = attention_mask[:, -r:].bool()
-    logits = response_logits(model, input_ids, attention_mask, r, temperature, keep)
+    logits = response_logits(model, input_ids, attention_mask, r, temperature, keep, packed)
     return unpack(logprobs_from_logits(logits, response_ids[keep]), keep)
 
 
@@ -173,12 +223,21 @@ def response_values(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     response_length: int,
+    packed: bool = False,
 ) -> torch.Tensor:
     """Critic values V(s_t) aligned like `response_logits`: [B, R] float32.
 
     The value of response token t is read at position P + t - 1, the state before token t
-    is emitted (the alignment of DeepSpeed-Chat's and TRL's critics).
+    is emitted (the alignment of DeepSpeed-Chat's and TRL's critics). `packed`: through
+    packed rows; the values of positions whose state the mask leaves out are then 0.
     """
+    if packed:
+        rows = _packed_rows(critic, input_ids, attention_mask)
+        # every position whose state is a real token (a right-aligned micro-batch's short
+        # rows start inside the response columns)
+        keep = rows.where[:, -response_length - 1 : -1] >= 0
+        out = critic(**rows.inputs())
+        return unpack(rows.take(out.logits[..., 0], rows.predicting(keep)).float(), keep)
     out = critic(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -188,15 +247,22 @@ def response_values(
 
 
 def reward_model_scores(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: bool = False,
 ) -> torch.Tensor:
     """Score of each sequence, read at its last real token (as DeepSpeed-Chat's reward model
     reads it at the last token of the sequence). Returns [B] float32.
 
     input_ids, attention_mask: [B, L]. The model's own pad-token pooling is bypassed: it
     breaks when pad == eos or with left padding. Gradients flow if the caller enables them
-    (reward-model training reuses this).
+    (reward-model training reuses this). `packed`: through packed rows.
     """
+    if packed:
+        rows = _packed_rows(model, input_ids, attention_mask)
+        hidden = model.base_model(**rows.inputs()).last_hidden_state  # [K, W, H]
+        return scalar_head(model)(rows.take(hidden, rows.last_tokens()))[:, 0].float()
     out = model.base_model(
         input_ids=input_ids,
         attention_mask=attention_mask,

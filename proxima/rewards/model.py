@@ -38,7 +38,9 @@ class ModelReward:
     policy sequences are left-padded prompts followed by right-padded responses.
     ``max_length`` (re-tokenized path only) keeps the last tokens, where the response is.
     ``normalization`` (mean, std), the one `proxima rm` stores with the model, standardises
-    the scores.
+    the scores. ``packed`` (`model.packing`): each forward through packed rows, called as
+    ``score_fn(model, input_ids, attention_mask, packed=True)``; a ``max_tokens`` budget
+    then counts packed rows.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class ModelReward:
         name: str = "a reward model",
         normalization: tuple[float, float] | None = None,
         max_tokens: int = 0,
+        packed: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1 for reward-model scoring.")
@@ -62,6 +65,7 @@ class ModelReward:
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.max_tokens = max_tokens  # > 0: forwards by a token budget (token_budget_groups)
+        self.packed = packed
         self.max_length = max_length
         self.normalization = normalization  # (mean, std): scores become (s - mean) / std
         # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
@@ -133,10 +137,12 @@ class ModelReward:
     def _score_in_chunks(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`batch_size` consecutive rows per forward, or groups by a token budget, each
         right-aligned and cut to the columns its rows attend to (positions come from the
-        mask, the score is read at the last real token: no score changes)."""
+        mask, the score is read at the last real token: no score changes); packed rows
+        (`packed`) hold no padding, so their rows go as they are."""
         n = input_ids.shape[0]
         if self.max_tokens:
-            chunks = [torch.tensor(g) for g in token_budget_groups(mask, self.max_tokens)]
+            groups = token_budget_groups(mask, self.max_tokens, self.packed)
+            chunks = [torch.tensor(g) for g in groups]
         else:
             chunks = [
                 torch.arange(i, min(i + self.batch_size, n)) for i in range(0, n, self.batch_size)
@@ -144,12 +150,13 @@ class ModelReward:
         out = torch.zeros(n)
         for rows in chunks:
             ids, m = input_ids[rows], mask[rows]
-            if self.max_tokens:
+            if self.max_tokens and not self.packed:
                 shift = right_shifts(m)
                 ids, m = roll_rows(ids, shift), roll_rows(m, shift)
                 start = int(m.bool().any(dim=0).float().argmax())
                 ids, m = ids[:, start:], m[:, start:]
-            chunk = self.score_fn(self.model, ids.to(self.device), m.to(self.device))
+            packed = {"packed": True} if self.packed else {}
+            chunk = self.score_fn(self.model, ids.to(self.device), m.to(self.device), **packed)
             if chunk.shape != (ids.shape[0],):
                 raise RewardError(
                     f"score_fn returned shape {tuple(chunk.shape)} for {ids.shape[0]} sequences; "

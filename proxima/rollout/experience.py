@@ -47,17 +47,24 @@ class Chunks:
     """How a scoring pass splits the batch: `size` consecutive rows in the batch's layout,
     or (`max_tokens` > 0) groups of rows by a token budget (`types.token_budget_groups`),
     each right-aligned and trimmed of the padding its rows share (as the update's
-    micro-batches); the result is the same either way."""
+    micro-batches); `packed` (`model.packing`): each chunk's sequences through packed rows
+    (`models.packing`; the budget's groups counted in packed rows). The result is the same
+    every way."""
 
     size: int
     max_tokens: int = 0
+    packed: bool = False
 
     @classmethod
-    def of(cls, rollout: RolloutConfig) -> Chunks:
-        return cls(rollout.micro_batch_size, rollout.max_tokens_per_micro)
+    def of(cls, rollout: RolloutConfig, packed: bool = False) -> Chunks:
+        return cls(rollout.micro_batch_size, rollout.max_tokens_per_micro, packed)
 
 
 PassFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _chunks(chunks: Chunks | int) -> Chunks:
+    return Chunks(chunks) if isinstance(chunks, int) else chunks
 
 
 @torch.no_grad()
@@ -65,7 +72,9 @@ def _in_chunks(fn: PassFn, gen: Generation, chunks: Chunks | int) -> torch.Tenso
     """fn(input_ids, attention_mask, response_ids) -> [b, ..., r] (r = response_ids' width)
     over the batch in `chunks` (an int: that many rows at a time), put together as
     [B, ..., R] (zero past a group's width)."""
-    chunks = Chunks(chunks) if isinstance(chunks, int) else chunks
+    chunks = _chunks(chunks)
+    if chunks.packed:
+        return _in_packed_chunks(fn, gen, chunks)
     ids, attn, response = gen.input_ids, gen.attention_mask, gen.response_ids
     n, r = response.shape
     if not chunks.max_tokens:
@@ -89,6 +98,24 @@ def _in_chunks(fn: PassFn, gen: Generation, chunks: Chunks | int) -> torch.Tenso
     return out
 
 
+def _in_packed_chunks(fn: PassFn, gen: Generation, chunks: Chunks) -> torch.Tensor:
+    """`_in_chunks` through packed rows: the padding is never computed, so each chunk's
+    rows go in their own columns; groups by the budget count packed rows."""
+    ids, attn, response = gen.input_ids, gen.attention_mask, gen.response_ids
+    n, size = ids.shape[0], chunks.size
+    if chunks.max_tokens:
+        groups = token_budget_groups(attn, chunks.max_tokens, packed=True)
+    else:
+        groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+    out = None
+    for group in groups:
+        rows = torch.tensor(group, device=ids.device)
+        part = fn(ids[rows], attn[rows], response[rows])
+        out = part.new_zeros((n, *part.shape[1:])) if out is None else out
+        out[rows] = part
+    return out
+
+
 def _attended(attention_mask: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
     """[B, R] bool: the response positions the mask attends to, the only ones the scoring
     passes project to the vocabulary (`models.forward`'s `keep`)."""
@@ -101,8 +128,10 @@ def sequence_logprobs(
 ) -> torch.Tensor:
     """[B, R] log-probs of the response tokens under `model`, zero where masked."""
 
+    packed = _chunks(chunks).packed
+
     def one(ids, attn, response) -> torch.Tensor:
-        return response_logprobs(model, ids, attn, response, temperature)
+        return response_logprobs(model, ids, attn, response, temperature, packed)
 
     return _in_chunks(one, gen, chunks) * gen.response_mask
 
@@ -114,9 +143,11 @@ def sequence_logprobs_sum_pi_squared(
     """[B, R] log-probs of the response tokens and [B, R] sum over the vocabulary of pi^2 at
     each of them (pi = softmax(logits / temperature)), from one pass; zero where masked."""
 
+    packed = _chunks(chunks).packed
+
     def one(ids, attn, response) -> torch.Tensor:
         keep = _attended(attn, response)
-        logits = response_logits(model, ids, attn, response.shape[1], temperature, keep)
+        logits = response_logits(model, ids, attn, response.shape[1], temperature, keep, packed)
         lp = logprobs_from_logits(logits, response[keep])
         return torch.stack([unpack(lp, keep), unpack(sum_pi_squared(logits), keep)], dim=1)
 
@@ -131,10 +162,14 @@ def sequence_logprobs_values(
     """The scoring pass of an actor that carries the critic: [B, R] log-probs and values
     from one pass, zero where masked."""
 
+    packed = _chunks(chunks).packed
+
     def one(ids, attn, response) -> torch.Tensor:
         keep = _attended(attn, response)
         r = response.shape[1]
-        logits, values = response_logits_values(model, ids, attn, r, temperature, keep=keep)
+        logits, values = response_logits_values(
+            model, ids, attn, r, temperature, keep=keep, packed=packed
+        )
         lp = logprobs_from_logits(logits, response[keep])
         return torch.stack([unpack(lp, keep), values], dim=1)
 
@@ -152,12 +187,14 @@ def sequence_kl_full(
 ) -> torch.Tensor:
     """[B, R] exact KL(actor || reference) over the vocabulary at each response token."""
 
+    packed = _chunks(chunks).packed
+
     def one(ids, attn, response) -> torch.Tensor:
         r, keep = response.shape[1], _attended(attn, response)
         return unpack(
             kl_full(
-                response_logits(actor, ids, attn, r, temperature, keep),
-                response_logits(reference, ids, attn, r, temperature, keep),
+                response_logits(actor, ids, attn, r, temperature, keep, packed),
+                response_logits(reference, ids, attn, r, temperature, keep, packed),
             ),
             keep,
         )
@@ -169,15 +206,17 @@ def sequence_kl_full(
 def sequence_values(critic: torch.nn.Module, gen: Generation, chunks: Chunks | int) -> torch.Tensor:
     """[B, R] critic values of the response states, zero where masked."""
 
+    packed = _chunks(chunks).packed
+
     def one(ids, attn, response) -> torch.Tensor:
-        return response_values(critic, ids, attn, response.shape[1])
+        return response_values(critic, ids, attn, response.shape[1], packed)
 
     return _in_chunks(one, gen, chunks) * gen.response_mask
 
 
-def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
+def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig, chunks: Chunks):
     """(old log-probs, values that came with them or None), as the plan says."""
-    temperature, chunks = rollout.temperature, Chunks.of(rollout)
+    temperature = rollout.temperature
     if plan.old_from_engine:
         if gen.logprobs is None:
             raise ValueError("the plan takes the engine's log-probs but the engine gave none")
@@ -190,14 +229,12 @@ def _old_logprobs(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
     return sequence_logprobs(actor, gen, temperature, chunks), None
 
 
-def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfig):
+def _old_and_sum_pi_squared(gen, plan: ScoringPlan, actor, rollout: RolloutConfig, chunks: Chunks):
     """(old log-probs, values or None, sum pi^2 or None), as the plan says."""
     if plan.sum_pi_squared:  # the plan recomputes: no critic-free estimator has values
-        old, spsq = sequence_logprobs_sum_pi_squared(
-            actor, gen, rollout.temperature, Chunks.of(rollout)
-        )
+        old, spsq = sequence_logprobs_sum_pi_squared(actor, gen, rollout.temperature, chunks)
         return old, None, spsq
-    return (*_old_logprobs(gen, plan, actor, rollout), None)
+    return (*_old_logprobs(gen, plan, actor, rollout, chunks), None)
 
 
 def rollout_correction(algorithm: AlgorithmConfig) -> RolloutCorrection:
@@ -224,6 +261,7 @@ def build_experience(
     rollout: RolloutConfig,
     algorithm: AlgorithmConfig,
     teacher: torch.nn.Module | None = None,
+    packed: bool = False,
 ) -> Experience:
     """Run the scoring passes `plan` asks for and pack everything into one Experience.
 
@@ -233,10 +271,11 @@ def build_experience(
     they are not the old log-probs, travel as `rollout_logprobs`, with the weights of
     `rollout_correction(algorithm)` (importance weights old / engine, rejection).
     `teacher`: on-policy distillation's teacher, whose log-probs of the sampled tokens
-    travel as `teacher_logprobs`; None without one.
+    travel as `teacher_logprobs`; None without one. `packed` (`model.packing`): every pass
+    through packed rows (`Chunks`).
     """
-    temperature, chunks = rollout.temperature, Chunks.of(rollout)
-    old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout)
+    temperature, chunks = rollout.temperature, Chunks.of(rollout, packed)
+    old, values, spsq = _old_and_sum_pi_squared(gen, plan, actor, rollout, chunks)
     ref = sequence_logprobs(reference, gen, temperature, chunks) if reference is not None else None
     teacher_lp = None
     if teacher is not None:

@@ -191,7 +191,9 @@ class PPOTrainer:
             return TrainedRole(name, model, sec, steps, self.dist, groups)
 
         trained["actor"] = role("actor", roles.actor, cfg.actor)
-        objectives["actor"] = PolicyObjective(cfg.actor, cfg.rollout.temperature, roles.reference)
+        objectives["actor"] = PolicyObjective(
+            cfg.actor, cfg.rollout.temperature, roles.reference, packed=cfg.model.packing
+        )
         if critic is not None:  # the critic's value loss: in the actor's or its own
             objectives = critic.objectives(objectives["actor"])
         if critic is not None and critic.model is not None:
@@ -285,6 +287,7 @@ class PPOTrainer:
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
             teacher=roles.teacher,
+            packed=self.cfg.model.packing,
         )
         sampled = sampled_inputs(ro)
         exp = replace(exp, **{k: v.to(exp.scores.device) for k, v in sampled.items()})

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from proxima.config import Config
+from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
 from proxima.models import (
     DTYPES,
@@ -22,6 +22,7 @@ from proxima.models import (
 from proxima.models.critic import Critic, build_critic
 from proxima.models.loading import checkpoint_activations
 from proxima.models.lora import AdapterDisabled, add_lora
+from proxima.models.packing import packing_problem
 from proxima.rewards import (
     FunctionReward,
     ModelReward,
@@ -127,6 +128,7 @@ def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) 
         name=f"the reward model {folder}",
         normalization=score_normalization(folder),
         max_tokens=cfg.reward.max_tokens_per_micro,
+        packed=cfg.model.packing,
     )
 
 
@@ -155,7 +157,38 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
             if trained is not None:
                 checkpoint_activations(trained)
     reward = build_reward(cfg, tokenizer, device, reward_fn)
-    return Roles(tokenizer, actor, reference, critic, reward, teacher)
+    roles = Roles(tokenizer, actor, reference, critic, reward, teacher)
+    if cfg.model.packing:
+        check_packing(roles)
+    return roles
+
+
+def _reward_models(reward) -> list[tuple[str, torch.nn.Module]]:
+    """(name, model) of each reward model among the reward sources."""
+    parts = reward.parts if isinstance(reward, WeightedReward) else [reward]
+    sources = [getattr(part, "source", part) for part in parts]
+    return [(s.name, s.model) for s in sources if isinstance(s, ModelReward)]
+
+
+def check_packing(roles: Roles) -> None:
+    """`model.packing=true`: each model a pass packs for must keep packed sequences apart
+    (`models.packing.packing_problem`, one small forward each, before any work); a
+    ConfigError names the one that does not and the fix."""
+    models = [("the actor", roles.actor, False), ("the reference", roles.reference, False)]
+    models.append(("the teacher", roles.teacher, False))
+    critic = roles.critic.model if roles.critic is not None else None
+    models.append(("the critic", critic, False))
+    models += [(name, model, True) for name, model in _reward_models(roles.reward)]
+    for name, model, scores in models:
+        if model is None or isinstance(model, AdapterDisabled):  # the actor's own weights
+            continue
+        problem = packing_problem(model, scores=scores)
+        if problem:
+            raise ConfigError(
+                f"`model.packing=true`, but {name} cannot take packed sequences: {problem}. "
+                "Set model.packing=false (padded batches), or load the model with an "
+                "attention implementation whose transformers code reads packed position ids."
+            )
 
 
 def _frozen(cfg: Config, folder: str, device: torch.device) -> torch.nn.Module:

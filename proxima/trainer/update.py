@@ -65,15 +65,16 @@ def micro_weight(
 
 
 def token_micro_batches(
-    mini: Experience, budget: int, keep_response_width: bool = False
+    mini: Experience, budget: int, keep_response_width: bool = False, packed: bool = False
 ) -> list[Experience]:
     """This process's share of a mini-batch as micro-batches formed by a token budget
     (`types.token_budget_groups`), each with its rows right-aligned and trimmed of the
     padding they then share (`Experience.right_aligned`, `Experience.trimmed`): a
     micro-batch computes its longest row's width, not the longest prompt plus the longest
     response. The loss weights (`micro_weight`) make the gradient that of the whole
-    mini-batch, as with fixed micro-batches."""
-    groups = token_budget_groups(mini.attention_mask, budget)
+    mini-batch, as with fixed micro-batches. `packed`: the objective's passes take
+    packed rows (`model.packing`), and the budget counts them."""
+    groups = token_budget_groups(mini.attention_mask, budget, packed)
     return [mini.select(g).right_aligned().trimmed(keep_response_width) for g in groups]
 
 
@@ -149,13 +150,15 @@ class PolicyObjective:
     (+ kl_loss_coef x KL to the reference);
     with a `critic` on the actor, + vf_coef x its value loss from the same pass (its stats
     named `critic/...`). `values_only` (the critic's warm-up): vf_coef x the value loss
-    alone, the policy without gradient."""
+    alone, the policy without gradient. `packed` (`model.packing`): its passes (and a value
+    model's, `ValueModel.objectives`) take packed rows."""
 
     cfg: ActorConfig
     temperature: float
     reference: torch.nn.Module | None = None
     critic: Critic | None = None  # a value head trained in its steps (`ValueHead.objectives`)
     values_only: bool = False
+    packed: bool = False
 
     def during_warmup(self) -> PolicyObjective | None:
         """The actor's objective while the critic warms up: the value loss alone when the
@@ -163,13 +166,14 @@ class PolicyObjective:
         return replace(self, values_only=True) if self.critic is not None else None
 
     def __call__(self, model: torch.nn.Module, mb: Experience):
-        r, temperature = mb.response_mask.shape[1], self.temperature
+        r, temperature, packed = mb.response_mask.shape[1], self.temperature, self.packed
         keep = mb.response_mask.bool()  # the positions the loss counts: the head's only ones
+        ids, attn = mb.input_ids, mb.attention_mask
         if self.critic is None:
-            logits = response_logits(model, mb.input_ids, mb.attention_mask, r, temperature, keep)
+            logits = response_logits(model, ids, attn, r, temperature, keep, packed)
             return self.policy_terms(logits, mb)
         logits, values = response_logits_values(
-            model, mb.input_ids, mb.attention_mask, r, temperature, self.values_only, keep
+            model, ids, attn, r, temperature, self.values_only, keep, packed
         )
         vf, vf_stats = self.critic.value_terms(values, mb)
         stats = {f"critic/{k}": v for k, v in vf_stats.items()}
@@ -181,7 +185,7 @@ class PolicyObjective:
 
     def policy_terms(self, logits: torch.Tensor, mb: Experience):
         """The policy's loss and stats from the logits [N, V] of the N positions of
-        `mb.response_mask` (`models.forward`'s packed logits)."""
+        `mb.response_mask` (`models.forward`'s flat logits of the kept positions)."""
         cfg = self.cfg
         keep = mb.response_mask.bool()
         # the entropy is only built into the graph when it is part of the loss
@@ -226,7 +230,13 @@ class PolicyObjective:
         r, keep = mb.response_mask.shape[1], mb.response_mask.bool()
         with torch.no_grad():
             ref_logits = response_logits(
-                self.reference, mb.input_ids, mb.attention_mask, r, self.temperature, keep
+                self.reference,
+                mb.input_ids,
+                mb.attention_mask,
+                r,
+                self.temperature,
+                keep,
+                self.packed,
             )
         return unpack(kl_full(logits, ref_logits), keep)
 
@@ -258,7 +268,8 @@ def _backward(
     tokens = float(dist.all_reduce_sum(mini.response_mask.sum()))
     if sec.ppo_max_tokens_per_micro:
         keep_width = sec.loss_agg_mode == "seq-mean-token-sum-norm"
-        micros = token_micro_batches(mini, sec.ppo_max_tokens_per_micro, keep_width)
+        packed = getattr(objective, "packed", False)  # the objective's passes decide it
+        micros = token_micro_batches(mini, sec.ppo_max_tokens_per_micro, keep_width, packed)
         if dist.active:  # the same number of micro-batches on every process
             micros = _even_out(micros, max(dist.all_gather_object(len(micros))))
     else:

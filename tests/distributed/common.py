@@ -108,10 +108,12 @@ def mini_batch_grads(
     world: int,
     device: torch.device | None = None,
     micro_tokens: int = 0,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Gradients of one global mini-batch (all of `exp` across the `world` ranks; this rank
     holds `exp`, its share) with micro-batches of 2 (or by a budget of `micro_tokens`
-    tokens: `ppo_max_tokens_per_micro`), through `run_epochs`. Role `shared`:
+    tokens: `ppo_max_tokens_per_micro`), through `run_epochs`; `packed`: the objectives'
+    passes through packed rows (`model.packing`). Role `shared`:
     the actor with a value head on its backbone (critic.shared_backbone): one module."""
     size = exp.batch_size * world
     sec_cls = CriticConfig if role == "critic" else ActorConfig
@@ -134,12 +136,12 @@ def mini_batch_grads(
     if role == "shared":
         model = PolicyValue(model, new_value_head(model, seed=3, device=device))
         objective = PolicyObjective(
-            sec, TEMPERATURE, critic=ValueHead(critic_sec, model.value_head)
+            sec, TEMPERATURE, critic=ValueHead(critic_sec, model.value_head), packed=packed
         )
     elif role == "actor":
-        objective = PolicyObjective(sec, TEMPERATURE)
+        objective = PolicyObjective(sec, TEMPERATURE, packed=packed)
     else:
-        objective = ValueObjective(ValueModel(critic_sec, model, "test"))
+        objective = ValueObjective(ValueModel(critic_sec, model, "test"), packed=packed)
     wrapped = wrap_trained(model, dist, device, fsdp)
     captured = GradCapture(role, wrapped, sec, total_steps=1, dist=dist)
     gen = torch.Generator().manual_seed(0)

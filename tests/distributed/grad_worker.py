@@ -4,7 +4,8 @@ holding its half of the global batch. Rank 0 saves them to the path given as the
 argument; a second argument `cuda` runs on the GPUs (rank % GPU count, so ranks may share one)
 with NCCL or the backend named third (gloo on the CPU otherwise); a fourth names the strategies
 (default ddp,fsdp2,ddp+tokens,fsdp2+tokens; `+tokens`: micro-batches by a token budget,
-`ppo_max_tokens_per_micro`, whose counts differ between the ranks)."""
+`ppo_max_tokens_per_micro`, whose counts differ between the ranks; `+packed`: the passes
+through packed rows, `model.packing`)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ strategies = sys.argv[4].split(",") if len(sys.argv) > 4 else DEFAULT
 for strategy in strategies:
     rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    name, _, by_tokens = strategy.partition("+")
-    micro_tokens = 12 if by_tokens else 0  # rank 0: 3 micro-batches, rank 1: 2 (evened out)
+    name, *options = strategy.split("+")
+    micro_tokens = 12 if "tokens" in options else 0  # rank 0: 3 micro-batches, rank 1: 2
     dist = init(name, backend, 120, device)
     actor, _ = models()
     exp = global_batch(actor)
@@ -38,7 +39,15 @@ for strategy in strategies:
         for role in ("actor", "critic", "shared"):
             model = models()[1 if role == "critic" else 0]
             grads = mini_batch_grads(
-                model, role, mode, mine, dist, dist.world_size, device, micro_tokens
+                model,
+                role,
+                mode,
+                mine,
+                dist,
+                dist.world_size,
+                device,
+                micro_tokens,
+                packed="packed" in options,
             )
             out[(strategy, role, mode)] = grads
 if dist.is_main:

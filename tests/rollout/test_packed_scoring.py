@@ -1,0 +1,138 @@
+"""The scoring passes through packed rows (`model.packing`): old log-probs, sum pi^2, the
+exact KL, a value model's values, the value head's, the reward model's scores and a whole
+`build_experience` (reference, critic, teacher) equal the padded passes', in fixed chunks
+and by a token budget (which then counts packed rows)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from proxima.config import AlgorithmConfig, CriticConfig, RolloutConfig
+from proxima.models.critic import PolicyValue, ValueModel, new_value_head
+from proxima.models.forward import reward_model_scores
+from proxima.rewards.model import ModelReward
+from proxima.rollout.experience import (
+    Chunks,
+    build_experience,
+    sequence_kl_full,
+    sequence_logprobs,
+    sequence_logprobs_sum_pi_squared,
+    sequence_logprobs_values,
+    sequence_values,
+)
+from proxima.rollout.plan import ScoringPlan
+from proxima.rollout.types import Generation
+from tests.distributed.common import TEMPERATURE, global_batch, models
+
+PADDED = Chunks(8)
+PACKED = (Chunks(8, packed=True), Chunks(3, packed=True), Chunks(8, 18, packed=True))
+
+
+def _gen():
+    actor, critic = models()
+    exp = global_batch(actor)
+    gen = Generation(
+        input_ids=exp.input_ids,
+        attention_mask=exp.attention_mask,
+        response_mask=exp.response_mask,
+        stopped=torch.ones(exp.batch_size, dtype=torch.bool),
+    )
+    return actor, critic, gen
+
+
+def _other(seed: int) -> torch.nn.Module:
+    """The actor's architecture with other weights (a reference, a teacher)."""
+    model, _ = models()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert bool((a[b == 0] == 0).all())  # masked places exactly zero in both
+
+
+def test_every_scoring_pass_equals_the_padded_one():
+    actor, critic, gen = _gen()
+    ref = _other(1)
+    shared = PolicyValue(actor, new_value_head(actor, seed=3))
+    for chunks in PACKED:
+        _close(
+            sequence_logprobs(actor, gen, TEMPERATURE, chunks),
+            sequence_logprobs(actor, gen, TEMPERATURE, PADDED),
+        )
+        for a, b in zip(
+            sequence_logprobs_sum_pi_squared(actor, gen, TEMPERATURE, chunks),
+            sequence_logprobs_sum_pi_squared(actor, gen, TEMPERATURE, PADDED),
+            strict=True,
+        ):
+            _close(a, b)
+        _close(
+            sequence_kl_full(actor, ref, gen, TEMPERATURE, chunks),
+            sequence_kl_full(actor, ref, gen, TEMPERATURE, PADDED),
+        )
+        _close(sequence_values(critic, gen, chunks), sequence_values(critic, gen, PADDED))
+        for a, b in zip(
+            sequence_logprobs_values(shared, gen, TEMPERATURE, chunks),
+            sequence_logprobs_values(shared, gen, TEMPERATURE, PADDED),
+            strict=True,
+        ):
+            _close(a, b)
+    assert sequence_logprobs(actor, gen, TEMPERATURE, PACKED[0]).abs().sum() > 0
+
+
+def test_reward_model_scores_through_packed_rows_equal_the_padded_ones():
+    _, critic, gen = _gen()
+    ids, mask = gen.input_ids, gen.attention_mask
+
+    def scores(tokens: int, packed: bool) -> torch.Tensor:
+        source = ModelReward(
+            critic, None, None, reward_model_scores, batch_size=3, max_tokens=tokens, packed=packed
+        )
+        return source._score_in_chunks(ids, mask)
+
+    want = scores(0, False)
+    assert len(set(want.tolist())) == 8  # eight different sequences, eight scores
+    for tokens in (0, 18):
+        torch.testing.assert_close(scores(tokens, True), want, rtol=0, atol=1e-5)
+
+
+def test_a_whole_experience_equals_the_padded_one():
+    """Old log-probs, reference, a value model, a teacher, the KL: `build_experience` with
+    `packed` (what `model.packing` sets) against without."""
+    actor, critic_model, gen = _gen()
+    critic = ValueModel(CriticConfig(), critic_model, "test")
+    plan = ScoringPlan(old_logprobs="actor", values="critic", kl="k1", why="test", teacher=True)
+    common = dict(
+        actor=actor,
+        reference=_other(1),
+        critic=critic,
+        algorithm=AlgorithmConfig(),
+        teacher=_other(2),
+    )
+    made = {}
+    for packed, tokens in ((False, 0), (True, 0), (True, 18)):
+        rollout = RolloutConfig(temperature=TEMPERATURE, max_tokens_per_micro=tokens)
+        made[(packed, tokens)] = build_experience(
+            gen,
+            torch.arange(8.0),
+            torch.arange(8),
+            plan,
+            rollout=rollout,
+            packed=packed,
+            **common,
+        )
+    want = made[(False, 0)]
+    for key in ((True, 0), (True, 18)):
+        got = made[key]
+        for f in dataclasses.fields(want):
+            a, b = getattr(got, f.name), getattr(want, f.name)
+            if isinstance(b, torch.Tensor):
+                _close(a.float(), b.float())
+    assert want.teacher_logprobs is not None and want.values is not None
