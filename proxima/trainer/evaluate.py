@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -18,7 +19,7 @@ from proxima.algos import dominated, mean_at_k, pass_at_k_table, wordless
 from proxima.config import RolloutConfig
 from proxima.data.mixing import DATASET_COLUMN
 from proxima.models.forward import response_logprobs
-from proxima.rollout.collect import collect, generate_rollout, score_rollout
+from proxima.rollout.collect import collect, generate_rollout, reward_args, score_rollout
 from proxima.rollout.contract import RolloutEngine
 from proxima.rollout.environments import load_env_class
 from proxima.rollout.types import Generation
@@ -38,16 +39,28 @@ def _tokens(gen: Generation) -> torch.Tensor:
     return torch.where(gen.response_mask.cpu() != 0, ids, torch.full_like(ids, NO_TOKEN))
 
 
+def _scored(ro, reward) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B] the reward source's score of each response and [B, K] the raw score of each of
+    `reward.sources` (`WeightedReward`; K = 0 for a single source), from one call of each."""
+    if hasattr(reward, "scored"):
+        total, parts = reward.scored(*reward_args(ro))
+        return total.float(), parts.float().cpu()
+    return score_rollout(ro, reward), torch.zeros(len(ro.responses), 0)
+
+
 @torch.no_grad()
 def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_size):
     """Rewards [N] (an episode's return), response lengths [N], turns [N] (1 for single
-    responses), (prompt, response, reward[, episode]) of every item and its response
-    tokens [N, R] (`_tokens`)."""
-    scores, lengths, turns, samples, tokens = [], [], [], [], []
+    responses), (prompt, response, reward[, episode]) of every item, its response
+    tokens [N, R] (`_tokens`) and each reward source's raw score [N, K] (`_scored`)."""
+    scores, lengths, turns, samples, tokens, parts = [], [], [], [], [], []
     for i in range(0, len(items), batch_size):
-        ro = collect(
-            actor, tokenizer, items[i : i + batch_size], reward, cfg, device, greedy=greedy, n=1
+        ro = generate_rollout(
+            actor, tokenizer, items[i : i + batch_size], cfg, device, greedy=greedy, n=1
         )
+        score, part = _scored(ro, reward)
+        ro = replace(ro, scores=score)
+        parts.append(part)
         total = ro.total_rewards()
         scores.append(total)
         lengths.append(ro.gen.response_mask.sum(1).float().cpu())
@@ -60,7 +73,14 @@ def _score_items(actor, tokenizer, items, reward, cfg, device, greedy, batch_siz
     tokens = torch.cat(
         [torch.nn.functional.pad(t, [0, width - t.shape[1]], value=NO_TOKEN) for t in tokens]
     )
-    return torch.cat(scores).cpu(), torch.cat(lengths), torch.cat(turns), samples, tokens
+    return (
+        torch.cat(scores).cpu(),
+        torch.cat(lengths),
+        torch.cat(turns),
+        samples,
+        tokens,
+        torch.cat(parts),
+    )
 
 
 def _share(items: list, dist: Dist) -> list:
@@ -139,23 +159,28 @@ def evaluate(
     """
     dist = dist or Dist()
     n, mine = len(items), _share(items, dist)
-    s, ln, turns, samples, tokens = dist.agree(
+    s, ln, turns, samples, tokens, parts = dist.agree(
         lambda: _score_items(actor, tokenizer, mine, reward, cfg, device, greedy, batch_size),
         "evaluation",
     )
     if dist.active:
         s, ln, turns = (dist.gather_rows(t)[:n] for t in (s, ln, turns))
+        if parts.shape[1]:
+            parts = dist.gather_rows(parts)[:n]
         tokens = dist.gather_rows(tokens, pad_value=NO_TOKEN)[:n]
         samples = [x for part in dist.all_gather_object(samples) for x in part][:n]
     best = max_reward(cfg)
     out = _summary(s, ln, turns, samples, greedy, best, tokens)
-    parts = _by_source(items)
-    if parts:
+    # each of reward.sources' raw score, a weight-0 judge's included: reward/<name>
+    for k, name in enumerate(getattr(reward, "names", [])[: parts.shape[1]]):
+        out[f"reward/{name}"] = float(parts[:, k].mean())
+    rows = _by_source(items)
+    if rows:
         out["by_source"] = {
             src: _summary(
                 s[idx], ln[idx], turns[idx], [samples[i] for i in idx], greedy, best, tokens[idx]
             )
-            for src, idx in parts.items()
+            for src, idx in rows.items()
         }
         for part in out["by_source"].values():  # distinct-n of a few answers says little
             del part["samples"], part["drift/distinct_1"], part["drift/distinct_2"]
@@ -286,6 +311,10 @@ def describe(results: dict[str, dict]) -> list[str]:
         if "turns" in res:
             acc += f", {res['turns']:.2f} turns, {res['multi_turn']:.0%} with several"
         lines.append(f"{mode}: mean reward {res['mean_reward']:.4f}{acc} on {res['n']} prompts")
+        sources = {k.removeprefix("reward/"): v for k, v in res.items() if k.startswith("reward/")}
+        if sources:  # each of reward.sources' own mean, a weight-0 judge's included
+            parts = ", ".join(f"{name} {v:.4f}" for name, v in sources.items())
+            lines.append(f"{mode}: by reward source: {parts}")
         if "drift/dominated" in res:  # what the reward does not show: degenerate answers
             lines.append(
                 f"{mode}: drift: {res['drift/dominated']:.0%} of the answers mostly one word, "

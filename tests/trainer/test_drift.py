@@ -220,6 +220,41 @@ def test_evaluation_reports_drift_overall_and_per_source(files, tmp_path):
     assert any(x.startswith(line) for x in describe({"greedy": res}))
 
 
+def test_evaluation_reports_each_reward_source_a_weight_zero_judge_included(files, tmp_path):
+    import json
+
+    from proxima.rewards.weighted import WeightedPart, WeightedReward
+    from proxima.trainer.datasets import load_prompts
+    from proxima.trainer.evaluate import describe, evaluate
+    from tests.trainer.nano import nano_trainer
+
+    (tmp_path / "e.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{a}+2="}) + "\n" for a in range(6))
+    )
+    trainer = nano_trainer(files)
+    cfg, tok = trainer.cfg, trainer.roles.tokenizer
+    items = list(load_prompts(cfg, tmp_path / "e.jsonl", tok))
+
+    def length(prompts, responses, columns, ids, mask):  # the answers' characters
+        return torch.tensor([float(len(r)) for r in responses])
+
+    def judge(prompts, responses, columns, ids, mask):  # 1.0 on every other answer
+        return torch.tensor([float(i % 2) for i in range(len(responses))])
+
+    reward = WeightedReward(
+        [WeightedPart("length", 0.5, length), WeightedPart("judge", 0.0, judge)]
+    )
+    res = evaluate(trainer.roles.actor, tok, items, reward, cfg.rollout, torch.device("cpu"))
+    chars = [float(len(row[1])) for row in res["samples"]]  # all 6 (samples keeps 8)
+    assert res["reward/length"] == pytest.approx(sum(chars) / len(chars))
+    assert res["reward/judge"] == pytest.approx(0.5)  # 3 of 6, weight 0 or not
+    assert res["mean_reward"] == pytest.approx(0.5 * res["reward/length"])  # the weighted sum
+    line = f"greedy: by reward source: length {res['reward/length']:.4f}, judge 0.5000"
+    assert line in describe({"greedy": res})
+    one = evaluate(trainer.roles.actor, tok, items, length, cfg.rollout, torch.device("cpu"))
+    assert not any(k.startswith("reward/") for k in one)  # a single source: nothing to split
+
+
 def test_curves_put_the_reward_sources_in_one_panel_beside_the_score():
     from types import SimpleNamespace
 
