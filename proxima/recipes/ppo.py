@@ -69,6 +69,7 @@ from proxima.trainer.health import (
     failed_shares,
     non_finite_divergence,
 )
+from proxima.trainer.host_memory import peak_bytes
 from proxima.trainer.memory import check_memory, plan_memory
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
@@ -461,6 +462,7 @@ class PPORecipe:
             iterations=trainer.iteration,
             wall_seconds=time.perf_counter() - self.start,
             phase_seconds=dict(trainer.timer.total),
+            memory=self._memory_measured(),
         )
         if self.dist.is_main:
             self._write_outputs()
@@ -473,6 +475,19 @@ class PPORecipe:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise RunFailed(self._failure_message(removed=litter), summary) from self.failure.error
         return summary
+
+    def _memory_measured(self) -> dict:
+        """The measured peak beside the memory plan's (GiB, this process): the peak resident
+        set on a CPU, the memory torch allocated on a GPU."""
+        device = self.trainer.device
+        out = {
+            "device": device.type,
+            "peak_gib": round(peak_bytes(device) / 2**30, 3),
+            "measured": "allocated by torch" if device.type == "cuda" else "resident (VmHWM)",
+        }
+        if self.memory is not None:
+            out["planned_peak_gib"] = round(self.memory.peak / 2**30, 3)
+        return out
 
     def _checkpoint_on_signal(self, signals: StopSignals) -> str:
         """A checkpoint of the iteration a stop signal ended (unless one exists) and
@@ -670,4 +685,14 @@ def _report(summary: dict, run_dir: Path) -> None:
         print(
             f"run folder: {run_dir} (summary.json, metrics.jsonl, samples.jsonl, curves.png, "
             f"{models})"
+        )
+    mem = summary.get("memory", {})
+    if mem.get("peak_gib"):
+        planned = (
+            f"; the memory plan predicted {mem['planned_peak_gib']:.2f}"
+            if "planned_peak_gib" in mem
+            else ""
+        )
+        print(
+            f"peak memory: {mem['peak_gib']:.2f} GiB ({mem['device']}, {mem['measured']}{planned})"
         )

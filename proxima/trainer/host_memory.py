@@ -1,5 +1,5 @@
 """The memory this machine has left: the CPU's (MemAvailable, or less under a cgroup limit),
-this process's resident set, a CUDA device's free and total bytes."""
+this process's resident set and its peak, a CUDA device's free and total bytes."""
 
 from __future__ import annotations
 
@@ -34,15 +34,29 @@ def cpu_available() -> int | None:
     return min(found) if found else None
 
 
-def resident_bytes() -> int:
-    """This process's resident memory now (VmRSS), 0 where /proc is missing."""
+def _status(field: str) -> int:
+    """A field of /proc/self/status in bytes, 0 where /proc is missing."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (VmRSS), 0 where /proc is missing."""
+    return _status("VmRSS")
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The run's measured peak, what the memory plan predicts: the device memory torch
+    allocated at most on a CUDA device, else this process's peak resident set (VmHWM; 0
+    where /proc is missing)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return _status("VmHWM")
 
 
 def device_available(device: torch.device) -> tuple[int | None, int | None]:

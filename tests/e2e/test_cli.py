@@ -45,6 +45,8 @@ def test_train_writes_run_folder(arch, tmp_path, make_model, fast_overrides):
     summary = json.loads((out / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys() and summary["iterations"] == 2
     assert summary["config"]["model"]["actor_path"] == str(init)
+    mem = summary["memory"]  # the measured peak beside the plan's
+    assert mem["device"] == "cpu" and mem["peak_gib"] > 0 and mem["planned_peak_gib"] > 0
     metrics = _lines(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(0.0 <= m["score"] <= 1.0 for m in metrics)  # the fraction-of-sevens reward

@@ -335,3 +335,15 @@ def test_offload_plans_nothing_where_it_does_not_apply(llama, monkeypatch):
     assert not cpu.offload and not any("offload" in n for n in cpu.notes)
     stale = _gpu_plan(monkeypatch, llama, 1, "rollout.max_staleness=1")
     assert not stale.offload  # the phases overlap: auto leaves the run as it is
+
+
+def test_peak_bytes_is_the_resident_high_water_mark_on_a_cpu():
+    from proxima.trainer.host_memory import peak_bytes, resident_bytes
+
+    cpu = torch.device("cpu")
+    before = peak_bytes(cpu)
+    assert before >= resident_bytes() > 0
+    big = torch.ones(64 * 2**20 // 4 + before // 4)  # more than the peak so far: a new peak
+    assert peak_bytes(cpu) >= big.numel() * 4
+    del big
+    assert peak_bytes(cpu) >= resident_bytes()  # the mark stays after the memory is freed
