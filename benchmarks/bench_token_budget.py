@@ -1,5 +1,6 @@
-"""Token-budget micro-batches against fixed ones: one actor update (PPO loss, backward) of a
-mini-batch whose prompts and responses vary in length, as sampled responses that stop at EOS do.
+"""Token-budget micro-batches against fixed ones, and packed rows (`model.packing`) within the
+same budgets: one actor update (PPO loss, backward) of a mini-batch whose prompts and
+responses vary in length, as sampled responses that stop at EOS do.
 
     .venv/bin/python -m benchmarks.bench_token_budget [--rows 64] [--repeats 5] [--threads 2]
         [--budgets 2048 1024 512]
@@ -10,9 +11,10 @@ vocabulary; prompts of 16-128 tokens, responses of 1-128 (a quarter hit the limi
 micro-batches of 8 rows padded to the batch's longest prompt and response. Token budget:
 `actor.ppo_max_tokens_per_micro` = the fixed micro-batch's padded size (8 x 256 tokens), so a
 micro-batch never holds more padded tokens than a fixed one (`--budgets`: those budgets
-instead). The gradients are the same (tests/trainer/test_token_micro_batches.py); the median
-seconds of `--repeats` updates of each, interleaved, are printed with the padded tokens each
-computes.
+instead). Packed: the same budgets with several sequences laid end to end in a row (positions
+restarting, attention kept within each sequence). The gradients are the same
+(tests/trainer/test_token_micro_batches.py, tests/models/test_packing.py); the median seconds
+of `--repeats` updates of each, interleaved, are printed with the padded tokens each computes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from transformers import LlamaForCausalLM
 
 from benchmarks.common.workloads import WORKLOADS, llama_config
 from proxima.config import ActorConfig, OptimConfig
+from proxima.models.packing import pack
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import PolicyObjective, run_epochs, token_micro_batches
 from proxima.types import Experience
@@ -56,7 +59,7 @@ def ragged(rows: int, seed: int = 0) -> Experience:
     )
 
 
-def update_seconds(model, exp: Experience, budget: int) -> float:
+def update_seconds(model, exp: Experience, budget: int, packed: bool = False) -> float:
     sec = ActorConfig(
         optim=OptimConfig(lr=0.0),
         ppo_mini_batch_size=exp.batch_size,
@@ -66,8 +69,14 @@ def update_seconds(model, exp: Experience, budget: int) -> float:
     )
     role = TrainedRole("actor", model, sec, total_steps=1)
     start = time.perf_counter()
-    run_epochs(role, exp, PolicyObjective(sec, 1.0), generator=torch.Generator().manual_seed(0))
+    objective = PolicyObjective(sec, 1.0, packed=packed)
+    run_epochs(role, exp, objective, generator=torch.Generator().manual_seed(0))
     return time.perf_counter() - start
+
+
+def _packed_size(mb: Experience) -> int:
+    """Positions a micro-batch's packed rows compute (`models.packing.pack`)."""
+    return pack(mb.input_ids, mb.attention_mask).input_ids.numel()
 
 
 def main() -> None:
@@ -88,20 +97,23 @@ def main() -> None:
     fixed_tokens = exp.batch_size * exp.input_ids.shape[1]
     real = int(exp.attention_mask.sum())
     update_seconds(model, exp, 0)  # warm-up
-    times: dict[int, list[float]] = {b: [] for b in [0, *a.budgets]}
+    update_seconds(model, exp, a.budgets[0], packed=True)
+    cells = [(0, False)] + [(b, packed) for b in a.budgets for packed in (False, True)]
+    times: dict[tuple[int, bool], list[float]] = {c: [] for c in cells}
     for _ in range(a.repeats):
-        for budget in times:
-            times[budget].append(update_seconds(model, exp, budget))
-    fixed = statistics.median(times[0])
+        for budget, packed in times:
+            times[budget, packed].append(update_seconds(model, exp, budget, packed))
+    fixed = statistics.median(times[0, False])
     print(f"{a.rows} rows, {real} real tokens")
     print(f"| micro-batches | padded tokens | median s (of {a.repeats}) | speed-up |")
     print("|---|---|---|---|")
     print(f"| fixed, 8 rows | {fixed_tokens} | {fixed:.2f} | 1.00x |")
-    for budget in a.budgets:
-        micros = token_micro_batches(exp, budget)
-        padded = sum(m.batch_size * m.input_ids.shape[1] for m in micros)
-        med = statistics.median(times[budget])
-        name = f"token budget of {budget} ({len(micros)} micro-batches)"
+    for budget, packed in cells[1:]:
+        micros = token_micro_batches(exp, budget, packed=packed)
+        padded = sum(_packed_size(m) if packed else m.input_ids.numel() for m in micros)
+        med = statistics.median(times[budget, packed])
+        how = "packed rows" if packed else "token budget"
+        name = f"{how}, budget {budget} ({len(micros)} micro-batches)"
         print(f"| {name} | {padded} | {med:.2f} | {fixed / med:.2f}x |")
     print(f"all runs: {times}")
 
