@@ -10,36 +10,20 @@ import dataclasses
 import torch
 
 from proxima.config import AlgorithmConfig, CriticConfig, RolloutConfig
-from proxima.models.critic import PolicyValue, ValueModel, new_value_head
+from proxima.models.critic import ValueModel
 from proxima.models.forward import reward_model_scores
 from proxima.rewards.model import ModelReward
 from proxima.rollout.experience import (
     Chunks,
     build_experience,
-    sequence_kl_full,
     sequence_logprobs,
-    sequence_logprobs_sum_pi_squared,
-    sequence_logprobs_values,
-    sequence_values,
 )
 from proxima.rollout.plan import ScoringPlan
-from proxima.rollout.types import Generation
-from tests.distributed.common import TEMPERATURE, global_batch, models
+from tests.distributed.common import TEMPERATURE, models
+from tests.rollout.scoring_passes import assert_close, assert_passes_equal, ragged_generation
 
 PADDED = Chunks(8)
 PACKED = (Chunks(8, packed=True), Chunks(3, packed=True), Chunks(8, 18, packed=True))
-
-
-def _gen():
-    actor, critic = models()
-    exp = global_batch(actor)
-    gen = Generation(
-        input_ids=exp.input_ids,
-        attention_mask=exp.attention_mask,
-        response_mask=exp.response_mask,
-        stopped=torch.ones(exp.batch_size, dtype=torch.bool),
-    )
-    return actor, critic, gen
 
 
 def _other(seed: int) -> torch.nn.Module:
@@ -52,43 +36,15 @@ def _other(seed: int) -> torch.nn.Module:
     return model
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.shape == b.shape
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
-    assert bool((a[b == 0] == 0).all())  # masked places exactly zero in both
-
-
 def test_every_scoring_pass_equals_the_padded_one():
-    actor, critic, gen = _gen()
-    ref = _other(1)
-    shared = PolicyValue(actor, new_value_head(actor, seed=3))
+    actor, critic, gen = ragged_generation()
     for chunks in PACKED:
-        _close(
-            sequence_logprobs(actor, gen, TEMPERATURE, chunks),
-            sequence_logprobs(actor, gen, TEMPERATURE, PADDED),
-        )
-        for a, b in zip(
-            sequence_logprobs_sum_pi_squared(actor, gen, TEMPERATURE, chunks),
-            sequence_logprobs_sum_pi_squared(actor, gen, TEMPERATURE, PADDED),
-            strict=True,
-        ):
-            _close(a, b)
-        _close(
-            sequence_kl_full(actor, ref, gen, TEMPERATURE, chunks),
-            sequence_kl_full(actor, ref, gen, TEMPERATURE, PADDED),
-        )
-        _close(sequence_values(critic, gen, chunks), sequence_values(critic, gen, PADDED))
-        for a, b in zip(
-            sequence_logprobs_values(shared, gen, TEMPERATURE, chunks),
-            sequence_logprobs_values(shared, gen, TEMPERATURE, PADDED),
-            strict=True,
-        ):
-            _close(a, b)
+        assert_passes_equal(actor, _other(1), critic, gen, chunks, PADDED)
     assert sequence_logprobs(actor, gen, TEMPERATURE, PACKED[0]).abs().sum() > 0
 
 
 def test_reward_model_scores_through_packed_rows_equal_the_padded_ones():
-    _, critic, gen = _gen()
+    _, critic, gen = ragged_generation()
     ids, mask = gen.input_ids, gen.attention_mask
 
     def scores(tokens: int, packed: bool) -> torch.Tensor:
@@ -106,7 +62,8 @@ def test_reward_model_scores_through_packed_rows_equal_the_padded_ones():
 def test_a_whole_experience_equals_the_padded_one():
     """Old log-probs, reference, a value model, a teacher, the KL: `build_experience` with
     `packed` (what `model.packing` sets) against without."""
-    actor, critic_model, gen = _gen()
+    actor, critic_model, gen = ragged_generation()
+    gen = dataclasses.replace(gen, stopped=torch.ones(gen.input_ids.shape[0], dtype=torch.bool))
     critic = ValueModel(CriticConfig(), critic_model, "test")
     plan = ScoringPlan(old_logprobs="actor", values="critic", kl="k1", why="test", teacher=True)
     common = dict(
@@ -134,5 +91,5 @@ def test_a_whole_experience_equals_the_padded_one():
         for f in dataclasses.fields(want):
             a, b = getattr(got, f.name), getattr(want, f.name)
             if isinstance(b, torch.Tensor):
-                _close(a.float(), b.float())
+                assert_close(a.float(), b.float())
     assert want.teacher_logprobs is not None and want.values is not None
