@@ -11,8 +11,9 @@ vocabulary; prompts of 16-128 tokens, responses of 1-128 (a quarter hit the limi
 micro-batches of 8 rows padded to the batch's longest prompt and response. Token budget:
 `actor.ppo_max_tokens_per_micro` = the fixed micro-batch's padded size (8 x 256 tokens), so a
 micro-batch never holds more padded tokens than a fixed one (`--budgets`: those budgets
-instead). Packed: the same budgets with several sequences laid end to end in a row (positions
-restarting, attention kept within each sequence). The gradients are the same
+instead). Sorted (the default, `*.max_tokens_per_micro=-1`): micro-batches of 8 rows sorted
+by length, each trimmed. Packed: the same with several sequences laid end to end in a row
+(positions restarting, attention kept within each sequence). The gradients are the same
 (tests/trainer/test_token_micro_batches.py, tests/models/test_packing.py); the median seconds
 of `--repeats` updates of each, interleaved, are printed with the padded tokens each computes.
 """
@@ -31,7 +32,7 @@ from proxima.config import ActorConfig, OptimConfig
 from proxima.models.packing import pack
 from proxima.trainer.optim import TrainedRole
 from proxima.trainer.update import PolicyObjective, run_epochs, token_micro_batches
-from proxima.types import Experience
+from proxima.types import SORTED, Experience
 
 VOCAB, MAX_P, MAX_R = 32000, 128, 128
 
@@ -98,7 +99,8 @@ def main() -> None:
     real = int(exp.attention_mask.sum())
     update_seconds(model, exp, 0)  # warm-up
     update_seconds(model, exp, a.budgets[0], packed=True)
-    cells = [(0, False)] + [(b, packed) for b in a.budgets for packed in (False, True)]
+    budgets = [SORTED, *a.budgets]
+    cells = [(0, False)] + [(b, packed) for b in budgets for packed in (False, True)]
     times: dict[tuple[int, bool], list[float]] = {c: [] for c in cells}
     for _ in range(a.repeats):
         for budget, packed in times:
@@ -109,11 +111,12 @@ def main() -> None:
     print("|---|---|---|---|")
     print(f"| fixed, 8 rows | {fixed_tokens} | {fixed:.2f} | 1.00x |")
     for budget, packed in cells[1:]:
-        micros = token_micro_batches(exp, budget, packed=packed)
+        micros = token_micro_batches(exp, budget, packed=packed, rows=8)
         padded = sum(_packed_size(m) if packed else m.input_ids.numel() for m in micros)
         med = statistics.median(times[budget, packed])
-        how = "packed rows" if packed else "token budget"
-        name = f"{how}, budget {budget} ({len(micros)} micro-batches)"
+        how = "packed rows" if packed else "padded rows"
+        limit = "8 rows sorted by length" if budget == SORTED else f"budget {budget}"
+        name = f"{how}, {limit} ({len(micros)} micro-batches)"
         print(f"| {name} | {padded} | {med:.2f} | {fixed / med:.2f}x |")
     print(f"all runs: {times}")
 

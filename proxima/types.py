@@ -209,19 +209,26 @@ def packed_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+# `*.max_tokens_per_micro` = SORTED (the default): no token budget; the rows sorted by length
+# and cut into micro-batches of the fixed number of rows, each trimmed of the padding its
+# rows share: never more rows or tokens per pass than fixed micro-batches, fewer padded ones
+SORTED = -1
+
+
 def token_budget_groups(
-    attention_mask: torch.Tensor, budget: int, packed: bool = False
+    attention_mask: torch.Tensor, budget: int, packed: bool = False, rows: int = 0
 ) -> list[list[int]]:
     """Row indices in groups by a token budget (verl's dynamic batch size): rows sorted by
     how many columns they attend to, longest first; each group as many rows as fit in
     `budget` padded tokens once the rows are right-aligned (`Experience.right_aligned`):
-    rows x its longest row; a row longer than the budget alone.
+    rows x its longest row; a row longer than the budget alone. `budget` = SORTED: the
+    rows in the same order, `rows` to a group (as packed sequences too).
 
     `packed` (`model.packing`): a group's sequences are laid end to end in rows as wide
     as its longest (`packed_rows`), so a group costs its packed rows x its longest row;
     each sequence joins the first group it fits in (a shorter one fills a gap an earlier
     group left), else starts one."""
-    if packed:
+    if packed and budget != SORTED:
         return _packed_groups(attended_lengths(attention_mask), budget)
     attended = attention_mask.bool()
     cols = torch.arange(attended.shape[1], device=attended.device)
@@ -229,6 +236,10 @@ def token_budget_groups(
     last = torch.where(attended, cols, -1).amax(dim=1)
     span = (last + 1 - first).clamp(min=0).tolist()
     order = sorted(range(len(span)), key=lambda i: -span[i])
+    if budget == SORTED:
+        if rows < 1:
+            raise ValueError(f"length-sorted groups need rows >= 1, got {rows}")
+        return [order[i : i + rows] for i in range(0, len(order), rows)]
     groups: list[list[int]] = []
     for i in order:  # longest first: a group's first row is its longest
         if groups and (len(groups[-1]) + 1) * span[groups[-1][0]] <= budget:

@@ -96,7 +96,9 @@ def test_batch_plan_counts():
     plan = batch_plan(c)
     assert "8 prompts x 4 samples = 32 sequences per iteration" in plan
     assert "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s)" in plan
-    assert "4 micro-batch(es) of 4" in plan
+    assert "4 micro-batch(es) of 4, sorted by length" in plan  # the default, -1
+    fixed = load_config(None, [*c_args, "actor.ppo_max_tokens_per_micro=0"])
+    assert "4 micro-batch(es) of 4\n" in batch_plan(fixed)
     assert "3 iterations, 96 sequences" in plan
     budget = load_config(None, [*c_args, "actor.ppo_max_tokens_per_micro=512"])
     assert (
@@ -124,6 +126,8 @@ def test_a_token_budget_below_one_row_is_refused(key):
         load_config(
             None, [*BASE, "data.max_prompt_length=16", "rollout.max_response_length=4", f"{key}=2"]
         )
+    with pytest.raises(ConfigError, match=rf"`{key}` must be -1 \(micro-batches sorted by "):
+        load_config(None, [*BASE, f"{key}=-2"])
 
 
 def test_every_field_documented_and_default_example_valid():

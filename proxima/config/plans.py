@@ -38,8 +38,11 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
             f"iteration; "
             + (
                 f"micro-batches of at most {sec.ppo_max_tokens_per_micro} {tokens}"
-                if sec.ppo_max_tokens_per_micro
+                if sec.ppo_max_tokens_per_micro > 0
                 else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}{packed}"
+                + (
+                    ", sorted by length" if sec.ppo_max_tokens_per_micro == -1 else ""
+                )  # types.SORTED
             )
         )
     lines += packing_plan(cfg)

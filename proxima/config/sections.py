@@ -356,11 +356,12 @@ class RolloutConfig:
         64, "Sequences per generation call (hf engine) and per scoring forward pass."
     )
     max_tokens_per_micro: int = _f(
-        0,
+        -1,
         "Scoring forward passes (old log-probs, reference, values) by a token budget instead "
         "(as actor.ppo_max_tokens_per_micro): rows sorted by length, as many per pass as fit "
         "in this many padded tokens, the padding they share trimmed; never changes the "
-        "result. 0 = micro_batch_size rows.",
+        "result. -1 = micro_batch_size rows sorted by length, each pass trimmed; 0 = "
+        "micro_batch_size rows in the batch's order.",
     )
     autocast: bool = _f(
         False,
@@ -653,10 +654,12 @@ class ActorConfig:
         16, "Sequences per forward/backward (gradient accumulation); never changes the result."
     )
     ppo_max_tokens_per_micro: int = _f(
-        0,
+        -1,
         "Micro-batches by a token budget instead (verl's dynamic batch size): rows sorted by "
         "length, as many per forward/backward as fit in this many padded tokens, the padding "
-        "they all share trimmed; never changes the result. 0 = ppo_micro_batch_size.",
+        "they all share trimmed; never changes the result. -1 = ppo_micro_batch_size rows "
+        "sorted by length, each micro-batch trimmed; 0 = ppo_micro_batch_size rows in the "
+        "mini-batch's order.",
     )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -697,7 +700,9 @@ class CriticConfig:
     ppo_mini_batch_size: int = _f(64, "Sequences per optimizer step.", fixed=True)
     ppo_micro_batch_size: int = _f(16, "Sequences per forward/backward.")
     ppo_max_tokens_per_micro: int = _f(
-        0, "Micro-batches by a token budget (as actor.ppo_max_tokens_per_micro); 0 = off."
+        -1,
+        "Micro-batches by a token budget (as actor.ppo_max_tokens_per_micro); -1 = "
+        "ppo_micro_batch_size rows sorted by length; 0 = in the mini-batch's order.",
     )
     shuffle: bool = _f(True, "Shuffle the experience into new mini-batches every epoch.")
     cliprange_value: float = _f(0.2, "Value clip range around the rollout values (0 disables).")
@@ -746,9 +751,9 @@ class RewardConfig:
     model_path: str = _f("", "Reward model folder (sequence classification, one label).")
     batch_size: int = _f(64, "Sequences per reward model forward.")
     max_tokens_per_micro: int = _f(
-        0,
+        -1,
         "Reward model forwards by a token budget instead (as rollout.max_tokens_per_micro); "
-        "0 = batch_size sequences.",
+        "-1 = batch_size sequences sorted by length; 0 = batch_size in the batch's order.",
     )
     sources: list = _f(
         [],

@@ -102,10 +102,6 @@ _NON_NEGATIVE = (  # where 0 means off or never, checked in this order
     "trainer.save_every_minutes",
     "trainer.keep_checkpoints",
     "reward.overlong_buffer_len",
-    "actor.ppo_max_tokens_per_micro",
-    "critic.ppo_max_tokens_per_micro",
-    "rollout.max_tokens_per_micro",
-    "reward.max_tokens_per_micro",
     "guard.patience",
     "guard.min_entropy",
     "guard.max_kl_per_token",
@@ -672,11 +668,16 @@ def _check_token_budgets(cfg: Config) -> None:
         "reward.max_tokens_per_micro": cfg.reward.max_tokens_per_micro,
     }
     for key, budget in budgets.items():
+        if budget < -1:
+            raise ConfigError(
+                f"`{key}` must be -1 (micro-batches sorted by length), 0 (in the batch's "
+                f"order) or a token budget of at least one whole row ({row}), got {budget}."
+            )
         if 0 < budget < row:
             raise ConfigError(
                 f"`{key}` ({budget}) is below one whole row: data.max_prompt_length + "
                 f"rollout.{cfg.rollout.after_prompt_key} = {row} tokens. Give it at least "
-                f"{row}, or 0 for micro-batches counted in rows."
+                f"{row}, or -1 / 0 for micro-batches counted in rows."
             )
 
 

@@ -64,7 +64,7 @@ class ModelReward:
         self.score_fn = score_fn
         self.device = torch.device(device)
         self.batch_size = batch_size
-        self.max_tokens = max_tokens  # > 0: forwards by a token budget (token_budget_groups)
+        self.max_tokens = max_tokens  # != 0: forwards by a token budget (token_budget_groups)
         self.packed = packed
         self.max_length = max_length
         self.normalization = normalization  # (mean, std): scores become (s - mean) / std
@@ -141,7 +141,7 @@ class ModelReward:
         (`packed`) hold no padding, so their rows go as they are."""
         n = input_ids.shape[0]
         if self.max_tokens:
-            groups = token_budget_groups(mask, self.max_tokens, self.packed)
+            groups = token_budget_groups(mask, self.max_tokens, self.packed, self.batch_size)
             chunks = [torch.tensor(g) for g in groups]
         else:
             chunks = [

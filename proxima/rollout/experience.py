@@ -45,11 +45,11 @@ from proxima.types import (
 @dataclass(frozen=True)
 class Chunks:
     """How a scoring pass splits the batch: `size` consecutive rows in the batch's layout,
-    or (`max_tokens` > 0) groups of rows by a token budget (`types.token_budget_groups`),
-    each right-aligned and trimmed of the padding its rows share (as the update's
-    micro-batches); `packed` (`model.packing`): each chunk's sequences through packed rows
-    (`models.packing`; the budget's groups counted in packed rows). The result is the same
-    every way."""
+    or (`max_tokens` > 0) groups of rows by a token budget (`types.token_budget_groups`;
+    `max_tokens` = SORTED: `size` rows to a group, sorted by length), each right-aligned
+    and trimmed of the padding its rows share (as the update's micro-batches); `packed`
+    (`model.packing`): each chunk's sequences through packed rows (`models.packing`; the
+    budget's groups counted in packed rows). The result is the same every way."""
 
     size: int
     max_tokens: int = 0
@@ -84,7 +84,7 @@ def _in_chunks(fn: PassFn, gen: Generation, chunks: Chunks | int) -> torch.Tenso
         ]
         return torch.cat(parts, dim=0)
     p, out = ids.shape[1] - r, None
-    for group in token_budget_groups(attn, chunks.max_tokens):
+    for group in token_budget_groups(attn, chunks.max_tokens, rows=chunks.size):
         rows = torch.tensor(group, device=ids.device)
         shift = right_shifts(attn[rows])  # right-aligned as the update's micro-batches
         g_ids, g_attn = roll_rows(ids[rows], shift), roll_rows(attn[rows], shift)
@@ -104,7 +104,7 @@ def _in_packed_chunks(fn: PassFn, gen: Generation, chunks: Chunks) -> torch.Tens
     ids, attn, response = gen.input_ids, gen.attention_mask, gen.response_ids
     n, size = ids.shape[0], chunks.size
     if chunks.max_tokens:
-        groups = token_budget_groups(attn, chunks.max_tokens, packed=True)
+        groups = token_budget_groups(attn, chunks.max_tokens, packed=True, rows=size)
     else:
         groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
     out = None

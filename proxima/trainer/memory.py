@@ -399,7 +399,7 @@ def _score(cfg: Config, roles: list[_Role], lengths: tuple[int, int], world: int
         if r.kind == "reward":
             rows, budget = cfg.reward.batch_size, cfg.reward.max_tokens_per_micro
         rows, length, response = min(rows, per_process), prompt + after, after
-        if budget:  # as one row of the budget's tokens
+        if budget > 0:  # as one row of the budget's tokens (SORTED: the fixed rows)
             length = min(budget, per_process * (prompt + after))
             rows, response = 1, min(budget, per_process * after)
         # the layers' intermediates are freed before the logits are made: one or the other
@@ -425,7 +425,7 @@ def _update(
     length = prompt + after
     sec = role.section
     rows = sec.ppo_micro_batch_size
-    if sec.ppo_max_tokens_per_micro:
+    if sec.ppo_max_tokens_per_micro > 0:
         rows = max(1, sec.ppo_max_tokens_per_micro // length)
     rows = min(rows, max(1, sec.ppo_mini_batch_size // world))
     m = cfg.model

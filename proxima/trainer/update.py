@@ -65,7 +65,11 @@ def micro_weight(
 
 
 def token_micro_batches(
-    mini: Experience, budget: int, keep_response_width: bool = False, packed: bool = False
+    mini: Experience,
+    budget: int,
+    keep_response_width: bool = False,
+    packed: bool = False,
+    rows: int = 0,
 ) -> list[Experience]:
     """This process's share of a mini-batch as micro-batches formed by a token budget
     (`types.token_budget_groups`), each with its rows right-aligned and trimmed of the
@@ -73,8 +77,9 @@ def token_micro_batches(
     micro-batch computes its longest row's width, not the longest prompt plus the longest
     response. The loss weights (`micro_weight`) make the gradient that of the whole
     mini-batch, as with fixed micro-batches. `packed`: the objective's passes take
-    packed rows (`model.packing`), and the budget counts them."""
-    groups = token_budget_groups(mini.attention_mask, budget, packed)
+    packed rows (`model.packing`), and the budget counts them. `budget` = SORTED: `rows`
+    rows to a micro-batch, sorted by length."""
+    groups = token_budget_groups(mini.attention_mask, budget, packed, rows)
     return [mini.select(g).right_aligned().trimmed(keep_response_width) for g in groups]
 
 
@@ -269,7 +274,9 @@ def _backward(
     if sec.ppo_max_tokens_per_micro:
         keep_width = sec.loss_agg_mode == "seq-mean-token-sum-norm"
         packed = getattr(objective, "packed", False)  # the objective's passes decide it
-        micros = token_micro_batches(mini, sec.ppo_max_tokens_per_micro, keep_width, packed)
+        micros = token_micro_batches(
+            mini, sec.ppo_max_tokens_per_micro, keep_width, packed, sec.ppo_micro_batch_size
+        )
         if dist.active:  # the same number of micro-batches on every process
             micros = _even_out(micros, max(dist.all_gather_object(len(micros))))
     else:

@@ -19,11 +19,17 @@ from proxima.rollout.experience import (
     sequence_logprobs,
 )
 from proxima.rollout.plan import ScoringPlan
+from proxima.types import SORTED
 from tests.distributed.common import TEMPERATURE, models
 from tests.rollout.scoring_passes import assert_close, assert_passes_equal, ragged_generation
 
 PADDED = Chunks(8)
-PACKED = (Chunks(8, packed=True), Chunks(3, packed=True), Chunks(8, 18, packed=True))
+PACKED = (
+    Chunks(8, packed=True),
+    Chunks(3, packed=True),
+    Chunks(8, 18, packed=True),
+    Chunks(3, SORTED, packed=True),
+)
 
 
 def _other(seed: int) -> torch.nn.Module:

@@ -12,7 +12,7 @@ from proxima.rollout.experience import (
     Chunks,
     sequence_logprobs,
 )
-from proxima.types import token_budget_groups
+from proxima.types import SORTED, token_budget_groups
 from tests.distributed.common import TEMPERATURE, models
 from tests.rollout.scoring_passes import assert_passes_equal, ragged_generation
 
@@ -35,6 +35,7 @@ def test_every_scoring_pass_equals_fixed_micro_batches():
         for p in ref.parameters():
             p.add_(0.01 * torch.randn_like(p))
     assert_passes_equal(actor, ref, critic, gen, budget, fixed)
+    assert_passes_equal(actor, ref, critic, gen, Chunks(3, SORTED), fixed)  # the default
     # the groups change the batch's shapes, so the result is not trivially the same tensor
     assert sequence_logprobs(actor, gen, TEMPERATURE, budget).abs().sum() > 0
 
@@ -45,7 +46,8 @@ def test_reward_model_scores_by_token_budget_equal_fixed_batches():
         tokens: ModelReward(
             critic, None, None, reward_model_scores, batch_size=3, max_tokens=tokens
         )._score_in_chunks(gen.input_ids, gen.attention_mask)
-        for tokens in (0, BUDGET)
+        for tokens in (0, BUDGET, SORTED)
     }
     torch.testing.assert_close(scores[BUDGET], scores[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(scores[SORTED], scores[0], rtol=0, atol=1e-5)
     assert len(set(scores[0].tolist())) == 8  # eight different sequences, eight scores

@@ -12,6 +12,7 @@ import torch
 
 from proxima.trainer.dist import Dist
 from proxima.trainer.update import token_micro_batches
+from proxima.types import SORTED
 from tests.distributed.common import (
     MODES,
     PROMPT_LENS,
@@ -65,11 +66,26 @@ def test_seq_mean_token_sum_norm_keeps_the_response_width():
         assert m.response_mask.shape[1] == exp.response_mask.shape[1]
 
 
+def test_sorted_micro_batches_keep_the_rows_and_trim_the_padding():
+    """SORTED (the default): ppo_micro_batch_size rows to a micro-batch, longest first,
+    each right-aligned and trimmed: never more rows or columns than a fixed micro-batch."""
+    exp = global_batch(models()[0])
+    micros = token_micro_batches(exp, SORTED, rows=3)
+    real = [m.attention_mask.sum(1).tolist() for m in micros]
+    assert real == [[9, 8, 6], [6, 5, 4], [3, 2]]
+    assert [m.input_ids.shape[1] for m in micros] == [9, 6, 3]  # each its longest row
+    # fixed micro-batches of 3 compute 8 rows x the batch's width 9: 72 positions, here 51
+    assert sum(m.input_ids.numel() for m in micros) == 51 < exp.input_ids.numel() == 72
+    with pytest.raises(ValueError, match="rows >= 1"):
+        token_micro_batches(exp, SORTED)
+
+
 @pytest.mark.parametrize("role", ["actor", "critic", "shared"])
 @pytest.mark.parametrize("mode", MODES)
-def test_the_gradients_are_those_of_fixed_micro_batches(role, mode):
+@pytest.mark.parametrize("budget", [18, SORTED])
+def test_the_gradients_are_those_of_fixed_micro_batches(role, mode, budget):
     grads = []
-    for tokens in (0, 18):
+    for tokens in (0, budget):
         actor, critic = models()
         exp = global_batch(actor)
         model = critic if role == "critic" else actor
