@@ -32,6 +32,7 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
         n_micro = mini // world // sec.ppo_micro_batch_size
         per = f" ({mini // world} per process)" if world > 1 else ""
         tokens = "tokens in packed rows" if cfg.model.packing else "padded tokens"
+        order = ", sorted by length" if sec.ppo_max_tokens_per_micro == -1 else ""  # SORTED
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
             f"{mini}{per} = {cfg.steps_per_iteration(sec)} optimizer step(s) per "
@@ -39,10 +40,7 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
             + (
                 f"micro-batches of at most {sec.ppo_max_tokens_per_micro} {tokens}"
                 if sec.ppo_max_tokens_per_micro > 0
-                else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}{packed}"
-                + (
-                    ", sorted by length" if sec.ppo_max_tokens_per_micro == -1 else ""
-                )  # types.SORTED
+                else f"{n_micro} micro-batch(es) of {sec.ppo_micro_batch_size}{packed}{order}"
             )
         )
     lines += packing_plan(cfg)
