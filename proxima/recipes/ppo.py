@@ -70,7 +70,7 @@ from proxima.trainer.health import (
     non_finite_divergence,
 )
 from proxima.trainer.host_memory import peak_bytes
-from proxima.trainer.memory import check_memory, plan_memory
+from proxima.trainer.memory import check_memory, disk_problem, plan_memory
 from proxima.trainer.optim import NonFiniteWeightsError
 from proxima.trainer.ppo import PPOTrainer
 from proxima.trainer.progress import PhaseWatch, SaveSchedule
@@ -184,6 +184,10 @@ class PPORecipe:
         inputs = prepare_inputs(cfg)  # folders, vocabularies, plan, data, reward
         self.eval_items = inputs.eval_items
         self.memory = self._plan_memory(inputs, device)  # a run that cannot fit stops here
+        where = self.run_dir or cfg.trainer.output_dir
+        full = disk_problem(cfg, where) if self.dist.is_main else None
+        if full:  # a warning: what is free may change before the end
+            self._say(f"warning: {full}")
         roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
         offload = self.memory.offload if self.memory is not None else None  # auto resolved
         self.trainer = PPOTrainer(

@@ -31,6 +31,7 @@ resident set (VmHWM). On a GPU the figures are device memory.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -506,3 +507,36 @@ def check_memory(plan: MemoryPlan, mode: str = "error") -> str | None:
     if mode == "warn":
         return message
     raise ConfigError(message)
+
+
+# --------------------------------------------------------------------------- the disk
+
+
+def disk_need(cfg: Config) -> dict[str, int]:
+    """Bytes the end of a run writes, from the models' config.json (nothing loads):
+    ``models``, each trained model's full weights (actor/, the critic's; merged under LoRA),
+    and ``checkpoint``, the same weights again with AdamW's two states (state.pt)."""
+    trained = [r for r in _roles(cfg) if r.trained]
+    models = sum(r.shape.weight_bytes for r in trained)
+    optimizer = sum(2 * r.shape.trainable * r.shape.dtype_bytes for r in trained)
+    return {"models": models, "checkpoint": models + optimizer}
+
+
+def disk_problem(cfg: Config, folder: str | Path) -> str | None:
+    """Why the disk under `folder` (trainer.output_dir, or its nearest existing parent)
+    cannot hold what the end of the run writes, or None."""
+    where = Path(folder).resolve()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    need = disk_need(cfg)
+    total = need["models"] + need["checkpoint"]
+    if free >= total:
+        return None
+    return (
+        f"the end of the run writes about {_gib(total)} to {folder} (the trained models "
+        f"{_gib(need['models'])}, and a checkpoint of them with their AdamW state "
+        f"{_gib(need['checkpoint'])}; trainer.keep_checkpoints={cfg.trainer.keep_checkpoints} "
+        f"keeps that many), but {_gib(free)} is free on its disk: free space there, or set "
+        "trainer.output_dir to a larger disk."
+    )

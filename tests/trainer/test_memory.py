@@ -347,3 +347,24 @@ def test_peak_bytes_is_the_resident_high_water_mark_on_a_cpu():
     assert peak_bytes(cpu) >= big.numel() * 4
     del big
     assert peak_bytes(cpu) >= resident_bytes()  # the mark stays after the memory is freed
+
+
+def test_disk_need_counts_the_trained_models_and_their_adamw_state(llama, tmp_path, monkeypatch):
+    """The end of a run writes each trained model once (actor/, the critic's) and a
+    checkpoint of them with AdamW's two states; the reference is not written."""
+    need = memory.disk_need(_cfg(llama))
+    assert need == {"models": 4 * (CAUSAL_LM + VALUE), "checkpoint": 3 * 4 * (CAUSAL_LM + VALUE)}
+    lora = memory.disk_need(_cfg(llama, "model.lora_rank=4", "algorithm.adv_estimator=grpo"))
+    # LoRA: the merged model in full and the adapters (actor_adapter/), AdamW's states of
+    # the adapters only (no critic)
+    adapters = 4 * 8192
+    models = 4 * CAUSAL_LM + adapters
+    assert lora == {"models": models, "checkpoint": models + 2 * adapters}
+    total = 4 * 4 * (CAUSAL_LM + VALUE)
+    assert memory.disk_problem(_cfg(llama), tmp_path / "new" / "run") is None
+    usage = type("usage", (), {"free": total - 1})
+    monkeypatch.setattr(memory.shutil, "disk_usage", lambda path: usage)
+    problem = memory.disk_problem(_cfg(llama), tmp_path / "new" / "run")
+    assert f"{tmp_path / 'new' / 'run'}" in problem and "trainer.output_dir" in problem
+    usage.free = total
+    assert memory.disk_problem(_cfg(llama), tmp_path) is None
