@@ -20,6 +20,7 @@ OLD_LOGPROBS = ("auto", "engine", "recompute")  # rollout.old_logprobs
 OVERLONG_MODES = ("error", "drop", "truncate")  # data.overlong_prompts
 # rm.overlong: no truncate, which would cut the EOS the score is read at
 PREFERENCE_OVERLONG = ("error", "drop")
+PAIRINGS = ("consecutive", "all")  # pipeline.pairing
 KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 SCHEDULES = ("constant", "cosine")  # actor.optim.schedule, critic.optim.schedule
 STRATEGIES = ("auto", "none", "ddp", "fsdp2")  # trainer.strategy

@@ -100,7 +100,13 @@ class RMConfig:
     out: str = _f("", "`proxima rm`: folder the reward model is written to (must not hold one).")
     steps: int = _f(200, "`proxima rm`: optimizer steps.")
     lr: float = _f(1e-5, "`proxima rm`: peak learning rate (cosine to 10% after warm-up).")
-    batch_size: int = _f(16, "`proxima rm`: pairs per step.")
+    batch_size: int = _f(16, "`proxima rm`: pairs per step (prompts with rm.group_by_prompt).")
+    group_by_prompt: bool = _f(
+        False,
+        "`proxima rm`: each step takes rm.batch_size prompts with all their pairs "
+        "(InstructGPT: the K-choose-2 comparisons of K answers to a prompt in one batch "
+        "element, K forward passes for them all), not rm.batch_size pairs drawn apart.",
+    )
     max_length: int = _f(512, "`proxima rm`: most tokens of prompt + response.")
     overlong: str = _f("error", "`proxima rm`: pairs longer than max_length: error|drop.")
     chosen_key: str = _f("chosen", "`proxima rm`: column of the preferred response.")
@@ -155,7 +161,14 @@ class DPOConfig:
         1e-6, "`proxima dpo`: peak learning rate (cosine to 10% after warm-up), TRL's default."
     )
     warmup_steps: int = _f(0, "`proxima dpo`: optimizer steps of linear learning-rate warm-up.")
-    batch_size: int = _f(16, "`proxima dpo`: pairs per optimizer step.")
+    batch_size: int = _f(
+        16, "`proxima dpo`: pairs per optimizer step (prompts with dpo.group_by_prompt)."
+    )
+    group_by_prompt: bool = _f(
+        False,
+        "`proxima dpo`: each step takes dpo.batch_size prompts with all their pairs, as "
+        "rm.group_by_prompt does (a response in several pairs is read once per step).",
+    )
     grad_clip: float = _f(1.0, "`proxima dpo`: gradient-norm clip (0 = none).")
     max_length: int = _f(512, "`proxima dpo`: most tokens of prompt + response.")
     overlong: str = _f("error", "`proxima dpo`: pairs longer than max_length: error|drop.")
@@ -202,7 +215,19 @@ class PipelineConfig:
         "`proxima pipeline`: demonstrations (prompt/response records) for the SFT stage; "
         "empty = no SFT, the pairs are sampled from model.actor_path.",
     )
-    pairs: int = _f(2, "`proxima pipeline`: response pairs sampled per prompt and labelled.")
+    pairs: int = _f(
+        2,
+        "`proxima pipeline`: 2 x pairs responses are sampled per prompt and labelled in pairs "
+        "(pipeline.pairing).",
+    )
+    pairing: str = _f(
+        "consecutive",
+        "`proxima pipeline`: which pairs of a prompt's 2 x pipeline.pairs training responses "
+        "are labelled: consecutive (the 1st with the 2nd, the 3rd with the 4th, ...) or all "
+        "(every two of them, as InstructGPT ranks K answers; pair it with rm.group_by_prompt "
+        "so that each response is scored once per step). The held-out pairs, which measure "
+        "the reward model, are consecutive either way.",
+    )
     label_temperature: float = _f(
         0.5,
         "`proxima pipeline`: Bradley-Terry temperature of the labels, in units of the std of "

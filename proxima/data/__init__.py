@@ -1,6 +1,6 @@
 """Datasets: load records from disk, render and tokenize prompts, batch them."""
 
-from proxima.data.preferences import PreferenceDataset, PreferenceItem, collate_preferences
+from proxima.data.preferences import PreferenceDataset, PreferenceItem, pad_sequences
 from proxima.data.prompts import (
     PromptDataset,
     PromptItem,
@@ -16,7 +16,6 @@ from proxima.data.sft import SFTDataset, SFTItem, collate_sft
 __all__ = [
     "PreferenceDataset",
     "PreferenceItem",
-    "collate_preferences",
     "PromptDataset",
     "PromptItem",
     "PromptLoader",
@@ -26,6 +25,7 @@ __all__ = [
     "collate_sft",
     "load_records",
     "observation_text",
+    "pad_sequences",
     "render_prompt",
     "tokenize_text",
 ]

@@ -216,51 +216,75 @@ def _margin(i: int, record: Mapping[str, Any], key: str | None) -> float:
     return float(value)
 
 
-def collate_preferences(
-    items: Sequence[PreferenceItem], pad_token_id: int | None
-) -> dict[str, torch.Tensor]:
-    """Right-pad both sides of a batch to one common width.
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], pad_token_id: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad sequences to the longest: (input_ids, attention_mask), each [N, L] long.
+    The reward model reads its score at the last position with attention_mask == 1
+    (``reward_model_scores``)."""
+    if pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
+        )
+    width = max(len(seq) for seq in seqs)
+    ids = torch.full((len(seqs), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return ids, mask
 
-    Returns ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids``,
-    ``rejected_attention_mask``, each [B, L] long (L = longest of all 2B sequences, so the
-    two halves stack into one [2B, L] forward pass), and ``margin`` [B] float32. The score is
-    read at the last position with attention_mask == 1 (``reward_model_scores``).
+
+def distinct_sequences(
+    items: Sequence[PreferenceItem],
+) -> tuple[list[tuple[list[int], int]], torch.Tensor, torch.Tensor]:
+    """The distinct sequences of a set of pairs as (ids, prompt_length), in order of first
+    appearance, and each pair's two indices into them: (sequences, chosen [B], rejected
+    [B]). Pairs drawn from the same answers (every two of K answers to a prompt) share
+    sequences, so that each is scored once (InstructGPT: K forward passes for the
+    K-choose-2 comparisons of a prompt)."""
+    slots: dict[tuple[int, ...], int] = {}
+    seqs: list[tuple[list[int], int]] = []
+
+    def slot(ids: list[int], prompt_length: int) -> int:
+        key = (prompt_length, *ids)
+        if key not in slots:
+            slots[key] = len(seqs)
+            seqs.append((ids, prompt_length))
+        return slots[key]
+
+    index = [
+        (slot(item.chosen_ids, item.prompt_length), slot(item.rejected_ids, item.prompt_length))
+        for item in items
+    ]
+    chosen, rejected = torch.tensor(index, dtype=torch.long).reshape(-1, 2).unbind(1)
+    return seqs, chosen, rejected
+
+
+def prompt_groups(items: Sequence[PreferenceItem]) -> list[list[PreferenceItem]]:
+    """The pairs grouped by their prompt (its token ids), in order of first appearance."""
+    groups: dict[tuple[int, ...], list[PreferenceItem]] = {}
+    for i in range(len(items)):
+        item = items[i]
+        groups.setdefault(tuple(item.chosen_ids[: item.prompt_length]), []).append(item)
+    return list(groups.values())
+
+
+def collate_policy_rows(
+    rows: Sequence[tuple[Sequence[int], int]], pad_token_id: int | None
+) -> dict[str, torch.Tensor]:
+    """Sequences given as (ids, prompt_length) in the policy's rollout layout (`proxima
+    dpo`): each prompt left-padded to the longest prompt P, each response (with its EOS)
+    right-padded to the longest response R, so one forward pass reads them all and
+    `models.forward.response_logprobs` finds response token t at position P + t.
+
+    Returns ``input_ids`` and ``attention_mask`` [N, P + R], ``response_ids`` and
+    ``response_mask`` [N, R] (long; the mask is 1 on real response tokens).
     """
     if pad_token_id is None:
         raise ValueError(
             "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
         )
-    width = max(_longest(item) for item in items)
-    batch: dict[str, torch.Tensor] = {}
-    for side in ("chosen", "rejected"):
-        ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, item in enumerate(items):
-            seq = item.chosen_ids if side == "chosen" else item.rejected_ids
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[row, : len(seq)] = 1
-        batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = ids, mask
-    batch["margin"] = torch.tensor([item.margin for item in items], dtype=torch.float32)
-    return batch
-
-
-def collate_policy_pairs(
-    items: Sequence[PreferenceItem], pad_token_id: int | None
-) -> dict[str, torch.Tensor]:
-    """Both sides of a batch in the policy's rollout layout (`proxima dpo`): each prompt
-    left-padded to the longest prompt P, each response (with its EOS) right-padded to the
-    longest response R, chosen rows first, then rejected, so one forward pass reads both
-    and `models.forward.response_logprobs` finds response token t at position P + t.
-
-    Returns ``input_ids`` and ``attention_mask`` [2B, P + R], ``response_ids`` and
-    ``response_mask`` [2B, R] (long; the mask is 1 on real response tokens).
-    """
-    if pad_token_id is None:
-        raise ValueError(
-            "the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token)."
-        )
-    rows = [(item.chosen_ids, item.prompt_length) for item in items]
-    rows += [(item.rejected_ids, item.prompt_length) for item in items]
     width_p = max(p for _, p in rows)
     width_r = max(len(ids) - p for ids, p in rows)
     input_ids = torch.full((len(rows), width_p + width_r), pad_token_id, dtype=torch.long)

@@ -20,7 +20,7 @@ from proxima.models.loading import checkpoint_activations
 from proxima.models.saving import save_role
 from proxima.recipes.common import process_setup, writable_folder
 from proxima.trainer.checks import check_enough, check_model_folders, with_key
-from proxima.trainer.dpo import dpo_train, total_steps
+from proxima.trainer.dpo import dpo_train, step_units, total_steps
 from proxima.trainer.roles import load_actor
 
 PLOT_KEYS = (
@@ -83,23 +83,32 @@ def _inputs(cfg: Config):
     tok = load_tokenizer(cfg.model.actor_path)
     train = _pairs(cfg, tok, "dpo.train_path", d.train_path)
     held = _pairs(cfg, tok, "dpo.eval_path", d.eval_path) if d.eval_path else None
-    check_enough(train, d.batch_size, "dpo.batch_size", "dpo.train_path")
-    return out, tok, train, held
+    units = step_units(train, d)
+    if d.group_by_prompt and len(units) < d.batch_size:
+        raise ConfigError(
+            f"`dpo.train_path` holds pairs of {len(units)} prompts, fewer than one batch of "
+            f"`dpo.batch_size`={d.batch_size} prompts (dpo.group_by_prompt); lower "
+            "`dpo.batch_size` or add prompts."
+        )
+    check_enough(units, d.batch_size, "dpo.batch_size", "dpo.train_path")
+    return out, tok, train, held, len(units)
 
 
 def dpo(cfg: Config) -> dict:
     """Train and save; returns the summary written to summary.json."""
     d = cfg.dpo
-    out, tok, train, held = _inputs(cfg)
+    out, tok, train, held, units = _inputs(cfg)
     device = process_setup(cfg)
     model = load_actor(cfg, device)  # with LoRA adapters when model.lora_rank > 0
     if cfg.model.gradient_checkpointing:
         checkpoint_activations(model)
-    steps = total_steps(len(train), d)
+    steps = total_steps(units, d)
+    batch = f"{d.batch_size} prompts with all their pairs" if d.group_by_prompt else None
     print(
         f"dpo: {len(train)} pairs ({train.num_dropped} dropped as too long), {d.epochs} "
-        f"epoch(s) of {steps // d.epochs} steps; loss {d.loss_type}, beta {d.beta}; the "
-        "reference is the starting policy, its log-probs computed once per pair"
+        f"epoch(s) of {steps // d.epochs} steps{f' of {batch}' if batch else ''}; loss "
+        f"{d.loss_type}, beta {d.beta}; the reference is the starting policy, its log-probs "
+        "computed once per response"
     )
     try:
         with RunLogger(out, tensorboard=False) as logger:

@@ -24,6 +24,7 @@ be measured, not only what it does to the proxy:
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import string
@@ -272,11 +273,11 @@ class Pipeline:
         folder = self.run_dir / "pairs"
         folder.mkdir()
         sides = {}
+        pairings = {"train": cfg.pipeline.pairing, "heldout": "consecutive"}
         for name, items in (("train", self.prompts), ("heldout", self.heldout)):
-            sides[name] = self._sample_pairs(policy, items)
-        scale = float(
-            torch.cat([torch.cat([s["gold_a"], s["gold_b"]]) for s in sides.values()]).std()
-        )
+            sides[name] = self._sample_pairs(policy, items, pairings[name])
+        # every response once (in `all` pairing each is in 2 x pairs - 1 pairs)
+        scale = float(torch.cat([s["gold"] for s in sides.values()]).std())
         if not scale > 0:
             raise ValueError(
                 f"the gold scorer {cfg.pipeline.gold} gave every sampled response the same "
@@ -305,9 +306,10 @@ class Pipeline:
                     f"than {key}={size}: raise pipeline.pairs or add prompts."
                 )
 
-    def _sample_pairs(self, policy, items: list) -> dict:
-        """2 x pipeline.pairs sampled responses per prompt, consecutive ones paired, with
-        their gold scores and whether each ended (stopped before the token limit)."""
+    def _sample_pairs(self, policy, items: list, pairing: str) -> dict:
+        """2 x pipeline.pairs sampled responses per prompt, paired as `pairing` says
+        (consecutive: 1-2, 3-4, ...; all: every two of them), with their gold scores and
+        whether each ended (stopped before the token limit)."""
         k = 2 * self.cfg.pipeline.pairs
         per_call = max(1, self.cfg.eval.batch_size // k)
         prompts, responses, gold, ended = [], [], [], []
@@ -320,14 +322,21 @@ class Pipeline:
             gold.append(score_rollout(ro, self.gold))
             ended += ro.gen.stopped.tolist()
         g = torch.cat(gold).double()
+        if pairing == "all":
+            within = list(itertools.combinations(range(k), 2))
+        else:
+            within = [(j, j + 1) for j in range(0, k, 2)]
+        pairs = [(p + i, p + j) for p in range(0, len(responses), k) for i, j in within]
+        a, b = [i for i, _ in pairs], [j for _, j in pairs]
         return {
-            "prompts": prompts[0::2],
-            "a": responses[0::2],
-            "b": responses[1::2],
-            "gold_a": g[0::2],
-            "gold_b": g[1::2],
-            "ended_a": ended[0::2],
-            "ended_b": ended[1::2],
+            "prompts": [prompts[i] for i in a],
+            "a": [responses[i] for i in a],
+            "b": [responses[j] for j in b],
+            "gold_a": g[a],
+            "gold_b": g[b],
+            "ended_a": [ended[i] for i in a],
+            "ended_b": [ended[j] for j in b],
+            "gold": g,
         }
 
     def _label(self, s: dict, scale: float, generator: torch.Generator) -> tuple[list, dict]:

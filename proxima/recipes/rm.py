@@ -55,6 +55,7 @@ def reward_model(cfg: Config) -> dict:
             eval_dataset=held,
             device=device,
             train_probe_size=r.probe_size,
+            group_by_prompt=r.group_by_prompt,
         )
     except KeyboardInterrupt as err:
         raise Interrupted(

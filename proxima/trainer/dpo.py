@@ -2,9 +2,10 @@
 arXiv:2305.18290): the policy itself trained on (prompt, chosen, rejected), no reward model,
 no sampling; the loss is `algos.dpo_loss`.
 
-A pair is laid out as the policy reads a rollout (`collate_policy_pairs`: prompts
+A pair is laid out as the policy reads a rollout (`collate_policy_rows`: prompts
 left-padded, responses with their EOS right-padded), so the log-probs are those of
-`models.forward.response_logprobs`, summed over the response tokens.
+`models.forward.response_logprobs`, summed over the response tokens. A sequence in several
+pairs of a batch (every two of K answers to a prompt) is read once.
 
 The reference is the starting policy. Its log-probs never change, so they are computed once
 per pair before the first step (TRL's `precompute_ref_log_probs`): no second copy of the
@@ -23,7 +24,12 @@ import torch
 from proxima.algos import dpo_loss
 from proxima.config import DPOConfig
 from proxima.data import PromptLoader
-from proxima.data.preferences import PreferenceItem, collate_policy_pairs
+from proxima.data.preferences import (
+    PreferenceItem,
+    collate_policy_rows,
+    distinct_sequences,
+    prompt_groups,
+)
 from proxima.logging import EVAL_PREFIX, StepProgress, format_line
 from proxima.models.forward import response_logprobs
 from proxima.trainer.optim import finetune_optimizer, optimizer_step
@@ -56,19 +62,28 @@ class PairLogprobs:
         return PairLogprobs(*(t.to(device) for t in vars(self).values()))
 
 
-def pair_logprobs(
-    model: torch.nn.Module, items: Sequence[PreferenceItem], pad: int | None, device
-) -> PairLogprobs:
-    """One forward pass over both sides of `items` ([2B, P + R]); the log-probs keep the
-    model's gradient when it is recorded."""
-    batch = {k: v.to(device) for k, v in collate_policy_pairs(items, pad).items()}
+def sequence_logprobs(
+    model: torch.nn.Module, rows: Sequence[tuple[list[int], int]], pad: int | None, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed response log-probs and response lengths [N] of (ids, prompt_length) rows, in
+    one forward pass; the log-probs keep the model's gradient when it is recorded."""
+    batch = {k: v.to(device) for k, v in collate_policy_rows(rows, pad).items()}
     token = response_logprobs(
         model, batch["input_ids"], batch["attention_mask"], batch["response_ids"]
     )
     mask = batch["response_mask"].float()
-    sums, counts = (token * mask).sum(-1), mask.sum(-1)
-    n = len(items)
-    return PairLogprobs(sums[:n], sums[n:], counts[:n], counts[n:])
+    return (token * mask).sum(-1), mask.sum(-1)
+
+
+def pair_logprobs(
+    model: torch.nn.Module, items: Sequence[PreferenceItem], pad: int | None, device
+) -> PairLogprobs:
+    """One forward pass over the distinct sequences of `items`; the log-probs keep the
+    model's gradient when it is recorded."""
+    rows, chosen, rejected = distinct_sequences(items)
+    sums, counts = sequence_logprobs(model, rows, pad, device)
+    c, r = chosen.to(sums.device), rejected.to(sums.device)
+    return PairLogprobs(sums[c], sums[r], counts[c], counts[r])
 
 
 @torch.no_grad()
@@ -79,15 +94,20 @@ def all_pair_logprobs(
     batch_size: int,
     device: torch.device | str = "cpu",
 ) -> PairLogprobs:
-    """`pair_logprobs` of every item, batch by batch, in eval mode, on the CPU."""
+    """`pair_logprobs` of every item in eval mode, on the CPU: each distinct sequence read
+    once, 2 x batch_size of them per forward pass."""
     was_training = model.training
     model.eval()
+    rows, chosen, rejected = distinct_sequences(items)
+    width = 2 * batch_size
     parts = [
-        pair_logprobs(model, items[start : start + batch_size], pad, device).to("cpu")
-        for start in range(0, len(items), batch_size)
+        sequence_logprobs(model, rows[i : i + width], pad, device)
+        for i in range(0, len(rows), width)
     ]
     model.train(was_training)
-    return PairLogprobs(*(torch.cat([vars(p)[f] for p in parts]) for f in vars(parts[0])))
+    sums = torch.cat([s.cpu() for s, _ in parts])
+    counts = torch.cat([n.cpu() for _, n in parts])
+    return PairLogprobs(sums[chosen], sums[rejected], counts[chosen], counts[rejected])
 
 
 def _loss(policy: PairLogprobs, reference: PairLogprobs, d: DPOConfig):
@@ -141,10 +161,20 @@ def _train_step(model, items, reference: PairLogprobs, d: DPOConfig, pad, device
     return {**stats, "grad_norm": norm, "lr": lr}
 
 
-def total_steps(num_pairs: int, d: DPOConfig) -> int:
-    """Optimizer steps of `d.epochs` passes (each epoch's tail that fills no batch is left
-    out, as `PromptLoader` leaves it out)."""
-    return d.epochs * (num_pairs // d.batch_size)
+def step_units(items: Sequence[PreferenceItem], d: DPOConfig) -> list[list[int]]:
+    """What a batch is made of, as indices into `items`: single pairs, or with
+    `d.group_by_prompt` each prompt's pairs together (`d.batch_size` counts them)."""
+    if not d.group_by_prompt:
+        return [[i] for i in range(len(items))]
+    where = {id(item): i for i, item in enumerate(items)}
+    return [[where[id(item)] for item in group] for group in prompt_groups(items)]
+
+
+def total_steps(units: int, d: DPOConfig) -> int:
+    """Optimizer steps of `d.epochs` passes over `units` pairs (prompts with
+    `d.group_by_prompt`; each epoch's tail that fills no batch is left out, as
+    `PromptLoader` leaves it out)."""
+    return d.epochs * (units // d.batch_size)
 
 
 def dpo_train(
@@ -158,7 +188,8 @@ def dpo_train(
     device: torch.device | str = "cpu",
     log: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """`d.epochs` passes of AdamW steps on the DPO loss over batches of `d.batch_size` pairs.
+    """`d.epochs` passes of AdamW steps on the DPO loss over batches of `d.batch_size` pairs
+    (prompts with all their pairs, with `d.group_by_prompt`).
 
     `log(step, metrics)` gets every step's stats (`dpo_loss`'s, ``grad_norm``, ``lr``) and
     the held-out ones as ``eval/<key>`` every `d.eval_every` steps. Returns ``steps`` and,
@@ -167,20 +198,21 @@ def dpo_train(
     Before training the policy is the reference: every implicit reward is 0 (the ties count
     as wrong, so the accuracy is 0) and the loss is log 2 for sigmoid.
     """
-    pad, steps = tokenizer.pad_token_id, total_steps(len(dataset), d)
     items = [dataset[i] for i in range(len(dataset))]
+    units = step_units(items, d)
+    pad, steps = tokenizer.pad_token_id, total_steps(len(units), d)
     reference = all_pair_logprobs(model, items, pad, d.batch_size, device)
     probes = _probes(model, items, reference, eval_dataset, d, pad, device)
     result: dict[str, Any] = {
         f"{p.name}_before": dpo_stats(p.reference, p.reference, d) for p in probes
     }
     opt, sched = finetune_optimizer(model, d.lr, steps, d.warmup_steps)
-    loader = PromptLoader(list(range(len(items))), d.batch_size, seed=seed)
+    loader = PromptLoader(units, d.batch_size, seed=seed)
     log = log or (lambda step, metrics: None)
     model.train()
     bar = StepProgress(steps, "dpo")
     for step in range(1, steps + 1):
-        index = next(loader)
+        index = [i for unit in next(loader) for i in unit]
         batch, ref = [items[i] for i in index], reference.select(index)
         stats = _train_step(model, batch, ref, d, pad, device, opt, sched)
         log(step, stats)

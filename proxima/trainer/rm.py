@@ -18,7 +18,12 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from proxima.data import PromptLoader
-from proxima.data.preferences import PreferenceItem, collate_preferences
+from proxima.data.preferences import (
+    PreferenceItem,
+    distinct_sequences,
+    pad_sequences,
+    prompt_groups,
+)
 from proxima.logging import StepProgress
 from proxima.models.forward import reward_model_scores
 from proxima.trainer.optim import finetune_optimizer, optimizer_step
@@ -51,16 +56,20 @@ def pairwise_loss(
     return loss, stats
 
 
-def pair_scores(
-    model: PreTrainedModel, batch: dict[str, torch.Tensor], device: torch.device | str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of both sides in one forward pass over chosen stacked on rejected [2B, L]
-    (as DeepSpeed-Chat does). Returns (chosen [B], rejected [B]) float32."""
-    n = batch["chosen_input_ids"].shape[0]
-    ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]]).to(device)
-    mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
-    scores = reward_model_scores(model, ids, mask.to(device))
-    return scores[:n], scores[n:]
+def sequence_scores(
+    model: PreTrainedModel,
+    seqs: Sequence[Sequence[int]],
+    pad_token_id: int | None,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """The reward model's score of each sequence [U] (float32), right-padded into one
+    forward pass; the score is read at each sequence's last token."""
+    ids, mask = pad_sequences(seqs, pad_token_id)
+    return reward_model_scores(model, ids.to(device), mask.to(device))
+
+
+def _margins(items: Sequence[PreferenceItem]) -> torch.Tensor:
+    return torch.tensor([item.margin for item in items], dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -78,6 +87,29 @@ def evaluate_preferences(
 
 
 @torch.no_grad()
+def distinct_scores(
+    model: PreTrainedModel,
+    pairs: Sequence[PreferenceItem],
+    pad_token_id: int | None,
+    batch_size: int = 32,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The score of each distinct sequence of the pairs [U] and each pair's two indices into
+    them (chosen [N], rejected [N]), in eval mode, 2 x batch_size sequences per forward."""
+    was_training = model.training
+    model.eval()
+    rows, chosen, rejected = distinct_sequences([pairs[i] for i in range(len(pairs))])
+    seqs, width = [ids for ids, _ in rows], 2 * batch_size
+    scores = torch.cat(
+        [
+            sequence_scores(model, seqs[start : start + width], pad_token_id, device).cpu()
+            for start in range(0, len(seqs), width)
+        ]
+    )
+    model.train(was_training)
+    return scores, chosen, rejected
+
+
 def all_pair_scores(
     model: PreTrainedModel,
     pairs: Sequence[PreferenceItem],
@@ -85,29 +117,20 @@ def all_pair_scores(
     batch_size: int = 32,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(chosen [N], rejected [N], target margins [N]) scores of every pair, in eval mode."""
-    was_training = model.training
-    model.eval()
-    chosen, rejected, margins = [], [], []
-    for start in range(0, len(pairs), batch_size):
-        items = [pairs[i] for i in range(start, min(start + batch_size, len(pairs)))]
-        batch = collate_preferences(items, pad_token_id)
-        c, r = pair_scores(model, batch, device)
-        chosen.append(c.cpu())
-        rejected.append(r.cpu())
-        margins.append(batch["margin"])
-    model.train(was_training)
-    return torch.cat(chosen), torch.cat(rejected), torch.cat(margins)
+    """(chosen [N], rejected [N], target margins [N]) scores of every pair, in eval mode;
+    each distinct sequence is scored once."""
+    scores, chosen, rejected = distinct_scores(model, pairs, pad_token_id, batch_size, device)
+    return scores[chosen], scores[rejected], _margins([pairs[i] for i in range(len(pairs))])
 
 
 def score_normalization(
     model: PreTrainedModel, pairs: Sequence[PreferenceItem], pad_token_id: int | None, device
 ) -> dict[str, float]:
-    """Mean and std of the model's scores over both responses of every pair: the reward
-    model's normalisation, so that (score - mean) / std has mean 0 and std 1 on the
-    responses it learned from. Returns {"mean", "std", "n"}."""
-    chosen, rejected, _ = all_pair_scores(model, pairs, pad_token_id, device=device)
-    scores = torch.cat([chosen, rejected]).double()
+    """Mean and std of the model's scores over every distinct response of the pairs: the
+    reward model's normalisation, so that (score - mean) / std has mean 0 and std 1 on the
+    responses it learned from (a response in several pairs counts once). Returns
+    {"mean", "std", "n"}."""
+    scores = distinct_scores(model, pairs, pad_token_id, device=device)[0].double()
     std = float(scores.std(unbiased=False)) if scores.numel() > 1 else 0.0
     return {"mean": float(scores.mean()), "std": std if std > 0 else 1.0, "n": scores.numel()}
 
@@ -119,13 +142,14 @@ def _evaluate_all(model, probes: dict[str, Sequence[PreferenceItem]], pad, devic
     }
 
 
-def _check_sizes(dataset: Sequence[PreferenceItem], steps: int, batch_size: int) -> None:
+def _check_sizes(dataset: Sequence, steps: int, batch_size: int, by_prompt: bool) -> None:
     if steps < 1:
         raise ValueError(f"steps={steps} must be >= 1; set --steps.")
+    what = "prompts of the training pairs" if by_prompt else "training pairs"
     if batch_size < 1 or len(dataset) < batch_size:
         raise ValueError(
             f"batch_size={batch_size} needs 1 <= batch_size <= {len(dataset)} (the number of "
-            "training pairs); lower --batch-size or add pairs."
+            f"{what}); lower --batch-size or add pairs."
         )
 
 
@@ -142,15 +166,20 @@ def rm_train(
     device: torch.device | str = "cpu",
     warmup_steps: int = 0,
     train_probe_size: int = 512,
+    group_by_prompt: bool = False,
 ) -> dict[str, Any]:
-    """`steps` AdamW steps of the pairwise loss on batches of `batch_size` pairs.
+    """`steps` AdamW steps of the pairwise loss on batches of `batch_size` pairs, or with
+    `group_by_prompt` of `batch_size` prompts with all their pairs (InstructGPT's batch
+    element: the K-choose-2 comparisons of one prompt's K answers; the loss is the mean over
+    the batch's pairs). Each distinct sequence of a batch is scored once.
 
     Returns the per-step curves ``loss``, ``accuracy``, ``margin`` and the metrics of
     :func:`evaluate_preferences` before and after training on the first `train_probe_size`
     training pairs (``train_before``/``train_after``; none for 0) and on `eval_dataset` when given
     (``eval_before``/``eval_after``).
     """
-    _check_sizes(dataset, steps, batch_size)
+    groups = prompt_groups(dataset) if group_by_prompt else None
+    _check_sizes(dataset if groups is None else groups, steps, batch_size, group_by_prompt)
     pad = tokenizer.pad_token_id
     probes = {}
     if train_probe_size > 0:
@@ -159,14 +188,15 @@ def rm_train(
         probes["eval"] = eval_dataset
     result: dict[str, Any] = _evaluate_all(model, probes, pad, device, "before")
     opt, sched = finetune_optimizer(model, lr, steps, warmup_steps)
-    loader = PromptLoader(dataset, batch_size, seed=seed)
+    loader = PromptLoader(dataset if groups is None else groups, batch_size, seed=seed)
     curves: dict[str, list[float]] = {k: [] for k in CURVES}
     model.train()
     bar = StepProgress(steps, "rm")
     for step in range(1, steps + 1):
-        batch = collate_preferences(next(loader), pad)
-        chosen, rejected = pair_scores(model, batch, device)
-        loss, stats = pairwise_loss(chosen, rejected, batch["margin"].to(device))
+        items = next(loader) if groups is None else [p for g in next(loader) for p in g]
+        rows, c, r = distinct_sequences(items)
+        scores = sequence_scores(model, [ids for ids, _ in rows], pad, device)
+        loss, stats = pairwise_loss(scores[c], scores[r], _margins(items).to(device))
         if not math.isfinite(stats["loss"]):
             raise ValueError(
                 f"the reward-model loss is {stats['loss']} at step {step}; lower --lr."

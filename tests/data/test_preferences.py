@@ -10,12 +10,21 @@ from transformers import PreTrainedTokenizerFast
 from proxima.data.preferences import (
     PreferenceDataset,
     PreferenceItem,
-    collate_policy_pairs,
-    collate_preferences,
+    collate_policy_rows,
+    distinct_sequences,
+    pad_sequences,
+    prompt_groups,
 )
 
 WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "user", ":", "hi", "assistant", "a", "b", "c", "d"]
 VOCAB = {w: i for i, w in enumerate(WORDS)}  # <pad>=0 <bos>=1 <eos>=2 user=4 a=8 b=9 c=10 d=11
+
+
+def _rows(items):
+    """Both sides of each pair as (ids, prompt_length): the chosen rows, then the rejected."""
+    return [(i.chosen_ids, i.prompt_length) for i in items] + [
+        (i.rejected_ids, i.prompt_length) for i in items
+    ]
 
 
 def make_tokenizer():
@@ -50,24 +59,18 @@ def test_a_response_cut_at_the_token_limit_gets_no_eos():
     keys = {"prompt_key": "q", "chosen_key": "good", "rejected_key": "bad"}
     ds = PreferenceDataset(records[1:], make_tokenizer(), **keys)
     assert ds[0] == PreferenceItem([8, 9], [8, 10, 2], prompt_length=1)
-    batch = collate_policy_pairs(ds.items, pad_token_id=0)
+    batch = collate_policy_rows(_rows(ds.items), pad_token_id=0)
     assert batch["response_ids"].tolist() == [[9, 0], [10, 2]]
     assert batch["response_mask"].tolist() == [[1, 0], [1, 1]]
 
 
-def test_collate_right_pads_both_sides_to_one_width():
-    items = [PreferenceItem([8, 10, 2], [8, 11, 11, 2], 1), PreferenceItem([9, 2], [9, 8, 2], 1)]
-    batch = collate_preferences(items, pad_token_id=0)
-    # width 4 = longest of all four sequences, so chosen and rejected stack into [4, 4]
-    assert torch.equal(batch["chosen_input_ids"], torch.tensor([[8, 10, 2, 0], [9, 2, 0, 0]]))
-    assert torch.equal(batch["chosen_attention_mask"], torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]))
-    assert torch.equal(batch["rejected_input_ids"], torch.tensor([[8, 11, 11, 2], [9, 8, 2, 0]]))
-    expected_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    assert torch.equal(batch["rejected_attention_mask"], expected_mask)
-    assert torch.equal(batch["margin"], torch.tensor([0.0, 0.0]))
-    assert batch["margin"].dtype == torch.float32
+def test_pad_sequences_right_pads_to_the_longest():
+    ids, mask = pad_sequences([[8, 10, 2], [9, 2], [8, 11, 11, 2]], pad_token_id=0)
+    assert torch.equal(ids, torch.tensor([[8, 10, 2, 0], [9, 2, 0, 0], [8, 11, 11, 2]]))
+    assert torch.equal(mask, torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]]))
+    assert ids.dtype == mask.dtype == torch.long
     with pytest.raises(ValueError, match="no pad token"):
-        collate_preferences(items, pad_token_id=None)
+        pad_sequences([[8]], pad_token_id=None)
 
 
 def test_custom_keys_and_margin_column():
@@ -85,7 +88,6 @@ def test_custom_keys_and_margin_column():
         margin_key="m",
     )
     assert ds[0].margin == 1.5
-    assert collate_preferences(ds.items, 0)["margin"].tolist() == [1.5]
 
 
 def test_missing_column_names_the_columns_found_and_the_option():
@@ -171,7 +173,7 @@ def test_policy_layout_left_pads_prompts_and_right_pads_responses():
         PreferenceItem([8, 9, 10, 2], [8, 9, 11, 11, 2], prompt_length=2),
         PreferenceItem([4, 8, 2], [4, 2], prompt_length=1),
     ]
-    batch = collate_policy_pairs(items, pad_token_id=0)
+    batch = collate_policy_rows(_rows(items), pad_token_id=0)
     # P = 2, R = 3; rows: chosen 0, chosen 1, rejected 0, rejected 1
     assert batch["input_ids"].tolist() == [
         [8, 9, 10, 2, 0],
@@ -193,11 +195,22 @@ def test_policy_layout_of_a_dataset_keeps_the_sft_token_layout():
     # The response ids (EOS included) are what an SFT example of the same record trains on.
     records = [{"prompt": "a b", "chosen": "c", "rejected": "d d"}]
     ds = PreferenceDataset(records, make_tokenizer(), max_length=16)
-    batch = collate_policy_pairs(ds.items, pad_token_id=0)
+    batch = collate_policy_rows(_rows(ds.items), pad_token_id=0)
     assert batch["response_ids"].tolist() == [[10, 2, 0], [11, 11, 2]]
     assert batch["input_ids"][:, :2].tolist() == [[8, 9], [8, 9]]
 
 
 def test_policy_layout_needs_a_pad_token():
     with pytest.raises(ValueError, match="no pad token"):
-        collate_policy_pairs([PreferenceItem([8, 2], [9, 2], 1)], pad_token_id=None)
+        collate_policy_rows([([8, 2], 1)], pad_token_id=None)
+
+
+def test_distinct_sequences_and_prompt_groups():
+    a, b, c, d = [5, 1], [5, 2], [5, 3], [6, 1]
+    items = [PreferenceItem(a, b, 1), PreferenceItem(a, c, 1), PreferenceItem(c, b, 1)]
+    items.append(PreferenceItem(d, a, 1))
+    seqs, chosen, rejected = distinct_sequences(items)
+    assert seqs == [(a, 1), (b, 1), (c, 1), (d, 1)]  # in order of first appearance
+    assert chosen.tolist() == [0, 0, 2, 3] and rejected.tolist() == [1, 2, 1, 0]
+    groups = prompt_groups(items)  # by the prompt's ids: [5] and [6]
+    assert [len(g) for g in groups] == [3, 1] and groups[1][0] is items[3]

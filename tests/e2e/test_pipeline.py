@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import string
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,27 @@ def test_builtin_pipeline_writes_every_file_and_the_summary(tmp_path, keep_threa
     assert {type(pair["chosen_ended"]), type(pair["rejected_ended"])} == {bool}
     assert pair["gold_chosen"] != pair["gold_rejected"]  # ties are left out
     assert "best within KL" in capsys.readouterr().out
+
+
+def test_all_pairing_labels_every_two_answers_and_keeps_held_out_pairs_consecutive(
+    tmp_path, keep_threads
+):
+    """pipeline.pairing=all: every two of a prompt's 4 answers (6 pairs) for the reward
+    model, trained a prompt's pairs at a time; the held-out pairs stay 2 per prompt."""
+    extra = ["pipeline.pairs=2", "pipeline.pairing=all", "rm.group_by_prompt=true"]
+    extra += ["rm.batch_size=4"]
+    rc = main(["pipeline", *TINY, *extra, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    run = tmp_path / "runs"
+    pairs = json.loads((run / "summary.json").read_text())["details"]["pairs"]
+    assert pairs["train"]["pairs"] + pairs["train"]["tied"] == 6 * 64
+    assert pairs["heldout"]["pairs"] + pairs["heldout"]["tied"] == 2 * 8
+    rows = [json.loads(x) for x in (run / "pairs/train.jsonl").read_text().splitlines()]
+    held = [json.loads(x) for x in (run / "pairs/heldout.jsonl").read_text().splitlines()]
+    per_prompt = Counter(r["prompt"] for r in rows)
+    assert max(per_prompt.values()) > 2 >= max(Counter(r["prompt"] for r in held).values())
+    rm = json.loads((run / "rm/rm_summary.json").read_text())
+    assert len(rm["curves"]["loss"]) == 3 and rm["pairs"] == pairs["train"]["pairs"]
 
 
 def test_pipeline_trains_dpo_on_the_same_pairs_and_scores_it_beside_ppo(

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from proxima.cli import main
-from proxima.data.preferences import PreferenceDataset, collate_preferences
+from proxima.data.preferences import PreferenceDataset
 from proxima.models import load_reward_model, load_tokenizer, reward_model_scores
-from proxima.trainer.rm import pair_scores
+from proxima.trainer.rm import all_pair_scores
 from tests.e2e.conftest import arithmetic_pairs, write_jsonl
 
 TRAIN_WRONG = 8  # wrong answers per prompt in training: 100 prompts x 8 = 800 pairs
@@ -54,7 +54,7 @@ def test_rm_learns_sums_and_plugs_into_ppo(
         [json.loads(line) for line in held_file.read_text().splitlines()], tok, max_length=16
     )
     with torch.no_grad():
-        chosen, rejected = pair_scores(rm, collate_preferences(held.items, tok.pad_token_id), "cpu")
+        chosen, rejected, _ = all_pair_scores(rm, held, tok.pad_token_id)
         one = held[0].chosen_ids  # one unpadded row scores like its padded batch row
         alone = reward_model_scores(rm, torch.tensor([one]), torch.ones(1, len(one)))
     assert float((chosen > rejected).float().mean()) == pytest.approx(after)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proxima.data.preferences import PreferenceDataset, collate_preferences, reward_input_ids
+from proxima.data.preferences import PreferenceDataset, reward_input_ids
 from proxima.models import (
     build_bpe_tokenizer,
     build_char_tokenizer,
@@ -17,7 +17,7 @@ from proxima.models import (
     reward_model_scores,
 )
 from proxima.rewards import ModelReward
-from proxima.trainer.rm import pair_scores
+from proxima.trainer.rm import all_pair_scores
 
 ALPHABET = "0123456789+= abcdesy"
 PAIRS = [("12+34=", "46", "47"), ("say ab", "cd", "ce")]
@@ -70,9 +70,7 @@ def test_training_and_ppo_feed_the_reward_model_the_same_ids(policy_tok, rm_tok)
     whole = rm_tok("say abcd", add_special_tokens=False)["input_ids"]
     assert whole + [rm_tok.eos_token_id] != expected[2]
 
-    chosen, rejected = pair_scores(
-        rm, collate_preferences(trained.items, rm_tok.pad_token_id), "cpu"
-    )
+    chosen, rejected, _ = all_pair_scores(rm, trained, rm_tok.pad_token_id)
     in_training = torch.stack([chosen, rejected], 1).flatten()
     in_ppo = source(prompts, responses, {}, seqs, mask)
     torch.testing.assert_close(in_ppo, in_training, rtol=1e-5, atol=1e-6)
@@ -97,9 +95,7 @@ def test_shared_vocabulary_scores_policy_ids_as_in_training(policy_tok):
     assert source.shares_tokenizer
     records = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS]
     trained = PreferenceDataset(records, policy_tok, max_length=64)
-    chosen, rejected = pair_scores(
-        rm, collate_preferences(trained.items, policy_tok.pad_token_id), "cpu"
-    )
+    chosen, rejected, _ = all_pair_scores(rm, trained, policy_tok.pad_token_id)
     prompts = [p for p, _, _ in PAIRS for _ in range(2)]
     responses = [x for _, c, r in PAIRS for x in (c, r)]
     seqs, mask = policy_batch(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from proxima.config import DPOConfig, ModelConfig
-from proxima.data.preferences import PreferenceDataset
+from proxima.data.preferences import PreferenceDataset, PreferenceItem
 from proxima.models import (
     ARCHITECTURES,
     build_char_tokenizer,
@@ -60,6 +60,7 @@ def test_sequence_logprobs_are_those_of_each_pair_read_alone(arch, pairs):
     tok, data = pairs
     model = build_tiny_model(arch, tok, "nano", max_positions=32, seed=2).eval()
     items = [data[0], data[13], data[42]]  # prompts and responses of different lengths
+    items.append(PreferenceItem(data[13].rejected_ids, data[13].chosen_ids, data[13].prompt_length))
     with torch.no_grad():
         got = pair_logprobs(model, items, tok.pad_token_id, "cpu")
     for row, item in enumerate(items):
@@ -113,3 +114,29 @@ def test_under_lora_the_reference_is_the_model_with_adapters_off(folder, pairs):
     off = all_pair_logprobs(AdapterDisabled(model), data.items, tok.pad_token_id, batch_size=16)
     assert torch.allclose(off.chosen, before.chosen, atol=1e-5)
     assert torch.allclose(off.rejected, before.rejected, atol=1e-5)
+
+
+def test_grouped_steps_take_all_pairs_of_a_prompt(folder, monkeypatch):
+    """dpo.group_by_prompt: a step of batch_size 1 trains on all pairs of one prompt (every
+    two of its three answers), each prompt once per epoch."""
+    from proxima.trainer import dpo as dpo_module
+
+    tok = load_tokenizer(folder)
+    answers = {"1+1=": ["2", "3", "22"], "2+2=": ["4", "44", "5"]}
+    records = [
+        {"prompt": p, "chosen": a[i], "rejected": a[j]}
+        for p, a in answers.items()
+        for i, j in ((0, 1), (0, 2), (1, 2))
+    ]
+    data = PreferenceDataset(records, tok)
+    seen, step = [], dpo_module._train_step
+
+    def spy(model, items, *args):
+        seen.append([data.items.index(item) for item in items])
+        return step(model, items, *args)
+
+    monkeypatch.setattr(dpo_module, "_train_step", spy)
+    d = DPOConfig(lr=1e-3, batch_size=1, epochs=1, group_by_prompt=True)
+    res = dpo_train(load_causal_lm(folder), tok, data, d)
+    assert res["steps"] == 2
+    assert sorted(sorted(s) for s in seen) == [[0, 1, 2], [3, 4, 5]]

@@ -9,7 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from proxima.data.preferences import PreferenceDataset, collate_preferences
+from proxima.data.preferences import (
+    PreferenceDataset,
+    PreferenceItem,
+    pad_sequences,
+)
 from proxima.models import (
     ARCHITECTURES,
     build_char_tokenizer,
@@ -23,8 +27,8 @@ from proxima.models import (
     tiny_config,
 )
 from proxima.trainer.rm import (
+    all_pair_scores,
     evaluate_preferences,
-    pair_scores,
     pairwise_loss,
     preference_accuracy,
     rm_train,
@@ -138,27 +142,27 @@ def setup(tok, tmp_path_factory):
     return init_reward_model(folder, seed=0), tokenizer, PreferenceDataset(records, tokenizer)
 
 
-def test_stacked_pass_equals_separate_passes(setup):
+def test_pair_scores_equal_separate_passes(setup):
     model, tokenizer, pairs = setup
-    batch = collate_preferences(pairs.items, tokenizer.pad_token_id)
-    chosen, rejected = pair_scores(model, batch, "cpu")
-    alone_c = reward_model_scores(model, batch["chosen_input_ids"], batch["chosen_attention_mask"])
-    ids, mask = batch["rejected_input_ids"], batch["rejected_attention_mask"]
-    alone_r = reward_model_scores(model, ids, mask)
-    torch.testing.assert_close(chosen, alone_c, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rejected, alone_r, rtol=1e-5, atol=1e-5)
-    # chosen sides are shorter than rejected ones, so they carry right padding: unpadded
-    # single rows give the same scores (the score is read at the last real token).
-    one = pairs[5].chosen_ids
-    single = reward_model_scores(model, torch.tensor([one]), torch.ones(1, len(one)))
+    chosen, rejected, margins = all_pair_scores(model, pairs, tokenizer.pad_token_id, 3)
+    assert margins.tolist() == [0.0] * 8
+    pad = tokenizer.pad_token_id
+    with torch.no_grad():
+        for side, got in (("chosen_ids", chosen), ("rejected_ids", rejected)):
+            ids, mask = pad_sequences([getattr(item, side) for item in pairs.items], pad)
+            alone = reward_model_scores(model, ids, mask)
+            torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+        # chosen sides are shorter than rejected ones, so they carry right padding: unpadded
+        # single rows give the same scores (the score is read at the last real token).
+        one = pairs[5].chosen_ids
+        single = reward_model_scores(model, torch.tensor([one]), torch.ones(1, len(one)))
     torch.testing.assert_close(chosen[5:6], single, rtol=1e-5, atol=1e-5)
 
 
 def test_evaluate_matches_the_loss_on_all_pairs_and_restores_mode(setup):
     model, tokenizer, pairs = setup
-    batch = collate_preferences(pairs.items, tokenizer.pad_token_id)
-    with torch.no_grad():
-        _, expected = pairwise_loss(*pair_scores(model, batch, "cpu"))
+    chosen, rejected, _ = all_pair_scores(model, pairs, tokenizer.pad_token_id, 8)
+    _, expected = pairwise_loss(chosen, rejected)
     model.train()
     got = evaluate_preferences(model, pairs, tokenizer.pad_token_id, batch_size=3)  # 3+3+2
     assert model.training
@@ -186,6 +190,33 @@ def test_rm_train_returns_curves_and_evaluations(setup, tok, tmp_path):
     assert small["train_before"]["n"] == 3
 
 
+def test_grouped_steps_take_all_pairs_of_a_prompt(setup, tok, tmp_path):
+    """rm.group_by_prompt: a step of batch_size 1 is the loss of all pairs of one prompt,
+    and every prompt appears once per epoch (two steps: the two prompts' losses)."""
+    tokenizer = setup[1]
+    answers = {"1+1=": ["2", "3", "22"], "2+2=": ["4", "44", "5"]}
+    records = [
+        {"prompt": p, "chosen": a[i], "rejected": a[j]}
+        for p, a in answers.items()
+        for i, j in ((0, 1), (0, 2), (1, 2))
+    ]
+    pairs = PreferenceDataset(records, tokenizer)
+    folder = _save(build_tiny_model("llama", tok, "nano", max_positions=32, seed=1), tok, tmp_path)
+    model = init_reward_model(folder, seed=0)
+    chosen, rejected, _ = all_pair_scores(model, pairs, tokenizer.pad_token_id)
+    expected = sorted(
+        pairwise_loss(chosen[k : k + 3], rejected[k : k + 3])[1]["loss"] for k in (0, 3)
+    )
+    res = rm_train(
+        model, tokenizer, pairs, steps=2, lr=1e-9, batch_size=1, group_by_prompt=True,
+        train_probe_size=0,
+    )  # fmt: skip
+    assert sorted(res["loss"]) == pytest.approx(expected, abs=1e-5)
+    assert expected[0] != pytest.approx(expected[1], abs=1e-3)  # the two prompts differ
+    with pytest.raises(ValueError, match=r"batch_size=3 .*2 \(the number of prompts"):
+        rm_train(model, tokenizer, pairs, steps=1, lr=1e-3, batch_size=3, group_by_prompt=True)
+
+
 def test_rm_train_size_errors_name_the_option(setup):
     model, tokenizer, pairs = setup
     with pytest.raises(ValueError, match=r"batch_size=9 .*--batch-size"):
@@ -205,7 +236,8 @@ def test_non_finite_loss_stops_with_the_fix(setup, tok, tmp_path):
 
 def test_score_normalization_round_trip_through_a_saved_folder(setup, tmp_path):
     """The statistics of both sides of every pair, stored in config.json, read back, and
-    applied by the reward source a run builds from the folder: mean 0, std 1 there."""
+    applied by the reward source a run builds from the folder: mean 0, std 1 there. A
+    response in several pairs counts once."""
     from proxima.config import Config
     from proxima.models import score_normalization as read_normalization
     from proxima.models.loading import SCORE_NORMALIZATION
@@ -219,6 +251,9 @@ def test_score_normalization_round_trip_through_a_saved_folder(setup, tmp_path):
     assert norm["n"] == 16
     assert norm["mean"] == pytest.approx(float(both.mean()), abs=1e-6)
     assert norm["std"] == pytest.approx(float(both.std(unbiased=False)), abs=1e-6)
+    one = pairs[1]  # the same two responses again, reversed
+    shared = [*pairs.items, PreferenceItem(one.rejected_ids, one.chosen_ids, one.prompt_length)]
+    assert score_normalization(model, shared, tokenizer.pad_token_id, "cpu") == norm
     setattr(model.config, SCORE_NORMALIZATION, norm)
     model.save_pretrained(tmp_path / "rm")
     delattr(model.config, SCORE_NORMALIZATION)  # the fixture's model is shared
@@ -226,9 +261,8 @@ def test_score_normalization_round_trip_through_a_saved_folder(setup, tmp_path):
     assert read_normalization(tmp_path / "rm") == pytest.approx((norm["mean"], norm["std"]))
     cfg = Config().replace({"reward.model_path": str(tmp_path / "rm")})
     source = build_reward(cfg, tokenizer, torch.device("cpu"))
-    batch = collate_preferences(pairs.items, tokenizer.pad_token_id)
-    ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
-    mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
+    seqs = [item.chosen_ids for item in pairs.items] + [item.rejected_ids for item in pairs.items]
+    ids, mask = pad_sequences(seqs, tokenizer.pad_token_id)
     got = source([""] * 16, [""] * 16, {}, ids, mask).double()
     torch.testing.assert_close(got, (both - norm["mean"]) / norm["std"], rtol=1e-5, atol=1e-5)
     assert float(got.mean()) == pytest.approx(0.0, abs=1e-5)
