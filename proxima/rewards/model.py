@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from proxima.algos import last_token_index
-from proxima.data.preferences import reward_input_ids
+from proxima.data.preferences import pad_sequences, reward_input_ids
 from proxima.rewards.function import RewardError
 from proxima.types import right_shifts, roll_rows, token_budget_groups
 
@@ -125,13 +125,7 @@ class ModelReward:
         pad = self.rm_tokenizer.pad_token_id
         pad = self.rm_tokenizer.eos_token_id if pad is None else pad
         pad = 0 if pad is None else pad  # masked out anyway; any valid id will do
-        width = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
-        return input_ids, mask
+        return pad_sequences(rows, pad)
 
     @torch.no_grad()
     def _score_in_chunks(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
