@@ -33,6 +33,7 @@ SMOKE = {
     "chat_sweep": ["--smoke"],
     "check_identical": ["--smoke"],
     "memory_phases": ["--smoke"],
+    "pipeline_dpo_kl": ["--smoke"],
 }
 
 
