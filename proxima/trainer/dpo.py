@@ -8,7 +8,7 @@ left-padded, responses with their EOS right-padded), so the log-probs are those 
 pairs of a batch (every two of K answers to a prompt) is read once.
 
 The reference is the starting policy. Its log-probs never change, so they are computed once
-per pair before the first step (TRL's `precompute_ref_log_probs`): no second copy of the
+per response before the first step (TRL's `precompute_ref_log_probs`): no second copy of the
 weights is held, with or without LoRA (a fresh LoRA adapter leaves the model's output
 unchanged, so the actor at step 0 IS its base model with the adapters off).
 """
