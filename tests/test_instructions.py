@@ -89,6 +89,26 @@ def test_degenerate(kind, response, bad):
     assert I.degenerate(kind, response) is bad
 
 
+def test_judge_is_the_verifier_without_degenerate_answers():
+    responses = [
+        "now now now now",
+        "rain falls down softly",
+        "1. oak\n2. oak\n3. oak",
+        "oak, elm, ash",
+    ]
+    cols = dict(
+        kind=["words", "words", "list", "list"],
+        n=[4, 4, 3, 3],
+        word=[""] * 4,
+        topic=["now", "rain", "", ""],
+        category=["", "", "trees", "trees"],
+    )
+    met = I.reward(["p"] * 4, responses, **cols)
+    assert I.judge(["p"] * 4, responses, **cols) == [0.0, met[1], 0.0, met[3]]
+    # the verifier passes "now now now now"; the judge keeps only what is not degenerate
+    assert met[0] == met[1] == met[3] == 1.0
+
+
 def test_reward_reads_the_columns():
     scores = I.reward(
         ["p"] * 3,

