@@ -25,6 +25,7 @@ SMOKE = {
     "bench_lora_push": ["--smoke"],
     "bench_memory_plan": ["--smoke"],
     "bench_multiturn": ["--smoke"],
+    "bench_prefill_once": ["--smoke"],
     "bench_rollout_engines": ["--smoke"],
     "bench_token_budget": ["--smoke"],
     "bench_tools": ["--smoke"],

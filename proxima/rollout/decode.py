@@ -153,7 +153,40 @@ def _last_position(policy, ids, mask, positions, cache, values: bool):
     return out.logits[:, -1], getattr(out, name), seen.calls[-1][:, -1] if values else None
 
 
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the first row of each distinct prompt [D], each row's distinct prompt [B]): rows
+    with the same ids and mask are one prompt (the `rollout.n` samples of a prompt)."""
+    _, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
+    rows = torch.arange(len(inverse), device=ids.device)
+    first = torch.full((int(inverse.max()) + 1,), len(inverse), device=ids.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    where = torch.empty_like(first)
+    where[first.argsort()] = torch.arange(len(first), device=ids.device)
+    return first.sort().values, where[inverse]
+
+
 def _prefill(policy, ids, mask, positions, values: bool):
+    """The prompts' forward pass, each distinct prompt once (the `rollout.n` copies of a
+    prompt share its keys, values and last logits: the rows' caches are copies of its),
+    in groups of similar length (`_prefill_rows`). Returns (the rows' order, the last
+    position's logits [B, V], the cache, and with `values` the LM head's input there
+    [B, H]), the rows in the order their groups give (as without copies)."""
+    first, prompt_of = distinct_rows(ids, mask)
+    if len(first) == ids.shape[0]:
+        return _prefill_rows(policy, ids, mask, positions, values)
+    groups = _prefill_groups(policy, mask)
+    order = torch.tensor([i for group in groups for i in group], device=ids.device)
+    done, logits, cache, hidden = _prefill_rows(
+        policy, ids[first], mask[first], positions[first], values
+    )
+    at = torch.empty_like(done)  # where each distinct prompt is in the cache's rows
+    at[done] = torch.arange(len(done), device=ids.device)
+    index = at[prompt_of[order]]
+    cache.batch_select_indices(index)
+    return order, logits[index], cache, hidden[index] if values else None
+
+
+def _prefill_rows(policy, ids, mask, positions, values: bool):
     """The prompts' forward pass, in groups of rows of similar length
     (`types.token_budget_groups`, PREFILL_TOKENS padded tokens each), each group cut to
     its longest prompt, so left padding is not computed; the groups' KV caches are then

@@ -57,11 +57,12 @@ def _batch(tok):
     return ids, mask
 
 
-def _run(model, tok, loop: bool, monkeypatch, stops, **kw):
+def _run(model, tok, loop: bool, monkeypatch, stops, rows: int = 0, **kw):
+    """The engine on PROMPTS, in micro-batches of `rows` rows (0: one micro-batch)."""
     reason = "" if loop else "the test asks for HF generate"
     monkeypatch.setattr(hf_engine, "loop_applies", lambda m: reason)
     ids, mask = _batch(tok)
-    engine = HFEngine(model, tok.pad_token_id, len(PROMPTS), tok)  # one micro-batch
+    engine = HFEngine(model, tok.pad_token_id, rows or len(PROMPTS) * kw.get("n", 1), tok)
     return engine.generate(ids, mask, Sampling(MAX_NEW, tuple(stops), **kw))
 
 
@@ -155,6 +156,53 @@ def test_rows_that_end_leave_the_batch(model, tok, monkeypatch, prefill_tokens):
     running = len(PROMPTS) - int(gen.stopped.sum())
     assert widths[-1] < len(PROMPTS) and widths[-1] >= running
     assert widths == sorted(widths, reverse=True)
+
+
+def test_copies_of_a_prompt_are_prefilled_once(model, tok, monkeypatch, prefill_tokens):
+    stop = _splitting_stop(model, tok, monkeypatch)
+    shapes = []
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    kw = dict(stops=[stop, tok.eos_token_id], greedy=True, logprobs=True, n=3)
+    try:
+        got = _run(model, tok, True, monkeypatch, **kw)
+    finally:
+        hook.remove()
+    # the 8 prompts once each (as in test_rows_that_end_leave_the_batch), then 24 rows decode
+    prefill = [(2, 6), (2, 5), (3, 4), (1, 2)] if prefill_tokens == 12 else [(8, 6)]
+    assert shapes[: len(prefill)] == prefill and shapes[len(prefill)] == (24, 1)
+    want = _run(model, tok, False, monkeypatch, **kw)
+    assert torch.equal(got.input_ids, want.input_ids)
+    assert torch.equal(got.response_mask, want.response_mask)
+    assert got.stopped.tolist() == want.stopped.tolist()
+    assert torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [24, 5], ids=["one-micro-batch", "copies-split"])
+def test_sampling_with_a_prompt_prefilled_once_is_as_with_each_copy(
+    model, tok, monkeypatch, rows
+):
+    # the same draws in the same rows as prefilling every copy (the rows' order kept), also
+    # where a micro-batch boundary splits a prompt's copies
+    kw = dict(stops=[tok.eos_token_id], temperature=1.5, logprobs=True, n=3, rows=rows)
+    torch.manual_seed(3)
+    got = _run(model, tok, True, monkeypatch, **kw)
+    every = lambda ids, mask: (torch.arange(len(ids)), torch.arange(len(ids)))  # noqa: E731
+    monkeypatch.setattr(decode, "distinct_rows", every)
+    torch.manual_seed(3)
+    want = _run(model, tok, True, monkeypatch, **kw)
+    assert torch.equal(got.response_ids, want.response_ids)
+    assert torch.allclose(got.logprobs, want.logprobs, atol=1e-5)
+    sampled = got.response_ids.view(len(PROMPTS), 3, -1)
+    assert any(not torch.equal(s[0], s[1]) for s in sampled)  # copies sample apart
+
+
+def test_distinct_rows():
+    ids = torch.tensor([[0, 5, 6], [1, 2, 3], [0, 5, 6], [0, 0, 6], [1, 2, 3]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    first, prompt_of = decode.distinct_rows(ids, mask)
+    assert first.tolist() == [0, 1, 3] and prompt_of.tolist() == [0, 1, 0, 2, 1]
 
 
 def test_inverse_cdf_draw_draws_by_probability(monkeypatch):
