@@ -180,9 +180,7 @@ def test_copies_of_a_prompt_are_prefilled_once(model, tok, monkeypatch, prefill_
 
 
 @pytest.mark.parametrize("rows", [24, 5], ids=["one-micro-batch", "copies-split"])
-def test_sampling_with_a_prompt_prefilled_once_is_as_with_each_copy(
-    model, tok, monkeypatch, rows
-):
+def test_sampling_with_a_prompt_prefilled_once_is_as_with_each_copy(model, tok, monkeypatch, rows):
     # the same draws in the same rows as prefilling every copy (the rows' order kept), also
     # where a micro-batch boundary splits a prompt's copies
     kw = dict(stops=[tok.eos_token_id], temperature=1.5, logprobs=True, n=3, rows=rows)
