@@ -209,6 +209,33 @@ def packed_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: int) -> list:
+    """Rows in groups by their first `split` columns (ids and mask the same: the samples
+    of one prompt, in the batch's own layout), in the order of each group's first row."""
+    head = torch.cat([input_ids[:, :split], attention_mask[:, :split]], dim=1)
+    _, inverse = torch.unique(head, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for row, g in enumerate(inverse.tolist()):
+        groups.setdefault(g, []).append(row)
+    return list(groups.values())
+
+
+def prompt_sorted_groups(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, split: int, rows: int
+) -> list[list[int]]:
+    """`rows` rows to a group, as SORTED's, with a prompt's samples kept together (packed
+    passes lay a prompt once for them, `models.packing.pack_shared`): the prompts'
+    groups (`prompt_groups`), the one with the longest sequence first, cut every `rows`
+    rows (a prompt's samples are split only where `rows` is no multiple of them)."""
+    if rows < 1:
+        raise ValueError(f"length-sorted groups need rows >= 1, got {rows}")
+    lengths = attended_lengths(attention_mask)
+    groups = prompt_groups(input_ids, attention_mask, split)
+    groups.sort(key=lambda g: -max(lengths[i] for i in g))
+    order = [i for g in groups for i in g]
+    return [order[i : i + rows] for i in range(0, len(order), rows)]
+
+
 # `*.max_tokens_per_micro` = SORTED (the default): no token budget; the rows sorted by length
 # and cut into micro-batches of the fixed number of rows, each trimmed of the padding its
 # rows share: never more rows or tokens per pass than fixed micro-batches, fewer padded ones

@@ -26,6 +26,7 @@ SMOKE = {
     "bench_memory_plan": ["--smoke"],
     "bench_multiturn": ["--smoke"],
     "bench_prefill_once": ["--smoke"],
+    "bench_shared_prompts": ["--smoke"],
     "bench_rollout_engines": ["--smoke"],
     "bench_token_budget": ["--smoke"],
     "bench_tools": ["--smoke"],

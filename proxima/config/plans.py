@@ -75,11 +75,16 @@ def packing_plan(cfg: Config) -> list[str]:
     """How the forward passes lay out their sequences (`model.packing`)."""
     if not cfg.model.packing:
         return ["  layout: padded rows in every forward pass (model.packing=false)"]
+    shared = (
+        f"; a prompt once for its {cfg.rollout.n} samples where that computes less"
+        if cfg.rollout.n > 1
+        else ""
+    )
     return [
         "  layout: packed rows (model.packing=true): the scoring passes, the reward models and "
         "the updates lay their sequences end to end in rows as wide as their longest, "
-        "positions from 0 and attention within each sequence (each model tried once "
-        "before the run)"
+        f"positions from 0 and attention within each sequence{shared} (each model tried "
+        "once before the run)"
     ]
 
 

@@ -85,8 +85,10 @@ class ModelConfig:
         "the reward models' forwards and the actor's and critic's updates: each forward lays "
         "its sequences end to end in rows as wide as its longest, no padding between them, "
         "positions from 0 at each sequence's start, attention within each sequence (the "
-        "model builds that mask from the position ids). Never more positions than padded "
-        "rows; the results equal the padded ones to float rounding; token budgets "
+        "model builds that mask from the position ids); the rollout.n samples of a prompt "
+        "share one copy of it (a 4D mask: each sample sees its prompt and itself) where the "
+        "model's attention takes that mask and it computes less. Never more positions than "
+        "padded rows; the results equal the padded ones to float rounding; token budgets "
         "(*.max_tokens_per_micro) count the packed rows. Each model is tried once before the "
         "run and refused if a sequence would see another (docs/performance.md).",
     )

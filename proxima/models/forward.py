@@ -30,7 +30,15 @@ from transformers import PreTrainedModel
 
 from proxima.algos import last_token_index, logprobs_from_logits
 from proxima.models.loading import scalar_head
-from proxima.models.packing import PackedRows, one_row_attention, pack
+from proxima.models.packing import (
+    PackedRows,
+    one_row_attention,
+    pack,
+    pack_shared,
+    rows_cost,
+    shared_mask_form,
+    shares_prompts,
+)
 from proxima.models.unwrap import base_model
 
 
@@ -115,9 +123,24 @@ def _kept_logits(logits, hooked: bool, select: Select, n: int, temperature: floa
     return _scaled(logits, temperature)
 
 
-def _packed_rows(model: torch.nn.Module, input_ids, attention_mask) -> PackedRows:
-    """The batch packed the way `model`'s attention implementation reads packed rows."""
-    return pack(input_ids, attention_mask, one_row_attention(base_model(model).config))
+def _packed_rows(
+    model: torch.nn.Module, input_ids, attention_mask, response_length: int | None = None
+) -> PackedRows:
+    """The batch packed the way `model`'s attention implementation reads packed rows; with
+    `response_length`, each prompt once for all its samples (`pack_shared`: the rows that
+    share their columns before the responses) where the model takes the 4D mask that needs
+    and it costs fewer multiply-adds than packing every row's prompt (`rows_cost`)."""
+    inner = base_model(model)
+    config = inner.config
+    rows = pack(input_ids, attention_mask, one_row_attention(config))
+    if response_length is None or not shares_prompts(model):
+        return rows
+    form = shared_mask_form(config, next(inner.parameters()).dtype)
+    split = input_ids.shape[1] - response_length
+    shared = pack_shared(input_ids, attention_mask, split, form)
+    if shared is None or rows_cost(shared, config) >= rows_cost(rows, config):
+        return rows
+    return shared
 
 
 def _packed_keep(keep: torch.Tensor | None) -> torch.Tensor:
@@ -142,7 +165,7 @@ def response_logits(
     `packed`: through packed rows (needs `keep`).
     """
     if packed:
-        rows = _packed_rows(model, input_ids, attention_mask)
+        rows = _packed_rows(model, input_ids, attention_mask, response_length)
         places = rows.predicting(_packed_keep(keep))
         select = lambda x: rows.take(x, places)
         with _head_only_at(model, select) as hooked:
@@ -174,7 +197,7 @@ def response_logits_values(
     `packed`: through packed rows (needs `keep`; the values outside `keep` are then 0)."""
     if packed:
         keep = _packed_keep(keep)
-        rows = _packed_rows(model, input_ids, attention_mask)
+        rows = _packed_rows(model, input_ids, attention_mask, response_length)
         places = rows.predicting(keep)
         select = lambda x: rows.take(x, places)
         with _head_only_at(model, select) as hooked:
@@ -232,7 +255,7 @@ def response_values(
     packed rows; the values of positions whose state the mask leaves out are then 0.
     """
     if packed:
-        rows = _packed_rows(critic, input_ids, attention_mask)
+        rows = _packed_rows(critic, input_ids, attention_mask, response_length)
         # every position whose state is a real token (a right-aligned micro-batch's short
         # rows start inside the response columns)
         keep = rows.where[:, -response_length - 1 : -1] >= 0

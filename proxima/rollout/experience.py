@@ -34,7 +34,9 @@ from proxima.models.forward import (
 from proxima.rollout.plan import ScoringPlan
 from proxima.rollout.types import Generation
 from proxima.types import (
+    SORTED,
     Experience,
+    prompt_sorted_groups,
     right_shifts,
     roll_rows,
     shared_padding,
@@ -103,7 +105,9 @@ def _in_packed_chunks(fn: PassFn, gen: Generation, chunks: Chunks) -> torch.Tens
     rows go in their own columns; groups by the budget count packed rows."""
     ids, attn, response = gen.input_ids, gen.attention_mask, gen.response_ids
     n, size = ids.shape[0], chunks.size
-    if chunks.max_tokens:
+    if chunks.max_tokens == SORTED:  # a prompt's samples together: laid once
+        groups = prompt_sorted_groups(ids, attn, ids.shape[1] - response.shape[1], size)
+    elif chunks.max_tokens:
         groups = token_budget_groups(attn, chunks.max_tokens, packed=True, rows=size)
     else:
         groups = [list(range(i, min(i + size, n))) for i in range(0, n, size)]

@@ -35,7 +35,7 @@ from proxima.models.critic import Critic
 from proxima.models.forward import response_logits, response_logits_values, unpack
 from proxima.trainer.dist import Dist, grad_sync
 from proxima.trainer.optim import TrainedRole
-from proxima.types import Experience, token_budget_groups
+from proxima.types import SORTED, Experience, prompt_sorted_groups, token_budget_groups
 
 FIRST_STATS = ("logratio_abs",)  # also reported for the first mini-batch alone
 
@@ -78,7 +78,12 @@ def token_micro_batches(
     response. The loss weights (`micro_weight`) make the gradient that of the whole
     mini-batch, as with fixed micro-batches. `packed`: the objective's passes take
     packed rows (`model.packing`), and the budget counts them. `budget` = SORTED: `rows`
-    rows to a micro-batch, sorted by length."""
+    rows to a micro-batch, sorted by length; packed, a prompt's samples kept together in
+    the batch's layout, so that the pass lays the prompt once (`prompt_sorted_groups`)."""
+    if packed and budget == SORTED:
+        ids, attn = mini.input_ids, mini.attention_mask
+        groups = prompt_sorted_groups(ids, attn, mini.prompt_length, rows)
+        return [mini.select(g).trimmed(keep_response_width) for g in groups]
     groups = token_budget_groups(mini.attention_mask, budget, packed, rows)
     return [mini.select(g).right_aligned().trimmed(keep_response_width) for g in groups]
 

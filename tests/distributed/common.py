@@ -3,6 +3,8 @@ batch and the gradients one mini-batch of it produces through `run_epochs`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import AutoModelForTokenClassification
 
@@ -36,8 +38,15 @@ def models() -> tuple[torch.nn.Module, torch.nn.Module]:
     return actor, critic
 
 
-def global_batch(actor: torch.nn.Module) -> Experience:
-    return ragged_experience(actor, PROMPT_LENS, RESPONSE_LENS, TEMPERATURE, len(ALPHABET))
+def global_batch(actor: torch.nn.Module, shared: bool = False) -> Experience:
+    """The 8 rows of PROMPT_LENS and RESPONSE_LENS; `shared`: rows 2k and 2k + 1 the two
+    samples of one prompt (row 2k's), so each rank's half holds two prompts' samples."""
+    exp = ragged_experience(actor, PROMPT_LENS, RESPONSE_LENS, TEMPERATURE, len(ALPHABET))
+    if not shared:
+        return exp
+    ids, attn, p = exp.input_ids.clone(), exp.attention_mask.clone(), exp.prompt_length
+    ids[1::2, :p], attn[1::2, :p] = ids[::2, :p], attn[::2, :p]
+    return dataclasses.replace(exp, input_ids=ids, attention_mask=attn)
 
 
 # two turns per episode, ids of ALPHABET's characters (4 ...); the first 4 episodes (rank 0 of

@@ -5,7 +5,8 @@ argument; a second argument `cuda` runs on the GPUs (rank % GPU count, so ranks 
 with NCCL or the backend named third (gloo on the CPU otherwise); a fourth names the strategies
 (default ddp,fsdp2,ddp+tokens,fsdp2+tokens; `+tokens`: micro-batches by a token budget,
 `ppo_max_tokens_per_micro`, whose counts differ between the ranks; `+packed`: the passes
-through packed rows, `model.packing`)."""
+through packed rows, `model.packing`; `+shared`: rows in pairs of one prompt's samples,
+in micro-batches of 2 sorted by length with a prompt's samples together, laid once)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import warnings
 import torch
 
 from proxima.trainer.dist import init, shutdown
+from proxima.types import SORTED
 from tests.distributed.common import MODES, global_batch, mini_batch_grads, models
 
 warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
@@ -30,9 +32,10 @@ for strategy in strategies:
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     name, *options = strategy.split("+")
     micro_tokens = 12 if "tokens" in options else 0  # rank 0: 3 micro-batches, rank 1: 2
+    micro_tokens = SORTED if "shared" in options else micro_tokens
     dist = init(name, backend, 120, device)
     actor, _ = models()
-    exp = global_batch(actor)
+    exp = global_batch(actor, shared="shared" in options)
     half = exp.batch_size // dist.world_size
     mine = exp.select(list(range(dist.rank * half, (dist.rank + 1) * half)))
     for mode in MODES:

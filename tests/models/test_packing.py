@@ -428,3 +428,192 @@ def test_a_packed_micro_batch_with_no_real_response_token_still_backwards():
         for packed in (False, True)
     ]
     _assert_same_grads(grads[1], grads[0])
+
+
+# --------------------------------------------------------------------------- shared prompts
+
+# the samples of one prompt: rows 0-2 share a prompt of 3 tokens, rows 3-4 one of 2, rows
+# 5-6 one of 4; row 7 is alone. Groups as packed sequences: [3 | 5 2 4] 14 tokens,
+# [2 | 3 3] 8, [4 | 1 5] 10, [1 | 2] 3: rows of 14, [14] [10 3] [8]
+SHARED_PROMPTS = [3, 3, 3, 2, 2, 4, 4, 1]
+SHARED_RESPONSES = [5, 2, 4, 3, 3, 1, 5, 2]
+GROUPS = [[0, 1, 2], [3, 4], [5, 6], [7]]
+
+
+def _shared_batch(actor):
+    exp = ragged_experience(actor, SHARED_PROMPTS, SHARED_RESPONSES, TEMPERATURE, len(ALPHABET))
+    ids, p = exp.input_ids.clone(), exp.input_ids.shape[1] - R
+    for group in GROUPS:
+        ids[group, :p] = ids[group[0], :p]
+    ids[1, p] = ids[0, p]  # two responses that start alike stay each their own
+    return dataclasses.replace(exp, input_ids=ids)
+
+
+def _shared_rows(model, exp):
+    from proxima.models.forward import _packed_rows
+
+    return _packed_rows(model, exp.input_ids, exp.attention_mask, R)
+
+
+def test_a_prompt_is_laid_once_for_its_samples(tok):
+    from proxima.models.packing import pack_shared, prompt_groups
+
+    exp = _shared_batch(_actor("llama", tok))
+    ids, attn, p = exp.input_ids, exp.attention_mask, exp.input_ids.shape[1] - R
+    assert prompt_groups(ids, attn, p) == GROUPS
+    rows = pack_shared(ids, attn, p, torch.bool)
+    assert rows.input_ids.shape == (3, 14)
+    where = rows.where
+    assert torch.equal(where[0, p - 3 : p], torch.arange(0, 3))  # the prompt, once
+    assert torch.equal(where[1, p - 3 : p], where[0, p - 3 : p])
+    assert torch.equal(where[2, p - 3 : p], where[0, p - 3 : p])
+    assert where[0, p:].tolist() == [3, 4, 5, 6, 7]  # then each response in turn
+    assert where[1, p : p + 2].tolist() == [8, 9] and where[2, p : p + 4].tolist() == [
+        10,
+        11,
+        12,
+        13,
+    ]
+    # each response's positions follow its prompt's
+    assert rows.position_ids[0].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 3, 4, 3, 4, 5, 6]
+    mask = rows.attention_mask[0, 0]
+    assert mask[9].nonzero()[:, 0].tolist() == [0, 1, 2, 8, 9]  # its prompt and itself
+    assert mask[3].nonzero()[:, 0].tolist() == [0, 1, 2, 3]
+    assert pack_shared(ids[[0, 3, 5, 7]], attn[[0, 3, 5, 7]], p, torch.bool) is None
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_prompts_give_the_padded_logprobs_and_entropy(arch, tok):
+    actor = _actor(arch, tok)
+    exp = _shared_batch(actor)
+    # a sliding window cannot take the 4D mask: Gemma 3 packs every row's prompt
+    assert (_shared_rows(actor, exp).attention_mask is None) == (arch == "gemma3")
+    for got, want in zip(
+        _logprobs_entropy(actor, exp, True), _logprobs_entropy(actor, exp, False), strict=True
+    ):
+        _close(got, want)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_shared_prompts_give_the_padded_values(arch, tok):
+    actor = _actor(arch, tok)
+    exp = _shared_batch(actor)
+    ids, attn, keep = exp.input_ids, exp.attention_mask, exp.attention_mask[:, -R:].bool()
+    critic = _scalar_model(arch, tok, AutoModelForTokenClassification, seed=4)
+    assert _shared_rows(critic, exp).attention_mask is not None
+    _close(
+        response_values(critic, ids, attn, R, packed=True) * keep,
+        response_values(critic, ids, attn, R) * keep,
+    )
+    shared = PolicyValue(actor, new_value_head(actor, seed=6))
+    args = (shared, ids, attn, R, TEMPERATURE)
+    got = response_logits_values(*args, keep=keep, packed=True)
+    want = response_logits_values(*args, keep=keep)
+    _close(got[0], want[0])
+    _close(got[1] * keep, want[1] * keep)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("role", ["actor", "critic", "shared", "lora"])
+def test_shared_prompts_give_the_padded_gradients(arch, role, tok):
+    """A prompt's keys and values read by all its samples: its gradient is the sum of
+    theirs, as when each row carries its own copy."""
+    actor = _actor(arch, tok)
+    exp = _shared_batch(actor)
+    critic_cfg = CriticConfig(vf_coef=0.7)
+    if role == "critic":
+        model = _scalar_model(arch, tok, AutoModelForTokenClassification, seed=4)
+        make = lambda packed: ValueObjective(ValueModel(critic_cfg, model, "test"), packed)  # noqa: E731
+    elif role == "shared":
+        model = PolicyValue(actor, new_value_head(actor, seed=6))
+        head = ValueHead(critic_cfg, model.value_head)
+        make = lambda packed: PolicyObjective(ACTOR, TEMPERATURE, critic=head, packed=packed)  # noqa: E731
+    else:
+        model = _lora(actor) if role == "lora" else actor
+        make = lambda packed: PolicyObjective(ACTOR, TEMPERATURE, packed=packed)  # noqa: E731
+    _assert_same_grads(_grads(model, make(True), exp), _grads(model, make(False), exp))
+
+
+@torch.no_grad()
+def test_shared_prompts_under_eager_attention(tok):
+    eager = build_tiny_model("llama", tok, "nano", max_positions=32, seed=3).eval()
+    eager.config._attn_implementation = "eager"
+    exp = _shared_batch(eager)
+    assert _shared_rows(eager, exp).attention_mask.dtype == torch.float32
+    for got, want in zip(
+        _logprobs_entropy(eager, exp, True), _logprobs_entropy(eager, exp, False), strict=True
+    ):
+        _close(got, want)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # rotary and learned positions
+def test_responses_that_saw_each_other_would_change_the_results(arch, tok, monkeypatch):
+    import proxima.models.packing as packing
+
+    actor = _actor(arch, tok)
+    exp = _shared_batch(actor)
+    want = _logprobs_entropy(actor, exp, False)[0]
+    right = packing.pack_shared
+
+    def leaky(*args):  # each token sees every earlier one of its group's tokens
+        rows = right(*args)
+        causal = torch.ones_like(rows.attention_mask[0, 0]).tril()
+        seg = rows.attention_mask.any(dim=-2, keepdim=True) & causal
+        return dataclasses.replace(rows, attention_mask=seg | rows.attention_mask)
+
+    monkeypatch.setattr(packing, "pack_shared", leaky)
+    import proxima.models.forward as forward
+
+    monkeypatch.setattr(forward, "pack_shared", leaky)
+    got = _logprobs_entropy(actor, exp, True)[0]
+    assert float((got - want).abs().max()) > 1e-3
+
+
+def test_a_shared_prompt_that_costs_more_is_not_taken(tok):
+    # one-token prompts and long responses: sharing saves a token a sample and widens the
+    # rows (attention grows with the square of their width)
+    actor = _actor("llama", tok)
+    exp = ragged_experience(actor, [1] * 8, [12] * 8, TEMPERATURE, len(ALPHABET))
+    ids, attn = exp.input_ids.clone(), exp.attention_mask
+    ids[:, :1] = ids[0, :1]
+    from proxima.models.forward import _packed_rows
+    from proxima.models.packing import pack_shared, rows_cost
+
+    shared = pack_shared(ids, attn, 1, torch.bool)
+    assert shared.input_ids.shape == (1, 97)  # 1 + 8 x 12, against 8 rows of 13
+    config = actor.config
+    assert rows_cost(shared, config) > rows_cost(pack(ids, attn), config)
+    assert _packed_rows(actor, ids, attn, 12).attention_mask is None
+
+
+class _No4DMask(torch.nn.Module):
+    """A model that drops a 4D attention mask (reads packing from the position ids only)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def get_base_model(self):
+        return self.model
+
+    def forward(self, input_ids, attention_mask=None, **kw):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = None
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **kw)
+
+
+@torch.no_grad()
+def test_the_start_up_check_tries_shared_prompts(tok):
+    from proxima.models.packing import shares_prompts
+
+    actor = _actor("llama", tok)
+    assert problem_of(actor) is None and shares_prompts(actor)
+    dropping = _No4DMask(_actor("qwen2", tok))
+    assert problem_of(dropping) is None  # packed rows alone are read right
+    assert not shares_prompts(dropping)  # so its passes pack every row's prompt
+    exp = _shared_batch(dropping.model)
+    assert _shared_rows(dropping, exp).attention_mask is None
+    assert not shares_prompts(_actor("gemma3", tok))  # a sliding window

@@ -18,10 +18,11 @@ from proxima.rollout.types import Generation
 from tests.distributed.common import TEMPERATURE, global_batch, models
 
 
-def ragged_generation():
-    """(actor, value model, the ragged batch as a Generation)."""
+def ragged_generation(shared: bool = False):
+    """(actor, value model, the ragged batch as a Generation); `shared`: rows in pairs of
+    one prompt's samples (`global_batch`)."""
     actor, critic = models()
-    exp = global_batch(actor)
+    exp = global_batch(actor, shared)
     gen = Generation(
         input_ids=exp.input_ids,
         attention_mask=exp.attention_mask,

@@ -1,7 +1,8 @@
 """The scoring passes through packed rows (`model.packing`): old log-probs, sum pi^2, the
 exact KL, a value model's values, the value head's, the reward model's scores and a whole
 `build_experience` (reference, critic, teacher) equal the padded passes', in fixed chunks
-and by a token budget (which then counts packed rows)."""
+and by a token budget (which then counts packed rows), also with the samples of a prompt laid
+once (`models.packing.pack_shared`)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def test_every_scoring_pass_equals_the_padded_one():
     for chunks in PACKED:
         assert_passes_equal(actor, _other(1), critic, gen, chunks, PADDED)
     assert sequence_logprobs(actor, gen, TEMPERATURE, PACKED[0]).abs().sum() > 0
+
+
+def test_scoring_passes_with_a_prompt_laid_once_equal_the_padded_ones():
+    from proxima.models.forward import _packed_rows
+
+    actor, critic, gen = ragged_generation(shared=True)
+    r = gen.response_mask.shape[1]
+    for model in (actor, critic):  # the pairs' prompts are laid once
+        assert _packed_rows(model, gen.input_ids, gen.attention_mask, r).attention_mask is not None
+    for chunks in PACKED:  # by a budget: a prompt's samples may land apart, laid each
+        assert_passes_equal(actor, _other(1), critic, gen, chunks, PADDED)
 
 
 def test_reward_model_scores_through_packed_rows_equal_the_padded_ones():
