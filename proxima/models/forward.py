@@ -274,16 +274,20 @@ def reward_model_scores(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     packed: bool = False,
+    prompt_length: int | None = None,
 ) -> torch.Tensor:
     """Score of each sequence, read at its last real token (as DeepSpeed-Chat's reward model
     reads it at the last token of the sequence). Returns [B] float32.
 
     input_ids, attention_mask: [B, L]. The model's own pad-token pooling is bypassed: it
     breaks when pad == eos or with left padding. Gradients flow if the caller enables them
-    (reward-model training reuses this). `packed`: through packed rows.
+    (reward-model training reuses this). `packed`: through packed rows; with
+    `prompt_length`, the rows the same in their first `prompt_length` columns (a prompt's
+    samples) lay them once.
     """
     if packed:
-        rows = _packed_rows(model, input_ids, attention_mask)
+        response = None if prompt_length is None else input_ids.shape[1] - prompt_length
+        rows = _packed_rows(model, input_ids, attention_mask, response)
         hidden = model.base_model(**rows.inputs()).last_hidden_state  # [K, W, H]
         return scalar_head(model)(rows.take(hidden, rows.last_tokens()))[:, 0].float()
     out = model.base_model(

@@ -10,6 +10,7 @@ in PPO as in reward-model training and evaluation.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,13 @@ import torch
 from proxima.algos import last_token_index
 from proxima.data.preferences import pad_sequences, reward_input_ids
 from proxima.rewards.function import RewardError
-from proxima.types import right_shifts, roll_rows, token_budget_groups
+from proxima.types import (
+    SORTED,
+    prompt_sorted_groups,
+    right_shifts,
+    roll_rows,
+    token_budget_groups,
+)
 
 ScoreFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -28,6 +35,25 @@ def same_vocabulary(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return False
     return a is b or a.get_vocab() == b.get_vocab()
+
+
+def shared_columns(
+    prompts: list[str], sequences: torch.Tensor, attention_mask: torch.Tensor
+) -> int | None:
+    """The leading columns every prompt's samples have in common (ids and mask), at least
+    the prompt's own columns of the policy's layout; None when no prompt has two samples.
+    Rows the same in those columns are one prompt's samples (`types.prompt_groups`)."""
+    first: dict[str, int] = {}
+    common = None
+    for row, prompt in enumerate(map(str, prompts)):  # a chat's messages: their text
+        if prompt not in first:
+            first[prompt] = row
+            continue
+        a = first[prompt]
+        same = (sequences[a] == sequences[row]) & (attention_mask[a] == attention_mask[row])
+        n = int(same.long().cumprod(dim=0).sum())
+        common = n if common is None else min(common, n)
+    return common
 
 
 class ModelReward:
@@ -70,6 +96,8 @@ class ModelReward:
         self.normalization = normalization  # (mean, std): scores become (s - mean) / std
         # Vocabularies are compared once: get_vocab() builds a dict of the whole vocabulary.
         self.shares_tokenizer = same_vocabulary(rm_tokenizer, policy_tokenizer)
+        params = inspect.signature(score_fn).parameters
+        self.takes_prompt_length = "prompt_length" in params
         self.policy_eos = getattr(policy_tokenizer, "eos_token_id", None)
 
     def __call__(
@@ -81,12 +109,14 @@ class ModelReward:
         attention_mask: torch.Tensor,
     ) -> torch.Tensor:
         """Scores as a float32 CPU tensor [B]; ``sequences``/``attention_mask`` are [B, L]."""
+        split = None
         if self.shares_tokenizer:
             input_ids, mask = sequences, attention_mask
+            split = shared_columns(prompts, sequences, attention_mask) if self.packed else None
         else:
             ended = self.ended_with_eos(sequences, attention_mask)
             input_ids, mask = self.retokenize(prompts, responses, ended)
-        scores = self._score_in_chunks(input_ids, mask)
+        scores = self._score_in_chunks(input_ids, mask, split)
         bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
         if bad:
             raise RewardError(
@@ -128,13 +158,21 @@ class ModelReward:
         return pad_sequences(rows, pad)
 
     @torch.no_grad()
-    def _score_in_chunks(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _score_in_chunks(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, split: int | None = None
+    ) -> torch.Tensor:
         """`batch_size` consecutive rows per forward, or groups by a token budget, each
         right-aligned and cut to the columns its rows attend to (positions come from the
         mask, the score is read at the last real token: no score changes); packed rows
-        (`packed`) hold no padding, so their rows go as they are."""
+        (`packed`) hold no padding, so their rows go as they are. `split` (packed, the
+        policy's own sequences): the columns the samples of a prompt share, laid once for
+        them (`models.packing.pack_shared`), a prompt's samples kept in one chunk."""
         n = input_ids.shape[0]
-        if self.max_tokens:
+        shared = self.packed and split is not None and self.takes_prompt_length
+        if shared and self.max_tokens == SORTED:
+            groups = prompt_sorted_groups(input_ids, mask, split, self.batch_size)
+            chunks = [torch.tensor(g) for g in groups]
+        elif self.max_tokens:
             groups = token_budget_groups(mask, self.max_tokens, self.packed, self.batch_size)
             chunks = [torch.tensor(g) for g in groups]
         else:
@@ -150,6 +188,8 @@ class ModelReward:
                 start = int(m.bool().any(dim=0).float().argmax())
                 ids, m = ids[:, start:], m[:, start:]
             packed = {"packed": True} if self.packed else {}
+            if shared:
+                packed["prompt_length"] = split
             chunk = self.score_fn(self.model, ids.to(self.device), m.to(self.device), **packed)
             if chunk.shape != (ids.shape[0],):
                 raise RewardError(

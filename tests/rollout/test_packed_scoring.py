@@ -61,6 +61,40 @@ def test_scoring_passes_with_a_prompt_laid_once_equal_the_padded_ones():
         assert_passes_equal(actor, _other(1), critic, gen, chunks, PADDED)
 
 
+def test_reward_model_scores_with_a_prompt_laid_once_equal_the_padded_ones():
+    from proxima.models import build_char_tokenizer
+    from proxima.rewards.model import shared_columns
+    from tests.distributed.common import ALPHABET
+
+    _, critic, gen = ragged_generation(shared=True)
+    tok = build_char_tokenizer(ALPHABET)  # the policy's: its ids are scored as they are
+    ids, mask = gen.input_ids, gen.attention_mask
+    prompts = [f"prompt {i // 2}" for i in range(ids.shape[0])]
+    p = ids.shape[1] - gen.response_mask.shape[1]
+    assert shared_columns(prompts, ids, mask) >= p
+    assert shared_columns([f"prompt {i}" for i in range(ids.shape[0])], ids, mask) is None
+    masks = []
+    hook = critic.base_model.register_forward_pre_hook(
+        lambda m, a, kw: masks.append(kw.get("attention_mask")), with_kwargs=True
+    )
+
+    def scores(tokens: int, packed: bool) -> torch.Tensor:
+        source = ModelReward(
+            critic, tok, tok, reward_model_scores, batch_size=8, max_tokens=tokens, packed=packed
+        )
+        return source(prompts, [""] * len(prompts), {}, ids, mask)
+
+    try:
+        want = scores(0, False)
+        for tokens in (0, SORTED, 18):
+            masks.clear()
+            assert_close(scores(tokens, True), want)
+            if tokens != 18:  # by a budget a prompt's samples may land apart
+                assert any(m is not None and m.dim() == 4 for m in masks)  # laid once
+    finally:
+        hook.remove()
+
+
 def test_reward_model_scores_through_packed_rows_equal_the_padded_ones():
     _, critic, gen = ragged_generation()
     ids, mask = gen.input_ids, gen.attention_mask
