@@ -43,18 +43,21 @@ from proxima.config import Config, ConfigError
 from proxima.config.roles import role_plan
 from proxima.config.run import offload_problem, run_plan
 from proxima.models import DTYPES
+from proxima.models.packing import shared_mask_form
 from proxima.rollout.engines import engine_spec
 from proxima.trainer.host_memory import cpu_available, device_available, resident_bytes
 from proxima.trainer.model_sizes import (
     CHUNK_ELEMENTS,
     Shape,
     forward_bytes,
+    hf_config,
     kv_cache_bytes,
     logits_bytes,
     model_shape,
     saved_activation_bytes,
 )
 from proxima.trainer.offload import resident
+from proxima.types import SORTED
 
 GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
@@ -432,10 +435,17 @@ def _update(
     m = cfg.model
     bf16 = m.mixed_precision == "bf16"
     trace = dict(rows=rows, length=length, response=after, bf16=bf16)
+    prompts = _shared_prompts(cfg, role, rows)
+    if prompts:  # one packed row: each prompt once, then every answer in full
+        trace.update(rows=1, length=prompts * prompt + rows * after, response=rows * after)
+        notes.append(
+            f"{role.name} update: packed rows with each prompt once for its samples "
+            f"({prompts} prompts, {rows} answers a micro-batch)"
+        )
     if role.kind == "causal_lm":
         trace["temperature"] = cfg.rollout.temperature
     width = _compute_bytes(cfg)
-    layer = forward_bytes(rows, length, role.shape, width)
+    layer = forward_bytes(trace["rows"], trace["length"], role.shape, width)
     try:
         full = saved_activation_bytes(role.folder, role.kind, **trace)
         kept = full
@@ -459,6 +469,21 @@ def _update(
         if cfg.actor.use_kl_loss:  # the reference's logits of the micro-batch
             parts["reference logits"] = logits_bytes(rows, after, role.shape.vocab, bf16)
     return parts
+
+
+def _shared_prompts(cfg: Config, role: _Role, rows: int) -> int:
+    """Prompts in an update micro-batch whose samples share one copy of them
+    (`model.packing`, `models.packing.pack_shared`), or 0 where the plan cannot count on
+    it: micro-batches sorted by length hold a prompt's samples together when the mini-batch
+    holds all of them (every row of the process's batch), and the model's attention must
+    take the 4D mask (no sliding window)."""
+    m, sec, n = cfg.model, role.section, cfg.rollout.n
+    whole = sec.ppo_mini_batch_size >= cfg.rollout_batch_size
+    if not (m.packing and n > 1 and whole and sec.ppo_max_tokens_per_micro == SORTED):
+        return 0
+    if shared_mask_form(hf_config(role.folder, role.kind), torch.float32) is None:
+        return 0
+    return -(-rows // n)
 
 
 # --------------------------------------------------------------------------- the check

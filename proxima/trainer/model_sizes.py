@@ -42,7 +42,7 @@ class Shape:
 # --------------------------------------------------------------------------- the models
 
 
-def _hf_config(folder: str, kind: str):
+def hf_config(folder: str, kind: str):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -66,7 +66,7 @@ def count_parameters(folder: str, kind: str = "causal_lm") -> int:
     """Parameters of the model in `folder` built as `kind` (causal_lm, value: one label per
     token, reward: one label per sequence), exactly, from its config on the meta device
     (nothing allocated; shared tensors, like tied embeddings, counted once)."""
-    config = _hf_config(folder, kind)
+    config = hf_config(folder, kind)
     with torch.device("meta"), quiet_transformers():
         model = _auto_class(kind).from_config(config)
     return sum(p.numel() for p in model.parameters())
@@ -77,7 +77,7 @@ def lora_parameters(folder: str, kind: str, rank: int, targets: tuple[str, ...])
     """Parameters of LoRA adapters of rank `rank` on the model in `folder`: r x (in + out)
     for each targeted Linear (every Linear of the backbone when `targets` is empty, as
     peft's all-linear: the output head left out)."""
-    config = _hf_config(folder, kind)
+    config = hf_config(folder, kind)
     with torch.device("meta"), quiet_transformers():
         model = _auto_class(kind).from_config(config)
     head = model.get_output_embeddings() if kind == "causal_lm" else None
@@ -113,7 +113,7 @@ def model_shape(folder: str, kind: str, dtype: torch.dtype, trainable: str, cfg:
     """The Shape of a role's model. trainable: "all", "lora" or "none"."""
     params = count_parameters(folder, kind)
     n_train = {"all": params, "none": 0}.get(trainable)
-    dims = _dims(_hf_config(folder, kind))
+    dims = _dims(hf_config(folder, kind))
     if n_train is None:
         m = cfg.model
         adapters = lora_parameters(folder, kind, m.lora_rank, tuple(m.lora_target_modules))
@@ -152,7 +152,7 @@ def _saved_bytes(folder, kind, rows, length, response, checkpointing, bf16, temp
 
     from proxima.algos import logprobs_from_logits
 
-    config = _hf_config(folder, kind)
+    config = hf_config(folder, kind)
     seen: dict[int, int] = {}
     held: set[int] = set()  # the model's own storages: counted as its weights already
 

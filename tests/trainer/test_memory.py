@@ -368,3 +368,23 @@ def test_disk_need_counts_the_trained_models_and_their_adamw_state(llama, tmp_pa
     assert f"{tmp_path / 'new' / 'run'}" in problem and "trainer.output_dir" in problem
     usage.free = total
     assert memory.disk_problem(_cfg(llama), tmp_path) is None
+
+
+def test_an_update_with_shared_prompts_plans_one_packed_row(llama):
+    # 2 prompts x 4 samples, one mini-batch of all 8, micro-batches of 4: each micro-batch
+    # one prompt (16 tokens) once and its 4 answers (8 tokens each) in a row of 48
+    shared = ["rollout.n=4", "data.train_batch_size=2", "model.packing=true"]
+    cfg = _cfg(llama, *shared)
+    plan = plan_memory(cfg, torch.device("cpu"), baseline=0)
+    t = cfg.rollout.temperature
+    want = saved_activation_bytes(llama, "causal_lm", 1, 48, 32, temperature=t)
+    assert plan.phases["update actor"]["activations"] == want
+    critic = saved_activation_bytes(llama, "value", 1, 48, 32)
+    assert plan.phases["update critic"]["activations"] == critic
+    assert any("each prompt once" in n for n in plan.notes)
+    padded = saved_activation_bytes(llama, "causal_lm", 4, 24, 8, temperature=t)
+    assert want < padded
+    # a mini-batch of half the rows (shuffled) may split a prompt's samples: padded rows
+    for extra in ("actor.ppo_mini_batch_size=4", "model.packing=false"):
+        plan = plan_memory(_cfg(llama, *shared, extra), torch.device("cpu"), baseline=0)
+        assert plan.phases["update actor"]["activations"] == padded
