@@ -38,7 +38,7 @@ from proxima.models.critic import HeadInput, PolicyValue, check_policy_value, va
 from proxima.models.unwrap import base_model
 from proxima.rollout.plan import NEUTRAL_GENERATION_FIELDS
 from proxima.rollout.types import Sampling
-from proxima.types import token_budget_groups
+from proxima.types import prompt_groups, token_budget_groups
 
 # what the decode loop applies of the actor's generation_config, beyond the neutral fields
 LOOP_GENERATION_FIELDS = NEUTRAL_GENERATION_FIELDS | {"suppress_tokens"}
@@ -155,14 +155,13 @@ def _last_position(policy, ids, mask, positions, cache, values: bool):
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(the first row of each distinct prompt [D], each row's distinct prompt [B]): rows
-    with the same ids and mask are one prompt (the `rollout.n` samples of a prompt)."""
-    _, inverse = torch.unique(torch.cat([ids, mask], dim=1), dim=0, return_inverse=True)
-    rows = torch.arange(len(inverse), device=ids.device)
-    first = torch.full((int(inverse.max()) + 1,), len(inverse), device=ids.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    where = torch.empty_like(first)
-    where[first.argsort()] = torch.arange(len(first), device=ids.device)
-    return first.sort().values, where[inverse]
+    with the same ids and mask are one prompt (the `rollout.n` samples of a prompt,
+    `types.prompt_groups`)."""
+    groups = prompt_groups(ids, mask, ids.shape[1])
+    prompt_of = torch.empty(ids.shape[0], dtype=torch.long, device=ids.device)
+    for d, group in enumerate(groups):
+        prompt_of[group] = d
+    return torch.tensor([g[0] for g in groups], device=ids.device), prompt_of
 
 
 def _prefill(policy, ids, mask, positions, values: bool):
