@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.repeats):
             for pk in (False, True):
                 start = time.perf_counter()
-                sizes[pk] = positions(lora if name == "update" else model, lambda: run(pk))
+                call = lambda run=run, pk=pk: run(pk)  # noqa: E731
+                sizes[pk] = positions(lora if name == "update" else model, call)
                 times[pk].append(time.perf_counter() - start)
         if name == "update":  # the micro-batches a packed update made
             micros = token_micro_batches(exp, SORTED, packed=True, rows=args.micro)
