@@ -57,26 +57,38 @@ def smoke_batch():
     return model, tok, ids, tok.eos_token_id
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def batch_arguments(doc: str, repeats: int) -> argparse.ArgumentParser:
+    """The arguments of a benchmark at the chat example's shape (this one's and
+    bench_shared_prompts')."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--model", default="", help="SmolLM2-135M-Instruct: a folder or .gguf")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
     p.add_argument("--new-tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--smoke", action="store_true", help="a tiny model, 3 prompts, 1 repeat")
-    args = p.parse_args(argv)
+    return p
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts' ids left-padded to the longest, and their attention mask."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompts])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in prompts])
+    return ids, mask
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = batch_arguments(__doc__, repeats=5).parse_args(argv)
     if args.smoke:
         model, tok, prompts, stop = smoke_batch()
         args.n, args.new_tokens, args.repeats = 2, 4, 1
     else:
         model, tok, prompts, stop = real_batch(args.model, args.prompts)
     width = max(map(len, prompts))
-    pad = tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompts])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in prompts])
+    ids, mask = left_padded(prompts, tok.pad_token_id)
     sampling = Sampling(args.new_tokens, (stop,), temperature=0.7, n=args.n, logprobs=True)
-    engine = HFEngine(model, pad, len(prompts) * args.n, tok)
+    engine = HFEngine(model, tok.pad_token_id, len(prompts) * args.n, tok)
     print(
         f"{len(prompts)} prompts of {min(map(len, prompts))}-{width} tokens x {args.n} samples, "
         f"at most {args.new_tokens} new tokens; threads {torch.get_num_threads()}",

@@ -19,13 +19,12 @@ model's input), and the largest log-prob difference between the two (float round
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from benchmarks.bench_prefill_once import real_batch, smoke_batch
+from benchmarks.bench_prefill_once import batch_arguments, left_padded, real_batch, smoke_batch
 from proxima.config import ActorConfig, ModelConfig, OptimConfig
 from proxima.models.lora import add_lora
 from proxima.rollout.experience import Chunks, sequence_logprobs
@@ -64,14 +63,8 @@ def update(model, exp: Experience, packed: bool, micro: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="", help="SmolLM2-135M-Instruct: a folder or .gguf")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--n", type=int, default=4, help="samples per prompt (rollout.n)")
-    p.add_argument("--new-tokens", type=int, default=48)
+    p = batch_arguments(__doc__, repeats=3)
     p.add_argument("--micro", type=int, default=16, help="rows per update micro-batch")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="a tiny model, 3 prompts, 1 repeat")
     args = p.parse_args(argv)
     if args.smoke:
         model, tok, prompts, stop = smoke_batch()
@@ -79,8 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         model, tok, prompts, stop = real_batch(args.model, args.prompts)
     width, pad = max(map(len, prompts)), tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in prompts])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in prompts])
+    ids, mask = left_padded(prompts, pad)
     torch.manual_seed(0)
     sampling = Sampling(args.new_tokens, (stop,), temperature=0.7, n=args.n)
     rows = len(prompts) * args.n

@@ -265,15 +265,9 @@ def _assert_same_grads(got: dict, want: dict) -> None:
 ACTOR = ActorConfig(entropy_coef=0.01, use_kl_loss=True, kl_loss_type="k3")
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("role", ["actor", "critic", "shared", "lora"])
-def test_gradients_equal_the_padded_ones(arch, role, tok):
-    """The update's loss (policy loss, entropy bonus and KL loss; a value model's clipped
-    value loss; both through the value head on the actor; the adapters of a LoRA actor)."""
-    if role in ("lora", "critic") and arch == "gemma3":
-        pytest.skip("LoRA on the tiny architectures proxima builds; no Gemma 3 classifier")
-    actor = _actor(arch, tok)
-    exp = _batch(actor)
+def _assert_packed_grads_equal(arch: str, role: str, tok, actor, exp) -> None:
+    """The update's gradients of `role` on `exp` through packed rows equal the padded
+    pass's: the actor, a value model, the value head on the actor, a LoRA actor."""
     critic_cfg = CriticConfig(vf_coef=0.7)
     if role == "critic":
         model = _scalar_model(arch, tok, AutoModelForTokenClassification, seed=4)
@@ -286,6 +280,18 @@ def test_gradients_equal_the_padded_ones(arch, role, tok):
         model = _lora(actor) if role == "lora" else actor
         make = lambda packed: PolicyObjective(ACTOR, TEMPERATURE, packed=packed)  # noqa: E731
     _assert_same_grads(_grads(model, make(True), exp), _grads(model, make(False), exp))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("role", ["actor", "critic", "shared", "lora"])
+def test_gradients_equal_the_padded_ones(arch, role, tok):
+    """The update's loss (policy loss, entropy bonus and KL loss; a value model's clipped
+    value loss; both through the value head on the actor; the adapters of a LoRA actor)."""
+    if role in ("lora", "critic") and arch == "gemma3":
+        pytest.skip("LoRA on the tiny architectures proxima builds; no Gemma 3 classifier")
+    actor = _actor(arch, tok)
+    exp = _batch(actor)
+    _assert_packed_grads_equal(arch, role, tok, actor, exp)
 
 
 # --------------------------------------------------------------------------- controls
@@ -522,18 +528,7 @@ def test_shared_prompts_give_the_padded_gradients(arch, role, tok):
     theirs, as when each row carries its own copy."""
     actor = _actor(arch, tok)
     exp = _shared_batch(actor)
-    critic_cfg = CriticConfig(vf_coef=0.7)
-    if role == "critic":
-        model = _scalar_model(arch, tok, AutoModelForTokenClassification, seed=4)
-        make = lambda packed: ValueObjective(ValueModel(critic_cfg, model, "test"), packed)  # noqa: E731
-    elif role == "shared":
-        model = PolicyValue(actor, new_value_head(actor, seed=6))
-        head = ValueHead(critic_cfg, model.value_head)
-        make = lambda packed: PolicyObjective(ACTOR, TEMPERATURE, critic=head, packed=packed)  # noqa: E731
-    else:
-        model = _lora(actor) if role == "lora" else actor
-        make = lambda packed: PolicyObjective(ACTOR, TEMPERATURE, packed=packed)  # noqa: E731
-    _assert_same_grads(_grads(model, make(True), exp), _grads(model, make(False), exp))
+    _assert_packed_grads_equal(arch, role, tok, actor, exp)
 
 
 @torch.no_grad()
