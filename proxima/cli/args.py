@@ -153,11 +153,20 @@ def split_config_args(
     (`distill.yaml`) unless given one or resuming a checkpoint.
     """
     check_order(args, command)
+    resumes = any(a.startswith("trainer.resume_from=") for a in args)
+    if command == "pipeline" and resumes and args and "=" not in args[0]:
+        from proxima.config import ConfigError
+
+        raise ConfigError(
+            f"`proxima pipeline trainer.resume_from=RUN` goes on with RUN's own config (its "
+            f"pipeline.json), so `{args[0]}` would not be read: drop it, and give only the "
+            "keys to change (e.g. trainer.threads=1)."
+        )
     if args and "=" not in args[0]:
         return builtin_config(args[0]), args[1:]
-    if command == "pipeline":  # its tiny-model settings suit a user's prompts too
-        return builtin_config(PIPELINE_EXAMPLE), args
-    if command == "distill" and not any(a.startswith("trainer.resume_from=") for a in args):
+    if command == "pipeline" and not resumes:
+        return builtin_config(PIPELINE_EXAMPLE), args  # its tiny-model settings suit yours
+    if command == "distill" and not resumes:
         return builtin_config(DISTILL_EXAMPLE), args
     named = any(a.startswith(("model.actor_path=", "trainer.resume_from=")) for a in args)
     if not default_example or named:
@@ -165,14 +174,18 @@ def split_config_args(
     return str(default_config_path()), args
 
 
-def resume_base(path: str | None, overrides: list[str]) -> dict | None:
+def resume_base(path: str | None, overrides: list[str], command: str = "train") -> dict | None:
     """`proxima train trainer.resume_from=X [key=value ...]` continues X's own config (and
-    `proxima config` shows it)."""
+    `proxima config` shows it); `proxima pipeline` that of the pipeline run folder X."""
     if path is not None:
         return None
     resume = [a.split("=", 1)[1] for a in overrides if a.startswith("trainer.resume_from=")]
     if not resume:
         return None
+    if command == "pipeline":  # the pipeline run folder's own
+        from proxima.recipes.pipeline import saved_pipeline_config
+
+        return saved_pipeline_config(resume[-1])
     from proxima.checkpoint import find_checkpoint, read_meta
 
     return read_meta(find_checkpoint(resume[-1]))["config"]
@@ -190,8 +203,10 @@ def load(ns: argparse.Namespace, default_example: bool = False):
             overrides.append(f"{key}={'true' if flag in SWITCHES else value}")
     path, overrides = split_config_args(overrides, default_example, ns.command)
     trains = ns.command in ("train", "distill")
-    base = resume_base(path, overrides) if trains or ns.command == "config" else None
-    label = path or ("the checkpoint's saved config" if base else "defaults")
+    resumes = trains or ns.command in ("config", "pipeline")
+    base = resume_base(path, overrides, ns.command) if resumes else None
+    saved = "the pipeline run's" if ns.command == "pipeline" else "the checkpoint's"
+    label = path or (f"{saved} saved config" if base else "defaults")
     if (trains or base) and launch.is_main_process():
         print(f"config: {label}" + (f" with {' '.join(overrides)}" if overrides else ""))
     cfg = load_config(path, overrides, base=base, command=ns.command)

@@ -800,7 +800,8 @@ class TrainerConfig:
         "",
         "Checkpoint folder (run/checkpoints/iter_N) or run folder (its latest checkpoint) to "
         "continue from, with the same config; raise trainer.iterations to train longer. "
-        "Writes a new run folder.",
+        "Writes a new run folder. `proxima pipeline`: a pipeline run folder, which goes on "
+        "after its finished stages (pipeline.json) with its own config.",
     )
     log_samples: int = _f(4, "Sample generations written to samples.jsonl per iteration.")
     loggers: list = _f(

@@ -20,6 +20,9 @@ be measured, not only what it does to the proxy:
    prompts: gold score, proxy score and KL to the SFT policy; the best checkpoint within
    `pipeline.kl_budget`; the DPO policy beside them; summary.json, pipeline_eval.jsonl and
    the figure.
+
+pipeline.json records the stages finished; `trainer.resume_from=RUN` goes on in RUN after
+them, with RUN's config (`Pipeline.resume`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from proxima.trainer.rm import all_pair_scores
 from proxima.trainer.sft import sft_train
 
 STAGES = ("task", "sft", "pairs", "rm", "ppo", "dpo", "evaluate")
+STATUS = "pipeline.json"  # the stages finished, and what `Pipeline.resume` needs
 GOLD, PROXY = "gold", "rm"  # the reward sources' names in the PPO run (reward/gold, reward/rm)
 
 
@@ -95,8 +99,14 @@ class Pipeline:
 
     def run(self) -> dict:
         self.check_inputs()
-        self.run_dir = new_run_dir(self.cfg.trainer.output_dir)
-        print(f"run folder: {self.run_dir}")
+        done: list[str] = []
+        if self.cfg.trainer.resume_from:
+            self.run_dir = Path(self.cfg.trainer.resume_from)
+            done = self.resume()
+            print(f"run folder: {self.run_dir} (resumed after its `{done[-1]}` stage)")
+        else:
+            self.run_dir = new_run_dir(self.cfg.trainer.output_dir)
+            print(f"run folder: {self.run_dir}")
         steps = (self.prepare, self.sft, self.pairs, self.rm, self.ppo, self.dpo, self.evaluate)
         stages = [
             (name, step)
@@ -104,19 +114,24 @@ class Pipeline:
             if name != "dpo" or self.cfg.pipeline.dpo
         ]
         for i, (name, step) in enumerate(stages, start=1):
+            if name in done:
+                seconds = self.seconds[name]
+                print(f"\n[pipeline {i}/{len(stages)}] {name}: done earlier ({seconds:.0f} s)")
+                continue
             print(f"\n[pipeline {i}/{len(stages)}] {name}")
             began = time.perf_counter()
             try:
                 step()
             except BaseException:
-                if i == 1:  # a failed start leaves no folder behind
+                if i == 1 and not done:  # a failed start leaves no folder behind
                     shutil.rmtree(self.run_dir, ignore_errors=True)
                     print(f"removed {self.run_dir}: the pipeline's inputs did not check out")
                     raise
                 self._write_status(failed=name)
                 print(
                     f"the pipeline stopped in its `{name}` stage; what the earlier stages "
-                    f"wrote is in {self.run_dir} (pipeline.json)"
+                    f"wrote is in {self.run_dir} ({STATUS}); go on from there with "
+                    f"`proxima pipeline trainer.resume_from={self.run_dir}`"
                 )
                 raise
             self.seconds[name] = round(time.perf_counter() - began, 2)
@@ -151,10 +166,37 @@ class Pipeline:
             )
 
     def _write_status(self, failed: str | None = None) -> None:
+        """pipeline.json: the stages finished, their seconds, and what `resume` needs to go
+        on after them (the config the task resolved, what the stages measured)."""
         status = {"finished": list(self.seconds), "stage_seconds": self.seconds}
         if failed:
             status["failed"] = failed
-        (self.run_dir / "pipeline.json").write_text(json.dumps(status, indent=2))
+        status.update(config=self.cfg.to_dict(), result=self.result)
+        write_atomic(self.run_dir / STATUS, json.dumps(status, indent=2, default=str))
+
+    def resume(self) -> list[str]:
+        """`trainer.resume_from=RUN`: go on in RUN after the stages its pipeline.json says
+        finished (the config is that run's, `saved_pipeline_config`). What a stage that did
+        not finish wrote is moved aside (`<stage>.interrupted`), never deleted, and the stage
+        runs again. Returns the finished stages."""
+        state = read_status(self.run_dir)
+        done = [name for name in state["finished"] if name in STAGES]
+        if "evaluate" in done:
+            raise ValueError(
+                f"nothing to do: the pipeline in {self.run_dir} finished every stage (its "
+                "summary.json). Start a new run without trainer.resume_from."
+            )
+        self.seconds = {k: float(v) for k, v in state["stage_seconds"].items() if k in done}
+        self.result = dict(state.get("result") or {})
+        for name in STAGES:
+            partial = self.run_dir / name
+            if name not in done and name != "task" and partial.exists():
+                aside = _free_name(self.run_dir / f"{name}.interrupted")
+                partial.rename(aside)
+                print(f"the `{name}` stage did not finish: what it wrote is now in {aside}")
+        if "task" in done:
+            self.load_inputs()
+        return done
 
     # ------------------------------------------------------------------ 1. task
 
@@ -168,9 +210,15 @@ class Pipeline:
             model = task.default_model() if task.default_model else self._tiny_policy()
             cfg = cfg.replace({"model.actor_path": str(model)})
         self.cfg = cfg
+        self.load_inputs(split=True)
+
+    def load_inputs(self, split: bool = False) -> None:
+        """The gold, the tokenizer, the prompts (`split`: pipeline.prompts split into the run's
+        prompts/ first) and demonstrations of the task's config, checked."""
+        cfg = self.cfg
         self.gold = with_key("pipeline.gold", FunctionReward.from_spec, cfg.pipeline.gold)
         self.tok = load_tokenizer(cfg.model.actor_path)
-        self.prompt_files = self._prompt_files()
+        self.prompt_files = self._prompt_files(split)
         self.prompts, self.heldout = (
             list(with_key(f"pipeline.{key}", load_prompts, cfg, str(path), self.tok))
             for key, path in (
@@ -222,16 +270,19 @@ class Pipeline:
         )
         return folder
 
-    def _prompt_files(self) -> dict[str, Path]:
+    def _prompt_files(self, split: bool) -> dict[str, Path]:
         """The training and held-out prompt files: pipeline.prompts and pipeline.heldout, or
-        pipeline.prompts split by seed (written to prompts/train.jsonl, prompts/heldout.jsonl)."""
+        pipeline.prompts split by seed (`split`: written to prompts/train.jsonl,
+        prompts/heldout.jsonl; else written by the run before)."""
         p = self.cfg.pipeline
         if p.heldout:
             return {"train": Path(p.prompts), "heldout": Path(p.heldout)}
+        folder = self.run_dir / "prompts"
+        if not split:
+            return {name: folder / f"{name}.jsonl" for name in ("train", "heldout")}
         records = self.records["prompts"]
         order = torch.randperm(len(records), generator=_generator(self.cfg, 1)).tolist()
         parts = {"heldout": order[: p.heldout_size], "train": sorted(order[p.heldout_size :])}
-        folder = self.run_dir / "prompts"
         folder.mkdir()
         for name, rows in parts.items():
             lines = "".join(json.dumps(records[i], default=str) + "\n" for i in rows)
@@ -240,10 +291,16 @@ class Pipeline:
 
     # ------------------------------------------------------------------ 2. sft
 
+    @property
+    def sft_dir(self) -> Path:
+        """The SFT policy: the sft stage's, or without demonstrations the model itself."""
+        if not self.cfg.pipeline.sft_data:
+            return Path(self.cfg.model.actor_path)
+        return self.run_dir / "sft"
+
     def sft(self) -> None:
         cfg, s = self.cfg, self.cfg.sft
         if not cfg.pipeline.sft_data:
-            self.sft_dir = Path(cfg.model.actor_path)
             print(f"no demonstrations (pipeline.sft_data): the pairs come from {self.sft_dir}")
             return
         model = load_causal_lm(cfg.model.actor_path, device=self.device)
@@ -257,7 +314,6 @@ class Pipeline:
             seed=cfg.trainer.seed,
             device=self.device,
         )
-        self.sft_dir = self.run_dir / "sft"
         save_model(model, self.tok, self.sft_dir, name="")
         self.result["sft_final_loss"] = losses[-1]
         print(f"sft: {len(losses)} steps, final loss {losses[-1]:.4f}; saved to {self.sft_dir}")
@@ -375,7 +431,6 @@ class Pipeline:
         """`proxima rm` on the pairs, started from the SFT policy; its score normalisation is
         fitted on the training pairs' responses, the SFT policy's samples."""
         folder = self.run_dir / "pairs"
-        self.rm_dir = self.run_dir / "rm"
         rm_cfg = self.cfg.replace(
             {
                 "model.actor_path": str(self.sft_dir),
@@ -420,11 +475,22 @@ class Pipeline:
         validate(ppo_cfg)
         return ppo_cfg
 
+    @property
+    def rm_dir(self) -> Path:
+        return self.run_dir / "rm"
+
+    @property
+    def ppo_dir(self) -> Path:
+        return self.run_dir / "ppo"
+
+    @property
+    def dpo_dir(self) -> Path:
+        return self.run_dir / "dpo"
+
     def ppo(self) -> None:
-        folder = self.run_dir / "ppo"
+        folder = self.ppo_dir
         folder.mkdir()
         summary = PPORecipe(self.ppo_config(), run_dir=folder).run()
-        self.ppo_dir = folder
         if "stopped" in summary:
             raise Interrupted(
                 f"stopped during PPO ({summary['stopped'].get('signal', 'a signal')}); its "
@@ -440,7 +506,6 @@ class Pipeline:
         """`proxima dpo` on the pairs the reward model learned from, started from the SFT
         policy, so that its policy and PPO's answer the same question from the same start."""
         folder = self.run_dir / "pairs"
-        self.dpo_dir = self.run_dir / "dpo"
         dpo_cfg = self.cfg.replace(
             {
                 "model.actor_path": str(self.sft_dir),
@@ -614,6 +679,37 @@ class Pipeline:
                 f"{out['proxy_dpo_mean']:.4f}, KL to the SFT policy {out['kl_dpo']:.3f} nats "
                 "per response"
             )
+
+
+def read_status(folder: Path) -> dict:
+    """The pipeline.json of a pipeline run folder, checked to be one `resume` can go on from."""
+    path = Path(folder) / STATUS
+    if not path.is_file():
+        raise ValueError(
+            f"`trainer.resume_from`: {folder} is not a `proxima pipeline` run folder (no "
+            f"{STATUS}). Point it at the folder the pipeline printed as its run folder."
+        )
+    state = json.loads(path.read_text())
+    if "config" not in state:
+        raise ValueError(
+            f"`trainer.resume_from`: {path} was written by a proxima that did not record the "
+            "run's config, so the pipeline cannot go on from it; start a new run."
+        )
+    return state
+
+
+def saved_pipeline_config(folder: str | Path) -> dict:
+    """The config a pipeline run folder's stages ran with (after its task resolved it)."""
+    return read_status(Path(folder))["config"]
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path.2`, `path.3`, ... the first that does not exist."""
+    n, free = 1, path
+    while free.exists():
+        n += 1
+        free = path.with_name(f"{path.name}.{n}")
+    return free
 
 
 def _moments(res: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -147,6 +147,50 @@ def test_pipeline_trains_dpo_on_the_same_pairs_and_scores_it_beside_ppo(
     assert "[pipeline 6/7] dpo" in printed and "DPO on the same pairs" in printed
 
 
+def test_a_pipeline_stopped_in_a_stage_goes_on_after_the_stages_it_finished(
+    tmp_path, keep_threads, monkeypatch, capsys
+):
+    """Ctrl-C in the PPO stage: pipeline.json keeps the finished stages and the run's config;
+    `trainer.resume_from=RUN` (no other key: the saved config, TINY's 4 iterations, is the
+    one used) moves what the stopped stage wrote aside, runs it again and finishes."""
+    from proxima.recipes.pipeline import Pipeline
+
+    def stopped(self):
+        (self.run_dir / "ppo").mkdir()
+        (self.run_dir / "ppo" / "half.txt").write_text("written before the stop")
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Pipeline, "ppo", stopped)
+        assert main(["pipeline", *TINY, f"trainer.output_dir={tmp_path / 'runs'}"]) == 130
+    run = tmp_path / "runs"
+    before = json.loads((run / "pipeline.json").read_text())
+    assert before["finished"] == ["task", "sft", "pairs", "rm"] and before["failed"] == "ppo"
+    assert f"proxima pipeline trainer.resume_from={run}" in capsys.readouterr().out
+    rm_weights = (run / "rm/model.safetensors").read_bytes()
+    assert main(["pipeline", f"trainer.resume_from={run}"]) == 0
+    printed = capsys.readouterr().out
+    assert "config: the pipeline run's saved config with trainer.resume_from=" in printed
+    assert "[pipeline 4/6] rm: done earlier" in printed and "[pipeline 5/6] ppo\n" in printed
+    assert (run / "ppo.interrupted/half.txt").read_text() == "written before the stop"
+    summary = _check_run(run, iterations=4)
+    assert (run / "rm/model.safetensors").read_bytes() == rm_weights  # not trained again
+    after = json.loads((run / "pipeline.json").read_text())
+    assert {k: after["stage_seconds"][k] for k in before["finished"]} == before["stage_seconds"]
+    assert summary["pipeline"]["rm_heldout_accuracy"] == before["result"]["rm_heldout_accuracy"]
+    assert main(["pipeline", f"trainer.resume_from={run}"]) == 2
+    assert "nothing to do: the pipeline in" in capsys.readouterr().err
+
+
+def test_resuming_a_folder_that_is_no_pipeline_run_or_with_a_config_file_is_refused(
+    tmp_path, capsys
+):
+    assert main(["pipeline", f"trainer.resume_from={tmp_path}"]) == 2
+    assert "is not a `proxima pipeline` run folder (no pipeline.json)" in capsys.readouterr().err
+    assert main(["pipeline", "pipeline_chat", f"trainer.resume_from={tmp_path}"]) == 2
+    assert "so `pipeline_chat` would not be read: drop it" in capsys.readouterr().err
+
+
 @pytest.fixture
 def printable_model(tmp_path) -> Path:
     """A nano Llama whose character tokenizer writes printable ASCII: chat prompts with no
