@@ -96,25 +96,30 @@ def test_batch_plan_counts():
     plan = batch_plan(c)
     assert "8 prompts x 4 samples = 32 sequences per iteration" in plan
     assert "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s)" in plan
-    assert "4 micro-batch(es) of 4, sorted by length" in plan  # the default, -1
+    assert "4 micro-batch(es) of 4, packed, sorted by length" in plan  # the default, -1
     fixed = load_config(None, [*c_args, "actor.ppo_max_tokens_per_micro=0"])
-    assert "4 micro-batch(es) of 4\n" in batch_plan(fixed)
+    assert "4 micro-batch(es) of 4, packed\n" in batch_plan(fixed)
     assert "3 iterations, 96 sequences" in plan
-    budget = load_config(None, [*c_args, "actor.ppo_max_tokens_per_micro=512"])
+    budget = ["actor.ppo_max_tokens_per_micro=512", "model.packing=false"]
     assert (
         "actor : 2 epoch(s) x 2 mini-batch(es) of 16 = 4 optimizer step(s) per iteration; "
-        "micro-batches of at most 512 padded tokens" in batch_plan(budget)
+        "micro-batches of at most 512 padded tokens"
+        in batch_plan(load_config(None, c_args + budget))
     )
 
 
 def test_the_batch_plan_says_how_the_passes_lay_out_their_sequences():
     base = [*BASE, "data.train_batch_size=8", "rollout.n=2", "actor.ppo_mini_batch_size=16"]
     base += ["critic.ppo_mini_batch_size=16"]
-    padded = batch_plan(load_config(None, base))
+    padded = batch_plan(load_config(None, [*base, "model.packing=false"]))
     assert "layout: padded rows in every forward pass (model.packing=false)" in padded
+    assert "1 micro-batch(es) of 16, sorted by length" in padded
+    unset = batch_plan(load_config(None, [*base, "actor.ppo_micro_batch_size=4"]))
+    assert "layout: packed rows where every model takes them (tried at start-up): " in unset
+    assert "4 micro-batch(es) of 4, packed" in unset
     packed = load_config(None, [*base, "model.packing=true", "actor.ppo_micro_batch_size=4"])
     plan = batch_plan(packed)
-    assert "layout: packed rows (model.packing=true)" in plan
+    assert "layout: packed rows: the scoring passes" in plan
     assert "4 micro-batch(es) of 4, packed" in plan
     budget = load_config(None, [*base, "model.packing=true", "actor.ppo_max_tokens_per_micro=512"])
     assert "micro-batches of at most 512 tokens in packed rows" in batch_plan(budget)

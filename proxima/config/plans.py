@@ -25,13 +25,13 @@ def batch_plan(cfg: Config, world: int = 1, mix: dict[str, float] | None = None)
         + (f" ({rollout // world} per process, {world} processes)" if world > 1 else "")
     ]
     lines += data_plan(cfg, mix)
-    packed = ", packed" if cfg.model.packing else ""
+    packed = ", packed" if cfg.model.packing is not False else ""
     for role, sec in trained_sections(cfg).items():
         mini = sec.ppo_mini_batch_size
         n_mini = rollout // mini
         n_micro = mini // world // sec.ppo_micro_batch_size
         per = f" ({mini // world} per process)" if world > 1 else ""
-        tokens = "tokens in packed rows" if cfg.model.packing else "padded tokens"
+        tokens = "tokens in packed rows" if cfg.model.packing is not False else "padded tokens"
         order = ", sorted by length" if sec.ppo_max_tokens_per_micro == -1 else ""  # SORTED
         lines.append(
             f"  {role:6s}: {sec.ppo_epochs} epoch(s) x {n_mini} mini-batch(es) of "
@@ -72,19 +72,20 @@ def data_plan(cfg: Config, mix: dict[str, float] | None = None) -> list[str]:
 
 
 def packing_plan(cfg: Config) -> list[str]:
-    """How the forward passes lay out their sequences (`model.packing`)."""
-    if not cfg.model.packing:
+    """How the forward passes lay out their sequences (`model.packing`; unset until the
+    models are tried, `trainer.roles.check_packing`)."""
+    if cfg.model.packing is False:
         return ["  layout: padded rows in every forward pass (model.packing=false)"]
     shared = (
         f"; a prompt once for its {cfg.rollout.n} samples where that computes less"
         if cfg.rollout.n > 1
         else ""
     )
+    which = "" if cfg.model.packing else " where every model takes them (tried at start-up)"
     return [
-        "  layout: packed rows (model.packing=true): the scoring passes, the reward models and "
+        f"  layout: packed rows{which}: the scoring passes, the reward models and "
         "the updates lay their sequences end to end in rows as wide as their longest, "
-        f"positions from 0 and attention within each sequence{shared} (each model tried "
-        "once before the run)"
+        f"positions from 0 and attention within each sequence{shared}"
     ]
 
 

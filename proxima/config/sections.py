@@ -79,8 +79,8 @@ class ModelConfig:
         "them (the trained actor and critic): less memory per micro-batch, about one more "
         "forward of compute; the gradients are the same.",
     )
-    packing: bool = _f(
-        False,
+    packing: bool | None = _f(
+        None,
         "Packed sequences in the scoring passes (old log-probs, reference, values, teacher), "
         "the reward models' forwards and the actor's and critic's updates: each forward lays "
         "its sequences end to end in rows as wide as its longest, no padding between them, "
@@ -90,7 +90,9 @@ class ModelConfig:
         "model's attention takes that mask and it computes less. Never more positions than "
         "padded rows; the results equal the padded ones to float rounding; token budgets "
         "(*.max_tokens_per_micro) count the packed rows. Each model is tried once before the "
-        "run and refused if a sequence would see another (docs/performance.md).",
+        "run. Unset (null): on where every model keeps packed sequences apart, else padded "
+        "rows and start-up says which model and why; true: a model that cannot is refused; "
+        "false: padded rows (docs/performance.md).",
     )
     offload: str = _f(
         "auto",

@@ -189,6 +189,8 @@ class PPORecipe:
         if full:  # a warning: what is free may change before the end
             self._say(f"warning: {full}")
         roles = load_roles(cfg, device, inputs.tokenizer, inputs.reward_fn)
+        if cfg.model.packing is None:  # unset: what the models take (`check_packing`)
+            cfg = self.cfg = cfg.replace({"model.packing": roles.packed})
         offload = self.memory.offload if self.memory is not None else None  # auto resolved
         self.trainer = PPOTrainer(
             cfg,

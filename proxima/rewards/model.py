@@ -41,8 +41,9 @@ def shared_columns(
     prompts: list[str], sequences: torch.Tensor, attention_mask: torch.Tensor
 ) -> int | None:
     """The leading columns every prompt's samples have in common (ids and mask), at least
-    the prompt's own columns of the policy's layout; None when no prompt has two samples.
-    Rows the same in those columns are one prompt's samples (`types.prompt_groups`)."""
+    the prompt's own columns of the policy's layout; None when no prompt has two samples
+    (or their rows share no column). Rows the same in those columns are one prompt's samples
+    (`types.prompt_groups`)."""
     first: dict[str, int] = {}
     common = None
     for row, prompt in enumerate(map(str, prompts)):  # a chat's messages: their text
@@ -53,7 +54,7 @@ def shared_columns(
         same = (sequences[a] == sequences[row]) & (attention_mask[a] == attention_mask[row])
         n = int(same.long().cumprod(dim=0).sum())
         common = n if common is None else min(common, n)
-    return common
+    return common or None
 
 
 class ModelReward:

@@ -479,7 +479,7 @@ def _shared_prompts(cfg: Config, role: _Role, rows: int) -> int:
     take the 4D mask (no sliding window)."""
     m, sec, n = cfg.model, role.section, cfg.rollout.n
     whole = sec.ppo_mini_batch_size >= cfg.rollout_batch_size
-    if not (m.packing and n > 1 and whole and sec.ppo_max_tokens_per_micro == SORTED):
+    if not (m.packing is not False and n > 1 and whole and sec.ppo_max_tokens_per_micro == SORTED):
         return 0
     if shared_mask_form(hf_config(role.folder, role.kind), torch.float32) is None:
         return 0

@@ -102,6 +102,8 @@ class PPOTrainer:
         offload: bool | None = None,
     ) -> None:
         self.cfg, self.roles, self.device = cfg, roles, device
+        # packed rows in the passes: model.packing, or when unset what the models take
+        self.packed = roles.packed if cfg.model.packing is None else cfg.model.packing
         self.dist = dist = dist or Dist()
         d = cfg.data
         self.loader = prompt_loader(prompts, d.train_batch_size, cfg.trainer.seed, d.train_weights)
@@ -192,7 +194,7 @@ class PPOTrainer:
 
         trained["actor"] = role("actor", roles.actor, cfg.actor)
         objectives["actor"] = PolicyObjective(
-            cfg.actor, cfg.rollout.temperature, roles.reference, packed=cfg.model.packing
+            cfg.actor, cfg.rollout.temperature, roles.reference, packed=self.packed
         )
         if critic is not None:  # the critic's value loss: in the actor's or its own
             objectives = critic.objectives(objectives["actor"])
@@ -287,7 +289,7 @@ class PPOTrainer:
             rollout=self.cfg.rollout,
             algorithm=self.cfg.algorithm,
             teacher=roles.teacher,
-            packed=self.cfg.model.packing,
+            packed=self.packed,
         )
         sampled = sampled_inputs(ro)
         exp = replace(exp, **{k: v.to(exp.scores.device) for k, v in sampled.items()})

@@ -51,6 +51,10 @@ class Roles:
     critic: Critic | None
     reward: object  # callable reward source, see proxima.rewards
     teacher: torch.nn.Module | None = None
+    # the passes take packed rows (`model.packing`, resolved by `check_packing`); `unpacked`:
+    # why not, when model.packing was unset and a model cannot take them
+    packed: bool = False
+    unpacked: str = ""
 
     def report(self) -> str:
         """What each role costs in memory (parameters, trainable, bytes) and where it
@@ -66,6 +70,8 @@ class Roles:
         if self.teacher is not None:
             lines.append(_model_line("teacher", self.teacher))
         lines.append(f"  reward   : {self.reward.name}")
+        if self.unpacked:
+            lines.append(f"  layout   : padded rows (model.packing unset): {self.unpacked}")
         return "\n".join(lines)
 
 
@@ -128,7 +134,7 @@ def _model_source(cfg: Config, folder: str, tokenizer, device, batch_size: int) 
         name=f"the reward model {folder}",
         normalization=score_normalization(folder),
         max_tokens=cfg.reward.max_tokens_per_micro,
-        packed=cfg.model.packing,
+        packed=cfg.model.packing is True,  # unset: `check_packing` turns it on
     )
 
 
@@ -158,37 +164,46 @@ def load_roles(cfg: Config, device: torch.device, tokenizer=None, reward_fn=None
                 checkpoint_activations(trained)
     reward = build_reward(cfg, tokenizer, device, reward_fn)
     roles = Roles(tokenizer, actor, reference, critic, reward, teacher)
-    if cfg.model.packing:
-        check_packing(roles)
+    if cfg.model.packing is not False:
+        check_packing(roles, required=cfg.model.packing is True)
     return roles
 
 
-def _reward_models(reward) -> list[tuple[str, torch.nn.Module]]:
-    """(name, model) of each reward model among the reward sources."""
+def _reward_models(reward) -> list[ModelReward]:
+    """The reward models among the reward sources."""
     parts = reward.parts if isinstance(reward, WeightedReward) else [reward]
     sources = [getattr(part, "source", part) for part in parts]
-    return [(s.name, s.model) for s in sources if isinstance(s, ModelReward)]
+    return [s for s in sources if isinstance(s, ModelReward)]
 
 
-def check_packing(roles: Roles) -> None:
-    """`model.packing=true`: each model a pass packs for must keep packed sequences apart
-    (`models.packing.packing_problem`, one small forward each, before any work); a
-    ConfigError names the one that does not and the fix."""
+def check_packing(roles: Roles, required: bool = True) -> None:
+    """`model.packing`: each model a pass packs for must keep packed sequences apart
+    (`models.packing.packing_problem`, one small forward each, before any work). Sets
+    `roles.packed`; where one does not, `required` (model.packing=true) raises a ConfigError
+    naming it and the fix, and otherwise (unset) every pass takes padded rows and
+    `roles.unpacked` says why."""
     models = [("the actor", roles.actor, False), ("the reference", roles.reference, False)]
     models.append(("the teacher", roles.teacher, False))
     critic = roles.critic.model if roles.critic is not None else None
     models.append(("the critic", critic, False))
-    models += [(name, model, True) for name, model in _reward_models(roles.reward)]
+    rewards = _reward_models(roles.reward)
+    models += [(source.name, source.model, True) for source in rewards]
     for name, model, scores in models:
         if model is None or isinstance(model, AdapterDisabled):  # the actor's own weights
             continue
         problem = packing_problem(model, scores=scores)
-        if problem:
+        if problem and required:
             raise ConfigError(
                 f"`model.packing=true`, but {name} cannot take packed sequences: {problem}. "
                 "Set model.packing=false (padded batches), or load the model with an "
                 "attention implementation whose transformers code reads packed position ids."
             )
+        if problem:
+            roles.unpacked = f"{name} cannot take packed sequences: {problem}"
+            return
+    roles.packed = True
+    for source in rewards:
+        source.packed = True
 
 
 def _frozen(cfg: Config, folder: str, device: torch.device) -> torch.nn.Module:

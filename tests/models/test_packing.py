@@ -376,23 +376,35 @@ class _Unpacking(torch.nn.Module):
 
 
 @torch.no_grad()
-def test_a_model_that_reads_no_packing_is_refused_before_the_run(tok):
-    from proxima.rewards import FunctionReward
+def test_a_model_that_reads_no_packing_is_refused_or_left_padded_before_the_run(tok):
+    """model.packing=true refuses a model that reads no packing; unset, every pass of the
+    run takes padded rows, the reward model's too, and the roles' report says why."""
+    from proxima.rewards import FunctionReward, ModelReward
     from proxima.trainer.roles import Roles, check_packing
 
     actor = _actor("llama", tok)
     problem = problem_of(_Unpacking(actor))
     assert problem is not None and "does not keep packed sequences apart" in problem
-    reward = FunctionReward(lambda prompts, responses, **_: [0.0] * len(prompts), "f")
+    rm = _scalar_model("llama", tok, AutoModelForSequenceClassification, seed=5)
+    reward = ModelReward(rm, tok, tok, reward_model_scores)
     good = Roles(tok, actor, None, None, reward, None)
-    check_packing(good)
-    bad = dataclasses.replace(good, teacher=_Unpacking(_actor("qwen2", tok)))
+    check_packing(good, required=False)
+    assert good.packed and reward.packed and "layout" not in good.report()
+    bad = dataclasses.replace(good, teacher=_Unpacking(_actor("qwen2", tok)), packed=False)
+    reward.packed = False
     with pytest.raises(
         ConfigError,
         match=r"`model.packing=true`, but the teacher .* "
         r"Set model.packing=false",
     ):
         check_packing(bad)
+    check_packing(bad, required=False)
+    assert not bad.packed and not reward.packed
+    assert "layout   : padded rows (model.packing unset): the teacher cannot take packed " in (
+        bad.report()
+    )
+    function = FunctionReward(lambda prompts, responses, **_: [0.0] * len(prompts), "f")
+    check_packing(dataclasses.replace(good, reward=function, packed=False))
 
 
 @pytest.mark.parametrize("role", ["actor", "critic", "shared"])
