@@ -379,7 +379,13 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(signum, handler)
         from proxima.trainer.dist import shutdown
 
-        shutdown(finished)
+        if shutdown(finished):
+            _ENDED_GROUP.append(True)
+
+
+# set by `main` when it tore down a process group: `run` then ends the process with
+# `dist.exit_now`, past the interpreter's finalisation
+_ENDED_GROUP: list[bool] = []
 
 
 def run() -> None:
@@ -390,7 +396,12 @@ def run() -> None:
     preload()
     if not os.environ.get("PROXIMA_DEBUG"):
         warnings.formatwarning = _warning_line
-    sys.exit(main())
+    status = main()
+    if _ENDED_GROUP:
+        from proxima.trainer.dist import exit_now
+
+        exit_now(status)
+    sys.exit(status)
 
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:

@@ -11,7 +11,9 @@ train ...` every rank holds its share of the global batch (`data.train_batch_siz
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
+import sys
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -175,18 +177,37 @@ def init(strategy: str, backend: str, timeout_s: float, device: torch.device) ->
     return Dist(rank=rank, world_size=world, local_rank=local, strategy=strategy)
 
 
-def shutdown(finished: bool = False) -> None:
-    """Tear down the process group. `finished`: every rank returned normally, so they meet
-    at a barrier first; a rank that tears down while another is still in its last
-    collective can abort the other's gloo thread at exit ("terminate called without an
-    active exception", seen once in 2-process runs that had written everything)."""
-    if tdist.is_initialized():
-        if finished:
-            try:
-                tdist.barrier()
-            except Exception:  # noqa: BLE001 - tearing down anyway
-                pass
-        tdist.destroy_process_group()
+def shutdown(finished: bool = False) -> bool:
+    """Tear down the process group; True when there was one. `finished`: every rank
+    returned normally, so they meet at a barrier first. Even then a rank's interpreter can
+    abort while it finalises ("terminate called without an active exception", a C++
+    thread of the gloo backend destroyed while joinable; seen in about one 2-process run
+    in a few hundred, after everything was written), so `proxima.cli.run` ends such a
+    process with `exit_now` rather than through the interpreter's finalisation."""
+    if not tdist.is_initialized():
+        return False
+    if finished:
+        try:
+            tdist.barrier()
+        except Exception:  # noqa: BLE001 - tearing down anyway
+            pass
+    tdist.destroy_process_group()
+    return True
+
+
+def exit_now(status: int) -> None:
+    """End the process with `status` after Python's exit handlers and flushed output, but
+    without the interpreter's finalisation, where a torn-down gloo backend's threads can
+    abort the process (exit -6) after a run that succeeded."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken pipe: nothing more to say
+            pass
+    os._exit(int(status or 0))
 
 
 # --------------------------------------------------------------------------- models

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,22 @@ def test_resume_under_torchrun_replays_the_run(make_model, fast_overrides, tmp_p
     # another number of processes reads the same checkpoint (fresh random streams)
     one = fast_overrides(model, tmp_path / "c", 4, "trainer.threads=1", resume)
     assert main(["train", *one]) == 0 and sorted(_metrics(tmp_path / "c")) == [3, 4]
+
+
+def test_a_finished_rank_exits_past_finalisation_keeping_its_output(tmp_path):
+    """`dist.exit_now`, how a rank that tore down its process group ends: its status, its
+    unflushed output and Python's exit handlers kept, the interpreter's finalisation (where
+    gloo's threads can abort a run that succeeded) skipped."""
+    done = tmp_path / "handler-ran"
+    code = (
+        "import atexit, sys; from proxima.trainer.dist import exit_now; "
+        f"atexit.register(lambda: open({str(done)!r}, 'w').write('ok')); "
+        "sys.stdout.write('no newline yet'); sys.stderr.write('said'); exit_now(3)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("no newline yet", "said")
+    assert done.read_text() == "ok"
 
 
 def test_failing_reward_on_one_rank_stops_the_job_naming_it(
