@@ -247,7 +247,8 @@ class PPORecipe:
             return None
         items = [*all_items(inputs.prompts), *inputs.eval_items]
         longest = max((len(item.ids) for item in items), default=None)
-        plan = plan_memory(self.cfg, device, self.dist.world_size, prompt_length=longest)
+        world = self.dist.world_size
+        plan = plan_memory(self.cfg, device, world, prompt_length=longest, scoring=inputs.plan)
         warning = check_memory(plan, mode)
         if warning:
             self._say(f"warning: {warning}")

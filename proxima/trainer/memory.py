@@ -35,6 +35,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -58,6 +59,9 @@ from proxima.trainer.model_sizes import (
 )
 from proxima.trainer.offload import resident
 from proxima.types import SORTED
+
+if TYPE_CHECKING:
+    from proxima.rollout.plan import ScoringPlan
 
 GiB, MiB = 2**30, 2**20
 # allocator slack, autograd's engine and the optimizer's step temporaries on top of the
@@ -197,11 +201,13 @@ def plan_memory(
     world: int = 1,
     prompt_length: int | None = None,
     baseline: int | None = None,
+    scoring: ScoringPlan | None = None,
 ) -> MemoryPlan:
     """The run's memory plan per process on `device`, from the config and the models'
     config.json files (nothing loads). prompt_length: the longest prompt of the data
     (default data.max_prompt_length); baseline: the process's memory before loading
-    (default on a CPU: its resident memory now)."""
+    (default on a CPU: its resident memory now); scoring: the run's scoring plan, whose
+    engine log-probs spare the actor's scoring pass (default: the pass is counted)."""
     cpu = device.type != "cuda"
     roles = _roles(cfg)  # imports the models' code, as loading them will
     if baseline is None:
@@ -246,7 +252,9 @@ def plan_memory(
         generate = sum(plan.phases["generate"].values())
         held.update(_worker_bytes(cfg, roles[0].shape.weight_bytes, generate, device, plan))
     plan.held = held
-    plan.phases["score"] = _score(cfg, roles, lengths, world)
+    actor_scored = _actor_scored(cfg, scoring)
+    scored = [r for r in roles if actor_scored or r.name != "actor"]  # phase 3's passes
+    plan.phases["score"] = _score(cfg, scored, lengths, world)
     for r in roles:
         if r.trained:
             phase = _update(cfg, r, lengths, world, grads[r.name], plan.notes)
@@ -255,10 +263,10 @@ def plan_memory(
         plan.available = cpu_available()
     else:
         plan.available = device_available(device)[0]
-    return _choose_offload(cfg, plan, roles, lengths, world)
+    return _choose_offload(cfg, plan, scored, lengths, world)
 
 
-def _choose_offload(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
+def _choose_offload(cfg: Config, plan: MemoryPlan, scored, lengths, world: int) -> MemoryPlan:
     """model.offload: trained -> the offloaded plan; auto -> it when the plan does not fit
     the free device memory and offloading lowers its peak, else the plan with a note of
     what offloading would give; none, a CPU device, or a run offload does not apply to ->
@@ -270,7 +278,7 @@ def _choose_offload(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -
         if mode == "trained":  # model.device=auto without a GPU
             plan.notes.append("model.offload=trained: nothing to move on the CPU (no GPU)")
         return plan
-    off = offloaded(cfg, plan, roles, lengths, world)
+    off = offloaded(cfg, plan, scored, lengths, world)
     if mode == "trained":
         off.notes.append(f"model.offload=trained: peak {_gib(plan.peak)} without offloading")
         return off
@@ -330,17 +338,17 @@ def _offload_part(key: str) -> str | None:
     return parts.get(role, "reward models")
 
 
-def offloaded(cfg: Config, plan: MemoryPlan, roles, lengths, world: int) -> MemoryPlan:
+def offloaded(cfg: Config, plan: MemoryPlan, scored, lengths, world: int) -> MemoryPlan:
     """`plan` under model.offload: what moves leaves `held` and joins each phase that needs
-    it (`trainer.offload.resident`); the reward models' forward is the phase `reward`,
-    the other scoring passes stay in `score`."""
+    it (`trainer.offload.resident`); the reward models' forward (of the `scored` roles,
+    phase 3's passes) is the phase `reward`, the other scoring passes stay in `score`."""
     needs = resident(run_plan(cfg).reference_in_update)
     moving = {k: v for k, v in plan.held.items() if _offload_part(k)}
     phases = {"generate": plan.phases["generate"]}
-    rewards = [r for r in roles if r.kind == "reward"]
+    rewards = [r for r in scored if r.kind == "reward"]
     if rewards:
         phases["reward"] = _score(cfg, rewards, lengths, world)
-    phases["score"] = _score(cfg, [r for r in roles if r.kind != "reward"], lengths, world)
+    phases["score"] = _score(cfg, [r for r in scored if r.kind != "reward"], lengths, world)
     phases.update({k: v for k, v in plan.phases.items() if k.startswith("update")})
     for name, parts in phases.items():
         need = needs[name.split()[0]]
@@ -414,6 +422,14 @@ def _score(cfg: Config, roles: list[_Role], lengths: tuple[int, int], world: int
         if part[1] > sum(best.values()):
             best = {f"{r.name} {part[0]}": part[1]}
     return best
+
+
+def _actor_scored(cfg: Config, scoring: ScoringPlan | None) -> bool:
+    """Whether phase 3 runs the actor: for the old log-probs, or as the LoRA reference (the
+    actor with its adapters off); not where the engine's own log-probs are the old ones."""
+    if scoring is None or scoring.old_logprobs == "actor":
+        return True
+    return bool(scoring.kl) and role_plan(cfg).reference == "adapters off"
 
 
 def _size(part: tuple[str, int]) -> int:

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 from proxima.algos import logprobs_from_logits
 from proxima.config import ConfigError, load_config
+from proxima.rollout.plan import ScoringPlan
 from proxima.trainer import memory
 from proxima.trainer.memory import CUDA_CONTEXT, GiB, MemoryPlan, check_memory, plan_memory
 from proxima.trainer.model_sizes import (
@@ -141,6 +142,28 @@ def test_the_teacher_is_counted_and_its_pass_planned(llama, tmp_path, monkeypatc
     assert "teacher weights" not in off.held
     assert off.phases["score"]["teacher weights"] == weights
     assert all("teacher weights" not in off.phases[p] for p in ("generate", "update actor"))
+
+
+def test_engine_log_probs_spare_the_actors_scoring_pass(llama):
+    """Old log-probs from the engine: phase 3 runs no actor pass, so the plan counts none
+    (a 262k-token Gemma's chat run was planned 39% above its peak for it); the actor is
+    counted again where it is the LoRA reference (adapters off) or gives the old log-probs."""
+    grpo = ("algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false")
+    engine = ScoringPlan("engine", "", "", "auto: exact here")
+    actor = ScoringPlan("actor", "", "", "rollout.old_logprobs=recompute")
+    forward = {"actor forward": 8 * 24 * (3 * 128 + 6 * 64) * 4}
+    cpu = torch.device("cpu")
+    assert plan_memory(_cfg(llama, *grpo), cpu, baseline=0, scoring=engine).phases["score"] == {}
+    assert (
+        plan_memory(_cfg(llama, *grpo), cpu, baseline=0, scoring=actor).phases["score"] == forward
+    )
+    assert plan_memory(_cfg(llama, *grpo), cpu, baseline=0).phases["score"] == forward  # unknown
+    lora_kl = _cfg(llama, "algorithm.adv_estimator=grpo", "model.lora_rank=4")
+    with_ref = ScoringPlan("engine", "", "k1", "auto: exact here")
+    assert plan_memory(lora_kl, cpu, baseline=0, scoring=with_ref).phases["score"] == forward
+    # the update is planned whatever phase 3 runs
+    plan = plan_memory(_cfg(llama, *grpo), cpu, baseline=0, scoring=engine)
+    assert set(plan.phases) == {"generate", "score", "update actor"}
 
 
 def test_scoring_under_a_token_budget(llama):
