@@ -115,7 +115,8 @@ class MemoryPlan:
         lines.append(f"  {'held':14s}: {_gib(sum(self.held.values()))} ({held})")
         for phase, parts in self.phases.items():
             adds = ", ".join(f"{k} {_gib(v)}" for k, v in _largest(parts, 3))
-            lines.append(f"  {phase:14s}: {_gib(self.phase_total(phase))} (+ {adds})")
+            adds = f"+ {adds}" if adds else "no pass: the engine's log-probs, no other model"
+            lines.append(f"  {phase:14s}: {_gib(self.phase_total(phase))} ({adds})")
         total = f"  {'peak':14s}: {_gib(self.peak)} in {self.peak_phase}"
         if self.available is not None:
             total += f"; {_gib(self.available)} available"

@@ -164,6 +164,7 @@ def test_engine_log_probs_spare_the_actors_scoring_pass(llama):
     # the update is planned whatever phase 3 runs
     plan = plan_memory(_cfg(llama, *grpo), cpu, baseline=0, scoring=engine)
     assert set(plan.phases) == {"generate", "score", "update actor"}
+    assert "(no pass: the engine's log-probs, no other model)" in plan.describe()
 
 
 def test_scoring_under_a_token_budget(llama):
