@@ -36,6 +36,7 @@ SMOKE = {
     "check_identical": ["--smoke"],
     "memory_phases": ["--smoke"],
     "pipeline_dpo_kl": ["--smoke"],
+    "warm_start_answers": ["--smoke"],
 }
 
 
