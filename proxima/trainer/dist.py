@@ -181,9 +181,9 @@ def shutdown(finished: bool = False) -> bool:
     """Tear down the process group; True when there was one. `finished`: every rank
     returned normally, so they meet at a barrier first. Even then a rank's interpreter can
     abort while it finalises ("terminate called without an active exception", a C++
-    thread of the gloo backend destroyed while joinable; seen in about one 2-process run
-    in a few hundred, after everything was written), so `proxima.cli.run` ends such a
-    process with `exit_now` rather than through the interpreter's finalisation."""
+    thread of the gloo backend destroyed while joinable; seen twice in CI's 2-process
+    runs, after everything was written), so `proxima.cli.run` ends such a process with
+    `exit_now` rather than through the interpreter's finalisation."""
     if not tdist.is_initialized():
         return False
     if finished:
