@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-import proxima
+from proxima.cli.args import builtin_config
 from proxima.config import load_config
 from proxima.data.prompts import render_prompt
 from proxima.models import load_causal_lm, load_tokenizer
@@ -32,7 +32,7 @@ from proxima.tasks.instructions import default_model, make_splits
 
 def answer(model_path: str, n: int, out: Path, seed: int, max_new: int, batch: int) -> None:
     # the chat recipe's split: the training prompts of `proxima train chat trainer.seed=S`
-    task = load_config(str(Path(proxima.__file__).parent / "configs" / "chat.yaml"), []).task
+    task = load_config(builtin_config("chat"), []).task
     rows = make_splits(task.n_train, task.n_eval, seed)["train"][:n]
     tok = load_tokenizer(model_path)
     tok.padding_side = "left"

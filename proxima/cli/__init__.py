@@ -343,6 +343,11 @@ def _where() -> str:
     return f"[rank {rank}] " if world > 1 else ""
 
 
+# set by `main` when it tore down a process group: `run` then ends the process with
+# `dist.exit_now`, past the interpreter's finalisation
+_ENDED_GROUP: list[bool] = []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns, extra = parser.parse_known_args(argv)
@@ -381,11 +386,6 @@ def main(argv: list[str] | None = None) -> int:
 
         if shutdown(finished):
             _ENDED_GROUP.append(True)
-
-
-# set by `main` when it tore down a process group: `run` then ends the process with
-# `dist.exit_now`, past the interpreter's finalisation
-_ENDED_GROUP: list[bool] = []
 
 
 def run() -> None:

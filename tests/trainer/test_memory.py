@@ -146,8 +146,8 @@ def test_the_teacher_is_counted_and_its_pass_planned(llama, tmp_path, monkeypatc
 
 def test_engine_log_probs_spare_the_actors_scoring_pass(llama):
     """Old log-probs from the engine: phase 3 runs no actor pass, so the plan counts none
-    (a 262k-token Gemma's chat run was planned 39% above its peak for it); the actor is
-    counted again where it is the LoRA reference (adapters off) or gives the old log-probs."""
+    (at a 262k vocabulary its logits are the largest tensor of a run); the actor is counted
+    where it is the LoRA reference (adapters off) or gives the old log-probs."""
     grpo = ("algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false")
     engine = ScoringPlan("engine", "", "", "auto: exact here")
     actor = ScoringPlan("actor", "", "", "rollout.old_logprobs=recompute")
