@@ -64,7 +64,7 @@ def train(cfg: Config) -> dict:
                 "`trainer.output_dir` or point it at another disk."
             ) from err
     run_dir, cfg, info = dist.broadcast_object(prepared)
-    return PPORecipe(cfg, dist, run_dir, summary={"task": info}).run()
+    return PPORecipe(cfg, dist, run_dir, summary={"task": info}, made_run_dir=True).run()
 
 
 __all__ = ["PPORecipe", "train"]

@@ -142,11 +142,14 @@ class PPORecipe:
         dist: Dist | None = None,
         run_dir: Path | None = None,
         summary: dict | None = None,
+        made_run_dir: bool = False,
     ) -> None:
         self.cfg, self.dist, self.run_dir = cfg, dist, run_dir
         self.summary = dict(summary or {})
         self.start = time.perf_counter()
-        self.made_run_dir = False  # this recipe created the run folder (a task did not)
+        # this command created the run folder (here, or `run_dir` for a built-in task's
+        # preparation): a run that trained nothing removes it
+        self.made_run_dir = made_run_dir
         self.failure: Failure | None = None  # the first error: what, at which iteration, where
         self.drift = DriftMonitor(cfg)  # warnings of degenerate answers, in the summary
         self.unwritten: list[str] = []  # what a failed run could not write, said at the end
@@ -154,7 +157,12 @@ class PPORecipe:
 
     def run(self) -> dict:
         """setup, train, finish; returns the summary (also written to summary.json)."""
-        self.setup()
+        try:
+            self.setup()
+        except BaseException:  # a signal or an error before the first iteration
+            if self.made_run_dir and self.dist is not None and self.dist.is_main:
+                shutil.rmtree(self.run_dir, ignore_errors=True)  # a failed start leaves nothing
+            raise
         try:
             with StopSignals() as signals:
                 reason = self.train(signals)
@@ -206,12 +214,7 @@ class PPORecipe:
             load_checkpoint(self.resume, self.trainer)
             self.summary["resumed_from"] = str(self.resume)
         self._open_run_dir()
-        try:
-            self._start_logging(roles)
-        except BaseException:  # a signal or an error before the first iteration
-            if self.dist.is_main and self.made_run_dir:  # a failed start leaves nothing behind
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            raise
+        self._start_logging(roles)
 
     def _start_logging(self, roles) -> None:
         """The plans on the console, the trackers and the run's logger."""

@@ -706,3 +706,26 @@ def test_every_signal_ends_a_run_with_rollout_workers(
     assert "Traceback" not in stderr, stderr
     time.sleep(0.5)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+@pytest.mark.parametrize("where", ["load_roles", "_start_logging"])
+def test_a_signal_at_start_up_removes_a_built_in_tasks_run_folder(
+    tmp_path, monkeypatch, capsys, where
+):
+    """Ctrl-C after a built-in task's preparation and before the first iteration (while the
+    models load, or once config.json and memory_plan.json are written): the run folder the
+    command made, the task's preparation in it, is removed."""
+    from proxima.recipes import ppo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGINT received")
+
+    if where == "load_roles":
+        monkeypatch.setattr(ppo, "load_roles", interrupted)
+    else:
+        monkeypatch.setattr(ppo.PPORecipe, "_start_logging", interrupted)
+    out = tmp_path / "run"
+    args = ["task.size=nano", "task.sft_steps=2", "trainer.iterations=2", "trainer.threads=1"]
+    assert main(["train", *args, f"trainer.output_dir={out}"]) == 130
+    assert "aborted: SIGINT received" in capsys.readouterr().err
+    assert not out.exists()
