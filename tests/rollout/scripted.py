@@ -141,14 +141,14 @@ class FailsSecond:
 
 
 class Sleeps:
-    """Its step takes 2 s when the row's column `slow` is true."""
+    """Its step takes 5 s when the row's column `slow` is true."""
 
     def __init__(self, row: dict) -> None:
         self.slow = row.get("slow", False)
 
     def step(self, action: str):
         if self.slow:
-            time.sleep(2.0)
+            time.sleep(5.0)
         return None, 1.0, True
 
 
