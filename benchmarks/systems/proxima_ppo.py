@@ -84,7 +84,11 @@ def proxima_cell(spec: dict, w: Workload, a: dict, iterations: int, workdir: Pat
                 "phases": {"gen": gen, "score": score, "train": train},
                 "detail": last,
                 "tokens": int(ro.gen.response_mask.sum()),
-                "lengths": lengths(ro.gen.attention_mask, ro.gen.response_mask),
+                "lengths": lengths(
+                    ro.gen.attention_mask,
+                    ro.gen.response_mask,
+                    ro.gen.input_ids[:, : -ro.gen.response_mask.shape[1]],
+                ),
                 "steps": {
                     k: int(metrics.get(f"{k}/optimizer_steps", 0)) for k in ("actor", "critic")
                 },

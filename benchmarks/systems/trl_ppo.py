@@ -72,7 +72,7 @@ class _Stopwatch:
             rec["tokens"] += tokens_before_eos(response, self.eos_id)
             is_eos = (response == self.eos_id).long()
             mask = (torch.cumsum(is_eos, dim=1) - is_eos) == 0  # up to and including 1st EOS
-            rec["lengths"].append(lengths(kwargs["attention_mask"], mask))
+            rec["lengths"].append(lengths(kwargs["attention_mask"], mask, kwargs["input_ids"]))
             return out
 
         policy.generate = generate
