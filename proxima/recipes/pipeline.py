@@ -637,7 +637,8 @@ class Pipeline:
             "details": {k: v for k, v in self.result.items() if k not in out},
             "evaluations": rows,
             "stage_seconds": self.seconds,
-            "wall_seconds": round(time.perf_counter() - self.start, 2),
+            "wall_seconds": round(time.perf_counter() - self.start, 2),  # this process's
+            "stages_seconds": round(sum(self.seconds.values()), 2),  # with a resumed run's
             "checkpoints_removed": pruned,
             "figure": str(figure),
             "config": cfg.to_dict(),
@@ -670,6 +671,11 @@ class Pipeline:
             f"best within KL <= {out['kl_budget']:g}: {b['name']} (iteration {b['iteration']}: "
             f"gold {b['gold_mean']:.4f}, KL {b['kl']:.3f}) at {out['best_checkpoint']}\n"
             f"figure: {summary['figure']}; wall time {summary['wall_seconds']:.0f} s"
+            + (
+                f" (resumed: the stages took {summary['stages_seconds']:.0f} s in all)"
+                if self.cfg.trainer.resume_from
+                else ""
+            )
         )
         if "gold_dpo_mean" in out:
             print(

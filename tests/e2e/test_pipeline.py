@@ -177,6 +177,9 @@ def test_a_pipeline_stopped_in_a_stage_goes_on_after_the_stages_it_finished(
     assert (run / "rm/model.safetensors").read_bytes() == rm_weights  # not trained again
     after = json.loads((run / "pipeline.json").read_text())
     assert {k: after["stage_seconds"][k] for k in before["finished"]} == before["stage_seconds"]
+    total = round(sum(after["stage_seconds"].values()), 2)
+    assert summary["stages_seconds"] == total
+    assert f"(resumed: the stages took {total:.0f} s in all)" in printed
     assert summary["pipeline"]["rm_heldout_accuracy"] == before["result"]["rm_heldout_accuracy"]
     assert main(["pipeline", f"trainer.resume_from={run}"]) == 2
     assert "nothing to do: the pipeline in" in capsys.readouterr().err
